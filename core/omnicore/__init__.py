@@ -1,0 +1,33 @@
+"""omnicore: plugin-based serving of diffusion models.
+
+Importing ``omnicore`` is cheap (no torch). The engine, requests and outputs are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._version import PLUGIN_API_VERSION, __version__
+from .hookspecs import hookimpl
+
+_LAZY = {
+    "Engine": "omnicore.engine.api:Engine",
+    "AsyncEngine": "omnicore.engine.api:AsyncEngine",
+    "GenerationRequest": "omnicore.engine.request:GenerationRequest",
+    "SamplingParams": "omnicore.engine.request:SamplingParams",
+    "Output": "omnicore.outputs.output:Output",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'omnicore' has no attribute {name!r}")
+    from .specs import resolve
+
+    value = resolve(target)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["PLUGIN_API_VERSION", "__version__", "hookimpl", *_LAZY]

@@ -1,0 +1,120 @@
+"""``omnicore`` entry point: argument parsing and dispatch to lazily imported subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from .._version import PLUGIN_API_VERSION, __version__
+from ..config import finite_non_negative
+from ..errors import OmnicoreError
+
+# subcommand -> "module:function" (imported only when that subcommand runs)
+_COMMANDS = {
+    "plugins": "omnicore.cli.plugins_cmd:run",
+    "generate": "omnicore.cli.generate_cmd:run",
+    "serve": "omnicore.cli.serve_cmd:run",
+}
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        return finite_non_negative("--request-batch-max-wait-ms", text)
+    except OmnicoreError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--platform", help="platform to run on (default: best available; env OMNICORE_PLATFORM)")
+    g.add_argument("--attention-backend", help="force an attention backend (env OMNICORE_ATTENTION_BACKEND)")
+    g.add_argument("--max-num-seqs", type=int, help="largest batch (env OMNICORE_MAX_NUM_SEQS)")
+    g.add_argument("--max-queue", type=int, help="bounded queue length (env OMNICORE_MAX_QUEUE)")
+    g.add_argument("--request-batch-max-wait-ms", type=_non_negative_float,
+                   help="admission wait in ms, finite and >= 0 (env OMNICORE_REQUEST_BATCH_MAX_WAIT_MS)")
+    g.add_argument("--cache", action="append", default=[], metavar="METHOD",
+                   help="enable a cache method (repeatable): teacache, first_block_cache, adaln_schedule ...")
+    g.add_argument("--offload", choices=("none", "model", "layerwise"), default="none",
+                   help="CPU offload of weights between uses")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="omnicore",
+        description="Serve and run diffusion models (images, video, video+audio) through plugins.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and installed plugins")
+    parser.add_argument("--log-level", help="logging level (env OMNICORE_LOG_LEVEL)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--requirements", action="store_true", help="print name==version lines to reinstall plugins")
+
+    g = sub.add_parser("generate", help="generate an image or a video from a prompt")
+    g.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
+    g.add_argument("prompt")
+    g.add_argument("-o", "--output", required=True, help="output file: .png/.webp for images, .mp4 for video")
+    g.add_argument("--image", action="append", default=[], metavar="PATH", help="reference image (repeatable)")
+    g.add_argument("--negative-prompt")
+    g.add_argument("--height", type=int)
+    g.add_argument("--width", type=int)
+    g.add_argument("--num-frames", type=int)
+    g.add_argument("--fps", type=float)
+    g.add_argument("--steps", type=int, dest="num_inference_steps")
+    g.add_argument("--guidance", type=float, dest="guidance_scale")
+    g.add_argument("--flow-shift", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--extra", action="append", default=[], metavar="KEY=JSON",
+                   help="model-specific field (repeatable), e.g. --extra batch_cfg=true")
+    g.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    _add_engine_flags(g)
+
+    s = sub.add_parser("serve", help="run the OpenAI-style HTTP server")
+    s.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
+    s.add_argument("--host", help="bind address (env OMNICORE_HOST, default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="bind port (env OMNICORE_PORT, default 8000)")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
+    s.add_argument("--state-dir", help="job database and results (env OMNICORE_STATE_DIR)")
+    _add_engine_flags(s)
+    return parser
+
+
+def _version_text() -> str:
+    from ..plugins import LOADED, default_host
+
+    lines = [f"omnicore {__version__} (plugin API {PLUGIN_API_VERSION})"]
+    for rec in default_host().records.values():
+        if rec.name != "omnicore":
+            lines.append(f"  {rec.name}: {rec.dist} {rec.version}" + ("" if rec.status == LOADED else f" [{rec.status}]"))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.log_level:
+        logging.basicConfig(level=args.log_level.upper())
+    if args.version:
+        print(_version_text())
+        return 0
+    if not args.command:
+        parser.print_help()
+        return 0
+    module_name, _, func_name = _COMMANDS[args.command].partition(":")
+    handler = getattr(importlib.import_module(module_name), func_name)
+    try:
+        return int(handler(args) or 0)
+    except OmnicoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

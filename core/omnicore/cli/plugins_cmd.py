@@ -1,0 +1,43 @@
+"""``omnicore plugins``: what is installed, its status and what it registered — without importing torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..plugins import LOADED, PluginHost
+
+
+def run(args: argparse.Namespace) -> int:
+    host = PluginHost()
+    for line in host.problems:
+        print(f"error: {line}", file=sys.stderr)
+    records = list(host.records.values())
+    if args.requirements:
+        for rec in records:
+            if rec.dist and rec.version and rec.dist != "omnicore":
+                print(f"{rec.dist}=={rec.version}")
+        return 0
+    if args.json:
+        payload = {
+            "plugins": [r.to_json() for r in records],
+            "registries": {kind: reg.providers() for kind, reg in host.registries.items()},
+            "problems": host.problems,
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+        return 0
+    header = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "IMPORT", "REGISTERS")
+    rows = [header]
+    for rec in records:
+        registers = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(rec.registered.items())) or "-"
+        status = rec.status.upper() if rec.status != LOADED else rec.status
+        rows.append((rec.name, rec.dist or "-", rec.version or "-", status,
+                     f"{rec.import_s * 1000:.1f} ms", registers))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for rec in records:
+        if rec.error:
+            print(f"  {rec.name}: {rec.error}")
+    return 0

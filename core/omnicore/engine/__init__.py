@@ -1,0 +1,1 @@
+"""The runtime: requests, pipeline protocol, scheduler, runner and the Python API."""

@@ -1,0 +1,91 @@
+"""The pipeline protocol every model plugin implements (DESIGN §4) and the state it threads through steps.
+
+The engine calls, per batch: ``encode(requests)`` once, then for each step the ``omnicore_denoise`` hook
+(whose default runs ``denoise_step`` = ``update(predict(...))``), then ``decode(state)``. Splitting a step
+into ``predict`` (the model evaluation, incl. CFG) and ``update`` (the sampler) lets step caches reuse a
+prediction without knowing the sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    from ..outputs.output import Output
+    from ..platforms.base import Platform
+    from ..specs import ModelSpec
+    from .request import GenerationRequest
+
+
+@attrs.define
+class LoadOptions:
+    """How to load a pipeline. ``attention`` picks a backend per requirement (the host's selector)."""
+
+    platform: Platform
+    dtype: Any = None  # torch dtype; None = the platform's default
+    attention: Any = None  # callable(AttentionRequirement) -> attention function
+    offload: str = "none"  # "none" | "model" | "layerwise"
+
+
+@attrs.define(eq=False)
+class DenoiseState:
+    """Mutable per-batch state. Models keep their own tensors in ``latents`` and ``extras``.
+
+    ``outputs_per_request`` lists how many outputs each request contributes (so seeds are ``seed + i``).
+    """
+
+    requests: list[GenerationRequest]
+    num_steps: int
+    latents: Any = None
+    timesteps: Any = None
+    extras: dict[str, Any] = attrs.Factory(dict)
+    step_index: int = 0
+    last_prediction: Any = None
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    """What the engine needs from a model plugin's pipeline class."""
+
+    spec: ModelSpec
+
+    @classmethod
+    def from_pretrained(cls, path: Path, options: LoadOptions) -> Pipeline: ...
+
+    def preprocess(self, request: GenerationRequest) -> GenerationRequest: ...
+
+    def batch_key(self, request: GenerationRequest) -> Hashable: ...
+
+    def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState: ...
+
+    def predict(self, state: DenoiseState, step: int) -> Any: ...
+
+    def update(self, state: DenoiseState, step: int, prediction: Any) -> DenoiseState: ...
+
+    def denoise_step(self, state: DenoiseState, step: int) -> DenoiseState: ...
+
+    def decode(self, state: DenoiseState) -> list[Output]: ...
+
+
+class BasePipeline:
+    """Convenience base: the step composition and the default batch key; subclasses do the model work."""
+
+    spec: ModelSpec
+
+    def batch_key(self, request: GenerationRequest) -> Hashable:
+        return request.batch_key()
+
+    def denoise_step(self, state: DenoiseState, step: int) -> DenoiseState:
+        prediction = self.predict(state, step)
+        state.last_prediction = prediction
+        return self.update(state, step, prediction)
+
+    def predict(self, state: DenoiseState, step: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must implement predict()")
+
+    def update(self, state: DenoiseState, step: int, prediction: Any) -> DenoiseState:  # pragma: no cover
+        raise NotImplementedError(f"{type(self).__name__} must implement update()")

@@ -1,0 +1,60 @@
+"""The :class:`Output` record: uint8 frames, optional audio, metrics; ``save(path)`` picks the format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+
+@attrs.define(eq=False)
+class Output:
+    """One generated image or video.
+
+    ``frames`` is uint8 ``[F, H, W, 3]`` (images have ``F == 1``); ``audio`` is float32 ``[channels, samples]``
+    in [-1, 1] with ``sample_rate``; ``metrics`` holds per-stage timings (s) and peak memory (bytes).
+    """
+
+    kind: str  # "image" | "video"
+    frames: np.ndarray
+    fps: float | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    request_id: str = ""
+    index: int = 0
+    seed: int | None = None
+    metrics: dict[str, Any] = attrs.Factory(dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("image", "video"):
+            raise ValueError(f"Output.kind must be 'image' or 'video', got {self.kind!r}")
+        if self.frames.dtype != np.uint8 or self.frames.ndim != 4 or self.frames.shape[-1] != 3:
+            raise ValueError(f"Output.frames must be uint8 [F, H, W, 3], got {self.frames.dtype} {self.frames.shape}")
+        if self.kind == "image" and self.frames.shape[0] != 1:
+            raise ValueError(f"an image output has exactly one frame, got {self.frames.shape[0]}")
+
+    @property
+    def height(self) -> int:
+        return int(self.frames.shape[1])
+
+    @property
+    def width(self) -> int:
+        return int(self.frames.shape[2])
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+    def save(self, path: str | Path) -> Path:
+        """Write to ``path``; the suffix picks the format (.png/.webp for images, .mp4 for video)."""
+        from .writers import write_output
+
+        return write_output(self, Path(path))
+
+    def to_bytes(self, fmt: str) -> bytes:
+        """Encode in memory (``"png"``, ``"webp"``, ``"mp4"``)."""
+        from .writers import encode_output
+
+        return encode_output(self, fmt)

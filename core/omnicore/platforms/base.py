@@ -1,0 +1,40 @@
+"""The platform interface every backend implements: device, sync, memory queries, cache release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Platform:
+    """Base class for device platforms; subclasses override what differs from the CPU behaviour."""
+
+    name = "base"
+    device_type = "cpu"
+    dist_backend = "gloo"
+
+    def device(self, index: int = 0) -> Any:
+        import torch
+
+        return torch.device(self.device_type) if self.device_type == "cpu" else torch.device(self.device_type, index)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op where execution is synchronous)."""
+
+    def memory_allocated(self) -> int:
+        """Bytes currently held by tensors on this device (0 when the platform cannot tell)."""
+        return 0
+
+    def max_memory_allocated(self) -> int:
+        """Peak bytes since the last :meth:`reset_peak_memory` (0 when unknown)."""
+        return 0
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak-memory window."""
+
+    def empty_cache(self) -> None:
+        """Give cached allocator blocks back to the device (after offloading weights)."""
+
+    def default_dtype(self) -> Any:
+        import torch
+
+        return torch.float32

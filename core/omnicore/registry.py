@@ -1,0 +1,79 @@
+"""Open, string-keyed registries of spec records (no enums, no isinstance ladders)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+import attrs
+
+from .errors import DuplicateRegistration, UnknownName
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Records of one kind keyed by lower-case name; aliases resolve to the same record.
+
+    Registering a taken name (or alias) raises :class:`DuplicateRegistration` naming both providers unless
+    ``replace=True``; replacements are remembered in :attr:`overrides` so ``omnicore plugins`` can show them.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._records: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}
+        self.overrides: list[tuple[str, str, str]] = []  # (name, old provider, new provider)
+
+    def register(self, record: T, provider: str, *, replace: bool = False) -> T:
+        record = attrs.evolve(record, provider=provider)  # type: ignore[misc]
+        name = record.name.lower()  # type: ignore[attr-defined]
+        aliases = [a.lower() for a in getattr(record, "aliases", ())]
+        for key in (name, *aliases):
+            owner = self._owner(key)
+            if owner is not None and not (replace and key == name):
+                raise DuplicateRegistration(self.kind, key, owner, provider)
+        if name in self._records:
+            self.overrides.append((name, self._records[name].provider, provider))  # type: ignore[attr-defined]
+        self._records[name] = record
+        for alias in aliases:
+            self._aliases[alias] = name
+        return record
+
+    def _owner(self, key: str) -> str | None:
+        target = self._aliases.get(key, key)
+        rec = self._records.get(target)
+        return rec.provider if rec is not None else None  # type: ignore[attr-defined]
+
+    def unregister_provider(self, provider: str) -> None:
+        """Drop every record (and alias) a provider registered: used when its registration fails midway."""
+        gone = {n for n, r in self._records.items() if r.provider == provider}  # type: ignore[attr-defined]
+        for n in gone:
+            del self._records[n]
+        self._aliases = {a: n for a, n in self._aliases.items() if n not in gone}
+
+    def get(self, name: str) -> T:
+        key = name.lower()
+        key = self._aliases.get(key, key)
+        try:
+            return self._records[key]
+        except KeyError:
+            raise UnknownName(self.kind, name, self.providers()) from None
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        key = name.lower()
+        return self._aliases.get(key, key) in self._records
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(list(self._records.values()))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def names(self) -> list[str]:
+        return sorted(self._records)
+
+    def providers(self) -> dict[str, str]:
+        return {n: r.provider for n, r in self._records.items()}  # type: ignore[attr-defined]
