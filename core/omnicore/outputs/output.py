@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
+
+if TYPE_CHECKING:
+    from .options import EncodeOptions
 
 
 @attrs.define(eq=False)
@@ -47,14 +50,14 @@ class Output:
     def num_frames(self) -> int:
         return int(self.frames.shape[0])
 
-    def save(self, path: str | Path) -> Path:
-        """Write to ``path``; the suffix picks the format (.png/.webp for images, .mp4 for video)."""
-        from .writers import write_output
+    def save(self, path: str | Path, options: EncodeOptions | None = None) -> Path:
+        """Write to ``path`` atomically; the suffix picks the format (.png/.webp/.jpg for images, .mp4 for video)."""
+        from .writers import DEFAULT_OPTIONS, write_output
 
-        return write_output(self, Path(path))
+        return write_output(self, Path(path), options or DEFAULT_OPTIONS)
 
-    def to_bytes(self, fmt: str) -> bytes:
-        """Encode in memory (``"png"``, ``"webp"``, ``"mp4"``)."""
-        from .writers import encode_output
+    def to_bytes(self, fmt: str, options: EncodeOptions | None = None) -> bytes:
+        """Encode in memory (``"png"``, ``"webp"``, ``"jpeg"``, ``"mp4"``)."""
+        from .writers import DEFAULT_OPTIONS, encode_output
 
-        return encode_output(self, fmt)
+        return encode_output(self, fmt, options or DEFAULT_OPTIONS)
