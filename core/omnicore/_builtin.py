@@ -63,7 +63,28 @@ def omnicore_register_cache_methods(register: Callable[[CacheMethodSpec], None])
         register(spec)
 
 
-_CACHE_METHODS: tuple[CacheMethodSpec, ...] = ()
+_CACHE_METHODS: tuple[CacheMethodSpec, ...] = (
+    CacheMethodSpec(
+        name="teacache",
+        impl="omnicore.cache.teacache:apply_teacache",
+        conflicts=("first_block_cache",),
+        description="TeaCache: reuse the previous prediction while the rescaled change of the modulated input "
+                    "stays below rel_l1_thresh (model supplies extractor, coefficients, default threshold).",
+    ),
+    CacheMethodSpec(
+        name="first_block_cache",
+        impl="omnicore.cache.first_block_cache:apply_first_block_cache",
+        conflicts=("teacache",),
+        description="First-block cache: run block 0, skip the remaining blocks with their cached residual "
+                    "while block 0's residual barely changes (model declares its block loop).",
+    ),
+    CacheMethodSpec(
+        name="adaln_schedule",
+        impl="omnicore.cache.adaln_schedule:apply_adaln_schedule",
+        description="Exact-schedule AdaLN modulation tables (bit-exact), optionally offloading the "
+                    "projection weights.",
+    ),
+)
 
 
 @hookimpl(trylast=True)

@@ -1,0 +1,93 @@
+"""``adaln_schedule`` as a cache method: prepare once per batch, pass the step index on every step.
+
+The pipeline declares two things:
+
+- ``pipeline.adaln_schedule`` — the model's :class:`AdaLNScheduleController`;
+- ``pipeline.adaln_schedule_plan(state) -> (plan, key)`` — per step the unique timesteps (on the model
+  device) and the schedule key (see :func:`~omnicore.cache.adaln_schedule.keys.schedule_key`).
+
+The handle joins the ``omnicore_denoise`` hook (``tryfirst``, always returning ``None``): at the first step
+of a new state it prepares the controller (``offload_weights`` from the config) and stores the result in
+``state.extras["adaln_schedule"]``; on every step it sets ``state.extras["adaln_step_index"]`` to the step
+while a schedule is active (removing the key otherwise) — the pipeline's ``predict`` passes it to the model
+as ``adaln_step_index``. ``handle.remove()`` leaves the hook and clears the controller (weights restored).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import attrs
+
+from ...errors import ConfigError, UnsupportedFeature
+from ...hookspecs import hookimpl
+from .._step import resolve_host
+from .controller import AdaLNScheduleController
+
+METHOD_NAME = "adaln_schedule"
+STATE_CACHE_KEY = "adaln_schedule"
+STATE_STEP_KEY = "adaln_step_index"
+
+
+@attrs.define(kw_only=True)
+class AdaLNScheduleConfig:
+    """``offload_weights``: after the tables are installed, free the projection weights' device storage
+    (only when the tables are smaller). ``host``: the plugin host (default ``pipeline.host``)."""
+
+    host: Any = None
+    offload_weights: bool = False
+
+
+class AdaLNScheduleHandle:
+    method = METHOD_NAME
+
+    def __init__(self, pipeline: Any, config: AdaLNScheduleConfig) -> None:
+        controller = getattr(pipeline, "adaln_schedule", None)
+        if not isinstance(controller, AdaLNScheduleController) or not callable(
+                getattr(pipeline, "adaln_schedule_plan", None)):
+            raise UnsupportedFeature(METHOD_NAME, f"{type(pipeline).__name__} declares no AdaLN schedule "
+                                                  f"(pipeline.adaln_schedule and adaln_schedule_plan)")
+        self.pipeline = pipeline
+        self.config = config
+        self.controller = controller
+        self.host = resolve_host(pipeline, config, METHOD_NAME)
+        self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._name = f"omnicore.cache.{METHOD_NAME}@{id(pipeline):x}"
+        if self.host.pm.get_plugin(self._name) is not None:
+            raise ConfigError("cache_methods", f"{METHOD_NAME!r} is already enabled on this pipeline")
+        self.host.pm.register(self, name=self._name)
+
+    @hookimpl(tryfirst=True, specname="omnicore_denoise")
+    def _denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+        if pipeline is not self.pipeline:
+            return None
+        extras = state.extras
+        if state not in self._seen or STATE_CACHE_KEY not in extras:
+            self._seen.add(state)
+            plan, key = pipeline.adaln_schedule_plan(state)
+            # prepare runs under no_grad (not inference_mode): the cursor and restored weights must stay
+            # writable/usable by an engine that runs steps under plain no_grad.
+            extras[STATE_CACHE_KEY] = self.controller.prepare(plan, key,
+                                                              offload_weights=self.config.offload_weights)
+        if extras[STATE_CACHE_KEY] is not None:
+            extras[STATE_STEP_KEY] = step
+        else:
+            extras.pop(STATE_STEP_KEY, None)
+        return None
+
+    def remove(self) -> None:
+        if self.host.pm.get_plugin(self._name) is self:
+            self.host.pm.unregister(self, name=self._name)
+        self.controller.clear()
+
+
+def apply_adaln_schedule(pipeline: Any, config: AdaLNScheduleConfig | dict[str, Any] | None = None
+                         ) -> AdaLNScheduleHandle:
+    if config is None:
+        config = AdaLNScheduleConfig()
+    elif isinstance(config, dict):
+        config = AdaLNScheduleConfig(**config)
+    elif not isinstance(config, AdaLNScheduleConfig):
+        raise ConfigError(METHOD_NAME, f"expected AdaLNScheduleConfig, a dict or None, got {type(config).__name__}")
+    return AdaLNScheduleHandle(pipeline, config)

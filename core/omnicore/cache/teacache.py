@@ -1,0 +1,164 @@
+"""TeaCache as a generic step cache (Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video
+Diffusion Model", 2024).
+
+The model plugin supplies a :class:`TeaCacheAdapter`: a function giving the *modulated input* of the first
+transformer block for a step (cheap: embeddings + first AdaLN only), polynomial coefficients that rescale
+the raw relative-L1 change of that input to an estimate of the output change, and an optional default
+threshold. The cache accumulates the rescaled changes between steps and reuses the previous prediction (or
+the previous residual over ``adapter.residual_base``) while the accumulation stays below ``rel_l1_thresh``;
+a computed step resets the accumulator.
+
+The pipeline provides its adapter as ``pipeline.teacache_adapter`` (a :class:`TeaCacheAdapter` or a
+zero-argument callable returning one; the callable may raise ``ValueError`` to refuse, e.g. for an
+uncalibrated model variant, in which case nothing is enabled), or ``config.adapter`` overrides it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ..errors import ConfigError, UnsupportedFeature
+from ._step import RequestState, StepCache, StepCacheConfig
+
+METHOD_NAME = "teacache"
+GLOBAL_DEFAULT_THRESHOLD = 0.2
+
+
+@attrs.frozen(kw_only=True)
+class TeaCacheAdapter:
+    """What a model declares for TeaCache.
+
+    - ``extract(state, step) -> tensor``: the first block's modulated input at ``step`` (batch included).
+    - ``coefficients``: polynomial rescale coefficients, highest power first (numpy ``polyval`` order).
+    - ``default_threshold``: the model's calibrated ``rel_l1_thresh`` (``None`` → the global 0.2).
+    - ``residual_base(state, step) -> tensor``: optional; when given, a reuse returns
+      ``residual_base(now) + (prediction - residual_base)`` of the last computed step instead of the bare
+      prediction (for models whose output is better extrapolated as a residual over their input).
+    """
+
+    extract: Callable[[Any, int], Any]
+    coefficients: tuple[float, ...] = attrs.field(converter=tuple, default=(1.0, 0.0))
+    default_threshold: float | None = None
+    residual_base: Callable[[Any, int], Any] | None = None
+
+
+@attrs.define(kw_only=True)
+class TeaCacheConfig(StepCacheConfig):
+    """TeaCache settings (plus the shared step-cache fields).
+
+    - ``rel_l1_thresh``: reuse while the accumulated rescaled change is below it. ``None`` → the adapter's
+      default → 0.2. Larger is faster and lossier.
+    - ``coefficients``: override the adapter's polynomial (highest power first).
+    - ``adapter``: override the pipeline's adapter.
+    """
+
+    rel_l1_thresh: float | None = None
+    coefficients: Sequence[float] | None = None
+    adapter: TeaCacheAdapter | None = None
+
+
+def resolve_threshold(config_value: float | None, model_default: float | None) -> float:
+    """Explicit value, else the model's default, else 0.2; a non-positive or non-finite result is an error."""
+    value = config_value if config_value is not None else (
+        model_default if model_default is not None else GLOBAL_DEFAULT_THRESHOLD)
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError("rel_l1_thresh", f"rel_l1_thresh must be positive, got {value}")
+    return value
+
+
+def polyval(coefficients: Sequence[float], x: float) -> float:
+    """Evaluate a polynomial given highest power first (Horner)."""
+    acc = 0.0
+    for c in coefficients:
+        acc = acc * x + c
+    return acc
+
+
+def relative_l1(current: Any, previous: Any) -> float:
+    """mean|current - previous| / mean|previous| (infinite when the previous input is all zeros)."""
+    current, previous = current.detach(), previous.detach()
+    num = float((current - previous).abs().mean())
+    den = float(previous.abs().mean())
+    return num / den if den > 0 else math.inf
+
+
+def _adapter_of(pipeline: Any, config: TeaCacheConfig) -> TeaCacheAdapter:
+    adapter = config.adapter if config.adapter is not None else getattr(pipeline, "teacache_adapter", None)
+    if adapter is not None and not isinstance(adapter, TeaCacheAdapter) and callable(adapter):
+        adapter = adapter()
+    if not isinstance(adapter, TeaCacheAdapter):
+        raise UnsupportedFeature(METHOD_NAME, f"{type(pipeline).__name__} provides no TeaCacheAdapter "
+                                              f"(pipeline.teacache_adapter)")
+    return adapter
+
+
+class TeaCache(StepCache):
+    method = METHOD_NAME
+
+    def __init__(self, pipeline: Any, config: TeaCacheConfig) -> None:
+        adapter = _adapter_of(pipeline, config)
+        self.adapter = adapter
+        self.threshold = resolve_threshold(config.rel_l1_thresh, adapter.default_threshold)
+        coeffs = tuple(float(c) for c in (config.coefficients if config.coefficients is not None
+                                          else adapter.coefficients))
+        if not coeffs:
+            raise ConfigError("coefficients", "need at least one polynomial coefficient")
+        self.coefficients = coeffs
+        super().__init__(pipeline, config)
+
+    def decide(self, rs: RequestState, state: Any, step: int, permitted: bool) -> Any:
+        forced = self.forced(step)
+        if forced is None:
+            current = self.adapter.extract(state, step)
+            previous = rs.data.get("modulated")
+            rs.data["modulated"] = current
+            if previous is None:
+                hit = False
+            else:
+                rs.data["accumulated"] = rs.data.get("accumulated", 0.0) + abs(
+                    polyval(self.coefficients, relative_l1(current, previous)))
+                hit = permitted and rs.data["accumulated"] < self.threshold
+            if not hit:
+                rs.data["accumulated"] = 0.0
+        else:
+            hit = permitted and forced
+        base = self.adapter.residual_base(state, step) if self.adapter.residual_base is not None else None
+        if not hit:
+            rs.data["base"] = base
+            return None
+        prediction = rs.data["prediction"] if base is None else base + rs.data["residual"]
+        return self.reuse(state, step, prediction)
+
+    def has_cached(self, rs: RequestState) -> bool:
+        return "prediction" in rs.data
+
+    def record(self, rs: RequestState, state: Any, step: int) -> bool:
+        super().record(rs, state, step)
+        base = rs.data.pop("base", None)
+        if base is not None:
+            rs.data["residual"] = rs.data["prediction"] - base
+        return False
+
+
+def _config(config: Any) -> TeaCacheConfig:
+    if config is None:
+        return TeaCacheConfig()
+    if isinstance(config, TeaCacheConfig):
+        return config
+    if isinstance(config, dict):
+        return TeaCacheConfig(**config)
+    raise ConfigError(METHOD_NAME, f"expected TeaCacheConfig, a dict or None, got {type(config).__name__}")
+
+
+def apply_teacache(pipeline: Any, config: TeaCacheConfig | dict[str, Any] | None = None) -> TeaCache:
+    """Enable TeaCache on ``pipeline``; ``handle.remove()`` disables it. Nothing is registered on error."""
+    return TeaCache(pipeline, _config(config)).register()
+
+
+def remove_teacache(handle: TeaCache) -> None:
+    handle.remove()
