@@ -1,0 +1,235 @@
+"""``create_app``: the FastAPI application around one engine (serving-api.md; DESIGN §9).
+
+The app is a thin edge: routes validate DTOs, translate them to ``GenerationRequest`` and hand them to the
+:class:`~.jobs.JobManager`; no model logic lives here and no GPU work runs on the event loop. Tests inject
+any engine (``create_app(engine, settings)``); ``omnicore serve`` passes a ``loader`` instead, so the
+listener is up (``/health`` = ``loading``) while the model loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import attrs
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .auth import BearerAuth
+from .errors import ApiError, install_handlers
+from .jobs import JobManager, LiveJob
+from .lifecycle import Readiness
+from .metrics import Metrics
+from .settings import ServerSettings
+from .sse import EventHub
+from .store import JobStore
+from .translate import ServedModel
+
+logger = logging.getLogger("omnicore.server")
+
+
+@attrs.define(eq=False)
+class ServerContext:
+    """Everything routes need, hung on ``app.state.ctx``."""
+
+    settings: ServerSettings
+    store: JobStore
+    metrics: Metrics
+    hub: EventHub
+    readiness: Readiness
+    auth: BearerAuth
+    engine: Any = None
+    jobs: JobManager | None = None
+    served: ServedModel | None = None
+    model_arg: str | None = None
+
+    def require(self) -> tuple[JobManager, ServedModel]:
+        """The job manager and model, or 503 while the server is not ready."""
+        self.readiness.require_ready()
+        assert self.jobs is not None and self.served is not None
+        return self.jobs, self.served
+
+    def attach(self, engine: Any) -> None:
+        """Adopt a loaded engine: recover the store (restart table), re-enqueue queued jobs, become ready."""
+        self.engine = engine
+        self.served = ServedModel.from_spec(engine.spec, self.model_arg, created=int(time.time()))
+        self.jobs = JobManager(engine, self.store, self.settings, self.metrics, self.hub)
+        requeue = self.store.recover(self.served.names)
+        self.store.expire(self.settings.job_ttl_s)
+        self.metrics.on_scrape(self._refresh_gauges)
+        self.readiness.set("ok")
+        self.metrics.ready.set(1)
+        for job_id in requeue:
+            self._requeue(job_id)
+
+    def _requeue(self, job_id: str) -> None:
+        from .routes_videos import rebuild_request
+
+        assert self.jobs is not None
+        record = self.store.get(job_id) or {}
+        try:
+            request = rebuild_request(self, job_id)
+            live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True,
+                           deadline_s=(self.store.get_request(job_id) or {}).get("body", {}).get("timeout_s"))
+            live.created = float(record.get("created_at") or time.time())
+            self.jobs.submit(live, request)
+        except Exception as exc:
+            err = exc if isinstance(exc, ApiError) else None
+            self.store.update(job_id, status="failed", updated_at=int(time.time()), queue_position=None,
+                              error={"code": "requeue_failed",
+                                     "message": f"could not re-enqueue after restart: "
+                                                f"{err.message if err else f'{type(exc).__name__}: {exc}'}"})
+
+    def _refresh_gauges(self) -> None:
+        if self.engine is None:
+            return
+        stats = self.engine.stats()
+        self.metrics.queue_depth.set(stats.get("queued", 0))
+        self.metrics.running.set(stats.get("running", 0))
+
+
+class EdgeMiddleware:
+    """Pure ASGI (cheap, streaming-safe): request ids, body-size limits, authentication, HTTP metrics."""
+
+    def __init__(self, app: ASGIApp, ctx: ServerContext) -> None:
+        self.app = app
+        self.ctx = ctx
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        request_id = headers.get("x-request-id") or "req_" + uuid.uuid4().hex[:24]
+        scope.setdefault("state", {})["request_id"] = request_id
+        status_holder = [500]
+        rid = request_id.encode("latin-1", "replace")
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder[0] = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid)]
+            await send(message)
+
+        try:
+            err = self._precheck(scope, headers)
+            if err is not None:
+                await self._send_error(err, scope, receive, send_wrapper)
+                return
+            limit = self.ctx.settings.max_request_bytes
+            seen = [0]
+
+            async def limited_receive() -> Message:
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen[0] += len(message.get("body", b""))
+                    if seen[0] > limit:
+                        raise ApiError(413, "request_too_large",
+                                       f"the request body is larger than the limit of {limit} bytes")
+                return message
+
+            await self.app(scope, limited_receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            self.ctx.metrics.http_requests.labels(route=label, status=str(status_holder[0])).inc()
+            self.ctx.metrics.http_duration.labels(route=label).observe(time.perf_counter() - t0)
+
+    def _precheck(self, scope: Scope, headers: dict[str, str]) -> ApiError | None:
+        length = headers.get("content-length")
+        if length is not None:
+            try:
+                if int(length) > self.ctx.settings.max_request_bytes:
+                    return ApiError(413, "request_too_large", f"the request body ({length} bytes) is larger than "
+                                                              f"the limit of {self.ctx.settings.max_request_bytes}")
+            except ValueError:
+                return ApiError(400, "invalid_value", "invalid Content-Length header")
+        if self.ctx.auth.protects(scope["path"]):
+            try:
+                self.ctx.auth.check(headers.get("authorization"))
+            except ApiError as exc:
+                return exc
+        return None
+
+    @staticmethod
+    async def _send_error(err: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+        from fastapi.responses import JSONResponse
+
+        headers = dict(err.headers or {})
+        if err.status_code == 401:
+            headers.setdefault("WWW-Authenticate", "Bearer")
+        await JSONResponse(err.body(), status_code=err.status_code, headers=headers)(scope, receive, send)
+
+
+def create_app(engine: Any = None, settings: ServerSettings | None = None, store: JobStore | None = None, *,
+               loader: Callable[[], Any] | None = None, owns_engine: bool = True,
+               model_arg: str | None = None) -> FastAPI:
+    """Build the app around ``engine`` (already loaded) or ``loader`` (called in a thread at startup).
+
+    On shutdown the app drains: it stops admitting, lets running work finish within ``shutdown_grace_s``
+    (then stops it), closes the engine when ``owns_engine``, and flushes the store.
+    """
+    if (engine is None) == (loader is None):
+        raise ValueError("create_app needs exactly one of engine= or loader=")
+    if settings is None:
+        raise ValueError("create_app needs settings= (a ServerSettings)")
+    ctx = ServerContext(settings=settings, store=store or JobStore(settings.state_dir), metrics=Metrics(),
+                        hub=EventHub(), readiness=Readiness("loading"), auth=BearerAuth(settings.api_keys),
+                        model_arg=model_arg)
+
+    def load() -> None:
+        try:
+            ctx.attach(loader())
+        except BaseException as exc:  # startup failure is reported on /health, not by crashing the listener
+            logger.exception("loading the model failed")
+            ctx.readiness.set("unhealthy", error=f"{type(exc).__name__}: {exc}")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if engine is not None:
+            ctx.attach(engine)
+        else:
+            threading.Thread(target=load, name="omnicore-load", daemon=True).start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(_shutdown, ctx, owns_engine)
+
+    app = FastAPI(title="omnicore", version="1", lifespan=lifespan,
+                  description="OpenAI-style image and video generation (see serving-api.md).")
+    app.state.ctx = ctx
+    install_handlers(app)
+    from . import routes_images, routes_system, routes_videos
+
+    app.include_router(routes_system.router)
+    app.include_router(routes_images.router)
+    app.include_router(routes_videos.router)
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_middleware(EdgeMiddleware, ctx=ctx)
+    return app
+
+
+def _shutdown(ctx: ServerContext, owns_engine: bool) -> None:
+    ctx.readiness.set("draining")
+    ctx.metrics.ready.set(0)
+    try:
+        if ctx.jobs is not None:
+            ctx.jobs.shutdown(ctx.settings.shutdown_grace_s)
+        if owns_engine and ctx.engine is not None:
+            ctx.engine.close(cancel_running=True, timeout=max(1.0, ctx.settings.cancel_wait_s))
+        if ctx.jobs is not None:
+            ctx.jobs.stop()
+    finally:
+        ctx.store.close()

@@ -1,0 +1,203 @@
+"""The one place that maps failures to HTTP: :class:`ApiError` and the exception handlers.
+
+Every error leaves the server in the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``
+(serving-api.md §4), including framework failures: unknown routes, wrong methods and pydantic validation
+errors (reported as 400, never 422). ``omnicore.errors`` classes raised by the engine are translated here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import errors as core_errors
+
+logger = logging.getLogger("omnicore.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+# Engine field names (``params.height``) -> the HTTP field a client actually sent.
+_FIELD_TO_PARAM = {
+    "params.height": "size",
+    "params.width": "size",
+    "params.num_outputs": "n",
+    "params.num_inference_steps": "num_inference_steps",
+    "params.guidance_scale": "guidance_scale",
+    "params.flow_shift": "flow_shift",
+    "params.seed": "seed",
+    "params.num_frames": "num_frames",
+    "params.fps": "fps",
+    "params.duration": "seconds",
+    "images": "image",
+    "negative_prompt": "negative_prompt",
+    "prompt": "prompt",
+}
+
+
+class ApiError(StarletteHTTPException):
+    """An HTTP error in the contract's shape.
+
+    It subclasses Starlette's ``HTTPException`` so that it also passes unchanged through FastAPI's body
+    reading (which turns any other exception raised while streaming the body into a generic 400).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(status_code=status, detail=message, headers=dict(headers or {}))
+        self.code = code
+        self.message = message
+        self.param = param
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status_code, "invalid_request_error" if self.status_code < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def http_param(field: str, aliases: Mapping[str, str] | None = None) -> str:
+    """The HTTP name of an engine field (``extra.x`` becomes ``model_params.x``)."""
+    if aliases and field in aliases:
+        return aliases[field]
+    if field in _FIELD_TO_PARAM:
+        return _FIELD_TO_PARAM[field]
+    if field.startswith("extra."):
+        return "model_params." + field[len("extra."):]
+    if field == "extra":
+        return "model_params"
+    if field.startswith("params."):
+        return field[len("params."):]
+    return field
+
+
+def from_core(exc: BaseException, *, retry_after_s: float = 1.0,
+              aliases: Mapping[str, str] | None = None) -> ApiError:
+    """Translate an ``omnicore.errors`` exception (or anything else) into an :class:`ApiError`."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, core_errors.InvalidRequest):
+        return ApiError(400, "invalid_value", f"{http_param(exc.field, aliases)}: {exc.rule}",
+                        param=http_param(exc.field, aliases))
+    if isinstance(exc, core_errors.QueueFull):
+        return ApiError(429, "queue_full", str(exc), headers={"Retry-After": str(max(1, round(retry_after_s)))})
+    if isinstance(exc, core_errors.EngineClosed):
+        return ApiError(503, "draining", f"the server is shutting down: {exc}", headers={"Retry-After": "5"})
+    if isinstance(exc, core_errors.UnsupportedFeature):
+        return ApiError(400, "unsupported_for_model", str(exc), param=getattr(exc, "feature", None))
+    if isinstance(exc, core_errors.UnknownName):
+        return ApiError(404, "model_not_found", str(exc), param="model")
+    if isinstance(exc, core_errors.Cancelled):
+        return ApiError(409, "job_cancelled", str(exc))
+    return ApiError(500, "internal_error", f"internal error ({type(exc).__name__})")
+
+
+def job_error_code(exc: BaseException | None) -> str:
+    """The ``error.code`` recorded on a job that failed after it was accepted (§4, last paragraph)."""
+    if exc is None:
+        return "internal_error"
+    if isinstance(exc, core_errors.Cancelled):
+        return "cancelled"
+    name = type(exc).__name__.lower()
+    if "outofmemory" in name or "out of memory" in str(exc).lower():
+        return "out_of_memory"
+    if isinstance(exc, core_errors.InvalidRequest):
+        return "invalid_value"
+    return "internal_error"
+
+
+def _request_id(request: Request) -> str:
+    return getattr(request.state, "request_id", None) or "-"
+
+
+def _validation_to_api(exc: RequestValidationError) -> ApiError:
+    errs = exc.errors()
+    if not errs:
+        return ApiError(400, "invalid_value", "invalid request")
+    first = errs[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header", "form")]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "missing":
+        return ApiError(400, "missing_required_parameter", f"missing required parameter: {param}", param=param)
+    if kind == "extra_forbidden":
+        return ApiError(400, "unknown_parameter", f"unknown parameter: {param}", param=param)
+    if kind == "json_invalid":
+        return ApiError(400, "invalid_value", "the body is not valid JSON", param=None)
+    msg = first.get("msg", "invalid value")
+    return ApiError(400, "invalid_value", f"{param or 'body'}: {msg}", param=param)
+
+
+def pydantic_to_api(exc: Any) -> ApiError:
+    """A ``pydantic.ValidationError`` raised by our own parsing (multipart bodies) as a 400."""
+    return _validation_to_api(RequestValidationError(exc.errors(include_url=False)))
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Register handlers so no error escapes in another shape."""
+
+    def respond(request: Request, err: ApiError) -> JSONResponse:
+        headers = dict(err.headers or {})
+        if err.status_code == 401:
+            headers.setdefault("WWW-Authenticate", "Bearer")
+        return JSONResponse(err.body(), status_code=err.status_code, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc, ApiError):
+            return respond(request, exc)
+        if exc.status_code == 404:
+            err = ApiError(404, "route_not_found", f"no route {request.method} {request.url.path}")
+        elif exc.status_code == 405:
+            err = ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}",
+                           headers=exc.headers)
+        elif exc.status_code == 400:
+            err = ApiError(400, "invalid_value", str(exc.detail))
+        else:
+            err = ApiError(exc.status_code, "http_error", str(exc.detail), headers=exc.headers)
+        return respond(request, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(request, _validation_to_api(exc))
+
+    @app.exception_handler(core_errors.OmnicoreError)
+    async def _core(request: Request, exc: core_errors.OmnicoreError) -> JSONResponse:
+        err = from_core(exc)
+        if err.status_code >= 500:
+            logger.exception("request %s failed", _request_id(request), exc_info=exc)
+            err = ApiError(500, "internal_error", f"internal error; request id {_request_id(request)}")
+        return respond(request, err)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("request %s failed with a bug", _request_id(request), exc_info=exc)
+        err = ApiError(500, "internal_error", f"internal error; request id {_request_id(request)}")
+        resp = respond(request, err)
+        resp.headers["X-Request-Id"] = _request_id(request)
+        return resp

@@ -1,0 +1,106 @@
+"""Request bodies that FastAPI does not parse for us: multipart forms and JSON-or-multipart video bodies.
+
+Multipart fields arrive as strings. Bracketed keys as the OpenAI SDK writes them for ``extra_body``
+(``model_params[tag]``) become nested objects; ``model_params``/``extra_params`` may also be a JSON string.
+Repeated keys (``image[]``) become lists. File parts are returned separately with their bytes, each checked
+against ``--max-upload-bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+
+from .errors import ApiError
+
+_BRACKET = re.compile(r"^([A-Za-z_][\w]*)((?:\[[^\[\]]*\])*)$")
+_JSON_FIELDS = ("model_params", "extra_params", "lora")
+_LIST_FIELDS = ("image_url", "reference_images")
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_value", "the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_value", "the JSON body must be an object")
+    return data
+
+
+async def read_multipart(request: Request, *, max_upload_bytes: int,
+                         file_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    """Parse a multipart body into (fields, files by field name)."""
+    try:
+        form = await request.form(max_files=64, max_fields=256, max_part_size=4 * 1024 * 1024)
+    except ApiError:
+        raise
+    except Exception as exc:
+        detail = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
+        raise ApiError(400, "invalid_value", f"cannot parse the multipart body: {detail}") from None
+    fields: dict[str, Any] = {}
+    files: dict[str, list[bytes]] = {}
+    try:
+        for key, value in form.multi_items():
+            m = _BRACKET.match(key)
+            if m is None:
+                raise ApiError(400, "unknown_parameter", f"unknown parameter: {key}", param=key)
+            name, brackets = m.group(1), m.group(2)
+            parts = [p[1:-1] for p in re.findall(r"\[[^\[\]]*\]", brackets)]
+            if isinstance(value, UploadFile):
+                if name not in file_fields:
+                    raise ApiError(400, "invalid_value", f"{name} does not take a file upload", param=name)
+                data = await value.read()
+                if len(data) > max_upload_bytes:
+                    raise ApiError(413, "upload_too_large", f"{name}: the file has {len(data)} bytes, more than "
+                                                            f"the limit of {max_upload_bytes}", param=name)
+                files.setdefault(name, []).append(data)
+                continue
+            if not parts:
+                if name in _JSON_FIELDS:
+                    fields[name] = _json_value(value)
+                elif name in _LIST_FIELDS:
+                    fields.setdefault(name, []).append(value)
+                elif name in fields:
+                    raise ApiError(400, "invalid_value", f"{name} was given more than once", param=name)
+                else:
+                    fields[name] = value
+                continue
+            if parts == [""]:  # image_url[] = repeated value
+                fields.setdefault(name, []).append(value)
+                continue
+            node = fields.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ApiError(400, "invalid_value", f"{name} was given both as a value and as an object",
+                               param=name)
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ApiError(400, "invalid_value", f"{key} conflicts with another field", param=name)
+            node[parts[-1]] = _json_value(value)
+    finally:
+        await form.close()
+    return fields, files
+
+
+def is_multipart(request: Request) -> bool:
+    """A form body: multipart (the OpenAI SDK, ``curl -F``) or urlencoded (``curl -d k=v``)."""
+    ctype = request.headers.get("content-type", "").lower()
+    return ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded"))
+
+
+def is_json(request: Request) -> bool:
+    ctype = request.headers.get("content-type", "").lower()
+    return ctype.startswith("application/json") or ctype == ""

@@ -1,0 +1,392 @@
+"""The job manager: owns job execution between the HTTP edge and the engine (serving-api.md §9-§11).
+
+Routes never run GPU work: they hand a validated ``GenerationRequest`` to :meth:`JobManager.submit` (called
+in a worker thread, because the engine runs ``preprocess`` in the caller's thread). A watcher thread per job
+waits for the engine, applies the opt-in deadline, writes results atomically and records the terminal
+status; HTTP handlers only await it. A client that stops polling never affects a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+
+from .. import errors as core_errors
+from ..outputs.options import EncodeOptions
+from .errors import ApiError, from_core, job_error_code
+from .metrics import Metrics
+from .settings import ServerSettings
+from .sse import EventHub
+from .store import JobStore
+
+logger = logging.getLogger("omnicore.server")
+
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+# engine phase -> API phase (serving-api.md §9: one closed enumeration)
+_PHASES = {"queued": "queued", "preprocess": "preprocess", "encode": "encode", "denoise": "denoise",
+           "decode": "decode", "postprocess": "encode_output"}
+
+
+def new_id(prefix: str) -> str:
+    """``<prefix>_`` + 26 URL-safe chars: 10 of millisecond time (sortable) and 16 random."""
+    ms = int(time.time() * 1000)
+    head = "".join(_CROCKFORD[(ms >> (5 * i)) & 31] for i in reversed(range(10)))
+    tail = "".join(secrets.choice(_CROCKFORD) for _ in range(16))
+    return f"{prefix}_{head}{tail}"
+
+
+@attrs.define(eq=False)
+class LiveJob:
+    """In-memory state of one admitted job (active or just finished)."""
+
+    id: str
+    kind: str  # "video" (persisted) | "image" | "sync"
+    task: str
+    persisted: bool
+    deadline_s: float | None = None
+    engine_job: Any = None
+    status: str = "queued"  # API status
+    phase: str | None = "queued"
+    step: int | None = None
+    total_steps: int | None = None
+    progress: int = 0
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+    cancel_t0: float | None = None
+    outputs: list[Any] = attrs.Factory(list)
+    error: BaseException | None = None
+    error_code: str | None = None
+    created: float = attrs.Factory(time.time)
+    started: float | None = None
+    done: threading.Event = attrs.Factory(threading.Event)
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = attrs.Factory(list)
+    finishing: bool = False
+    step_clock: float | None = None
+    timer: threading.Timer | None = None
+
+
+class JobManager:
+    def __init__(self, engine: Any, store: JobStore | None, settings: ServerSettings, metrics: Metrics,
+                 hub: EventHub) -> None:
+        self.engine = engine
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.hub = hub
+        self._lock = threading.Lock()
+        self._live: dict[str, LiveJob] = {}
+        self._durations: deque[float] = deque(maxlen=32)
+        self._stopping = False
+        self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="omnicore-finish")
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="omnicore-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    # ------------------------------------------------------------------ admission
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return sum(1 for j in self._live.values() if not j.done.is_set())
+
+    def retry_after_s(self) -> int:
+        """Estimated wait before a slot frees up: the mean recent job duration, at least 1 s."""
+        if not self._durations:
+            return 1
+        return max(1, math.ceil(sum(self._durations) / len(self._durations)))
+
+    def get_live(self, job_id: str) -> LiveJob | None:
+        with self._lock:
+            return self._live.get(job_id)
+
+    def queue_position(self, job_id: str) -> int | None:
+        with self._lock:
+            queued = [j for j in self._live.values() if j.status == "queued" and not j.done.is_set()]
+        queued.sort(key=lambda j: j.created)
+        for i, j in enumerate(queued):
+            if j.id == job_id:
+                return i
+        return None
+
+    def submit(self, live: LiveJob, request: Any) -> LiveJob:
+        """Admit ``live`` and hand ``request`` to the engine. Blocking (runs preprocess): call from a thread.
+
+        Raises :class:`ApiError` (429 when queued + running work is at ``max_queued_jobs``, 400 when the
+        model rejects the request, 503 when the engine is closed).
+        """
+        with self._lock:
+            if self._stopping:
+                raise ApiError(503, "draining", "the server is shutting down", headers={"Retry-After": "5"})
+            active = sum(1 for j in self._live.values() if not j.done.is_set())
+            if active >= self.settings.max_queued_jobs:
+                raise ApiError(429, "queue_full",
+                               f"queued plus running work is at the limit ({self.settings.max_queued_jobs}); "
+                               "retry later", headers={"Retry-After": str(self.retry_after_s())})
+            self._live[live.id] = live
+        try:
+            job = self.engine.submit(request, on_event=lambda ev: self._on_event(live, ev))
+        except BaseException as exc:
+            with self._lock:
+                self._live.pop(live.id, None)
+            raise from_core(exc, retry_after_s=self.retry_after_s()) from exc
+        live.engine_job = job
+        if live.cancel_requested:  # cancelled while preprocess ran
+            job.cancel()
+        deadline = live.deadline_s
+        if self.settings.max_job_seconds > 0:
+            deadline = min(deadline or math.inf, self.settings.max_job_seconds)
+        if deadline is not None:
+            live.timer = threading.Timer(deadline, self.cancel, args=(live.id, "timeout"))
+            live.timer.daemon = True
+            live.timer.start()
+        # Terminal events arrive on the engine worker; finishing (writing an MP4) runs on our own pool.
+        job.add_listener(lambda ev: self._on_terminal(live, ev), replay=True)
+        return live
+
+    # ------------------------------------------------------------------ progress (engine threads)
+    def _on_event(self, live: LiveJob, ev: Any) -> None:
+        if ev.phase in ("done", "failed", "cancelled"):
+            return  # the watcher records terminal states after the results are written
+        job = live.engine_job
+        if live.status == "queued" and (job is not None and job.status == "running" or
+                                        ev.phase in ("encode", "denoise", "decode", "postprocess")):
+            live.status = "in_progress"
+            live.started = time.time()
+        phase = _PHASES.get(ev.phase, ev.phase)
+        if live.status == "queued":
+            phase = "queued" if ev.phase == "queued" else phase
+        prev_step = live.step
+        live.phase = phase
+        if ev.total_steps:
+            live.step, live.total_steps = ev.step, ev.total_steps
+        live.progress = max(live.progress, min(99, int(ev.progress * 100)))
+        if ev.phase == "encode":
+            live.step_clock = time.perf_counter()
+        if phase == "denoise" and ev.step and ev.step > (prev_step or 0):
+            n = ev.step - (prev_step or 0)
+            now_t = time.perf_counter()
+            self.metrics.steps.labels(result="computed").inc(n)
+            if live.step_clock is not None:
+                for _ in range(n):
+                    self.metrics.step.observe((now_t - live.step_clock) / n)
+            live.step_clock = now_t
+        if not live.persisted:
+            return
+        now = int(time.time())
+        changes: dict[str, Any] = {"status": live.status, "phase": phase, "step": live.step,
+                                   "total_steps": live.total_steps, "progress": live.progress, "updated_at": now,
+                                   "queue_position": None}
+        if live.status == "in_progress" and live.started is not None:
+            changes["started_at"] = int(live.started)
+        self.store.update(live.id, **changes)
+        self.hub.publish(live.id, "video.progress", {
+            "id": live.id, "status": live.status, "phase": phase, "phase_progress": None, "step": live.step,
+            "total_steps": live.total_steps, "progress": live.progress, "updated_at": now})
+
+    def _heartbeat_loop(self) -> None:
+        while not self._heartbeat_stop.wait(self.settings.heartbeat_interval_s):
+            now = int(time.time())
+            with self._lock:
+                jobs = [j for j in self._live.values() if j.persisted and not j.done.is_set()]
+            for j in jobs:
+                try:
+                    if j.status == "in_progress":
+                        self.store.update(j.id, updated_at=now)
+                    self.hub.publish(j.id, "video.heartbeat", {"id": j.id, "phase": j.phase, "updated_at": now})
+                except Exception:  # never let the heartbeat die
+                    logger.exception("heartbeat for %s failed", j.id)
+
+    # ------------------------------------------------------------------ completion (watcher threads)
+    def _on_terminal(self, live: LiveJob, ev: Any) -> None:
+        if ev.phase not in ("done", "failed", "cancelled") or live.finishing:
+            return
+        live.finishing = True
+        self._finisher.submit(self._finish_safe, live)
+
+    def _finish_safe(self, live: LiveJob) -> None:
+        job = live.engine_job
+        if live.timer is not None:
+            live.timer.cancel()
+        try:
+            self._finish(live, job)
+        except Exception as exc:  # a bug while finishing must still end the job
+            logger.exception("finishing job %s failed", live.id)
+            live.status, live.error, live.error_code = "failed", exc, "internal_error"
+            if live.persisted:
+                self.store.update(live.id, status="failed", updated_at=int(time.time()),
+                                  error={"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self._release(live)
+
+    def _finish(self, live: LiveJob, job: Any) -> None:
+        now = time.time()
+        if live.cancel_t0 is not None:
+            self.metrics.cancel_latency.observe(now - live.cancel_t0)
+        if job.status == "succeeded":
+            live.outputs = list(job.outputs)
+            if live.persisted:
+                self._complete_video(live, job)
+            live.status = "completed"
+        elif job.status == "cancelled" and self._stopping and live.cancel_reason in (None, "shutdown") \
+                and live.status == "queued" and live.persisted:
+            live.status = "queued"  # never started: stays queued in the store and is re-enqueued on restart
+            return
+        elif job.status == "cancelled":
+            if live.cancel_reason == "timeout":
+                live.status, live.error_code = "failed", "timeout"
+                message = "the job exceeded its deadline (timeout_s or --max-job-seconds) and was stopped"
+            elif self._stopping and live.cancel_reason in (None, "shutdown"):
+                live.status, live.error_code = "failed", "interrupted"
+                message = "the server shut down while this job was running"
+            else:
+                live.status, live.error_code = "cancelled", "cancelled"
+                message = f"cancelled by {live.cancel_reason or 'request'}"
+            live.error = core_errors.Cancelled(live.id)
+            if live.persisted:
+                self._record_terminal(live, live.status, {"code": live.error_code, "message": message})
+        else:
+            live.status, live.error = "failed", job.error
+            live.error_code = job_error_code(job.error)
+            if live.persisted:
+                self._record_terminal(live, "failed", {"code": live.error_code,
+                                                       "message": f"{type(job.error).__name__}: {job.error}"})
+        self.metrics.jobs.labels(task=live.task, status=live.status).inc()
+        if job.started_at and job.finished_at:
+            self.metrics.stage.labels(stage="queued").observe(max(0.0, job.started_at - job.created_at))
+            self._durations.append(job.finished_at - job.started_at)
+
+    def _timings(self, live: LiveJob, job: Any, completed: float) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        if job.started_at:
+            timings["queued_s"] = round(max(0.0, job.started_at - job.created_at), 4)
+        metrics = dict(getattr(job, "metrics", {}) or {})
+        if live.outputs:
+            metrics.update({k: v for k, v in live.outputs[0].metrics.items() if isinstance(v, (int, float))})
+        for key, value in metrics.items():
+            if key.endswith("_s") and key not in timings:
+                timings[key] = round(float(value), 4)
+        timings["total_s"] = round(completed - live.created, 4)
+        return timings
+
+    def _complete_video(self, live: LiveJob, job: Any) -> None:
+        out = live.outputs[0]
+        if out.fps is None:  # a one-frame clip from a model that only stamps fps on multi-frame output
+            out = attrs.evolve(out, kind="video", fps=job.request.params.fps)
+        live.phase = "encode_output"
+        self.store.update(live.id, phase="encode_output", progress=99, updated_at=int(time.time()))
+        self.hub.publish(live.id, "video.progress", {"id": live.id, "status": "in_progress", "phase": "encode_output",
+                                                     "phase_progress": None, "step": live.step,
+                                                     "total_steps": live.total_steps, "progress": 99,
+                                                     "updated_at": int(time.time())})
+        t0 = time.perf_counter()
+        path = out.save(self.store.result_path(live.id, "mp4"), EncodeOptions(durable=True))  # temp, fsync, rename
+        self.metrics.stage.labels(stage="encode_output").observe(time.perf_counter() - t0)
+        completed = time.time()
+        ttl = self.settings.job_ttl_s
+        params = job.request.params
+        record = self.store.update(
+            live.id, result_path=path, status="completed", phase=None, progress=100, completed_at=int(completed),
+            updated_at=int(completed), expires_at=int(completed + ttl) if ttl > 0 else None, cancel_requested=False,
+            seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
+            fps=out.fps if out.fps is not None else params.fps, size=f"{out.width}x{out.height}",
+            step=live.total_steps, total_steps=live.total_steps, timings=self._timings(live, job, completed),
+            usage={"denoise_steps_computed": live.total_steps or 0,
+                   "denoise_steps_cached": int(out.metrics.get("denoise_steps_cached", 0) or 0),
+                   "peak_device_memory_bytes": out.metrics.get("peak_memory_bytes")},
+        )
+        if record is not None:
+            self.hub.publish(live.id, "video.completed", record)
+
+    def _record_terminal(self, live: LiveJob, status: str, error: dict[str, str]) -> None:
+        now = int(time.time())
+        ttl = self.settings.job_ttl_s
+        record = self.store.update(live.id, status=status, error=error, updated_at=now, completed_at=None,
+                                   expires_at=now + int(ttl) if ttl > 0 else None, queue_position=None,
+                                   cancel_requested=False)
+        if record is not None:
+            self.hub.publish(live.id, f"video.{status}", record)
+
+    def _release(self, live: LiveJob) -> None:
+        if live.persisted and self.store.delete_pending(live.id):
+            self.store.delete(live.id)
+        live.done.set()
+        with self._lock:
+            self._live.pop(live.id, None)
+            waiters, live.waiters = live.waiters, []
+        for loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:
+                pass
+
+    # ------------------------------------------------------------------ control (any thread)
+    def cancel(self, job_id: str, reason: str = "client request") -> bool:
+        """Ask the job to stop at the next step boundary; ``False`` when it is not active here."""
+        live = self.get_live(job_id)
+        if live is None or live.done.is_set():
+            return False
+        if not live.cancel_requested:
+            live.cancel_requested = True
+            live.cancel_reason = reason
+            live.cancel_t0 = time.time()
+            if live.persisted:
+                self.store.update(job_id, cancel_requested=True, updated_at=int(time.time()))
+        if live.engine_job is not None:
+            live.engine_job.cancel()
+        return True
+
+    async def wait(self, live: LiveJob, timeout: float | None = None) -> bool:
+        """Await the job's end without blocking the loop; ``False`` when ``timeout`` passed first."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        with self._lock:
+            if live.done.is_set():
+                return True
+            live.waiters.append((loop, fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, grace_s: float) -> None:
+        """Stop admitting, let running work finish within ``grace_s``, then stop it. Blocking."""
+        with self._lock:
+            self._stopping = True
+            jobs = list(self._live.values())
+        end = time.monotonic() + grace_s
+        for j in jobs:
+            if j.status == "queued" and j.persisted:
+                continue  # stays queued in the store; re-enqueued on restart
+            left = end - time.monotonic()
+            if left > 0:
+                j.done.wait(left)
+        for j in jobs:
+            if not j.done.is_set() and j.status != "queued":
+                self.cancel(j.id, reason="shutdown")
+        for j in jobs:
+            if j.status != "queued" or not j.persisted:
+                j.done.wait(max(1.0, self.settings.cancel_wait_s))
+
+    def stop(self) -> None:
+        """After the engine closed: stop the heartbeat and wait for pending finishers (results written)."""
+        self._heartbeat_stop.set()
+        self._finisher.shutdown(wait=True)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(True)

@@ -1,0 +1,46 @@
+"""Prometheus metrics for one app (serving-api.md §5), on a private ``CollectorRegistry``.
+
+A per-app registry (not the process-global one) lets several apps live in one process: tests build many.
+Gauges that mirror engine state (queue depth, running) are refreshed at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+
+
+class Metrics:
+    """All ``omnicore_*`` series. ``refresh`` is called before each scrape to update the gauges."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter("omnicore_http_requests", "HTTP requests served", ("route", "status"),
+                                     registry=r)
+        self.http_duration = Histogram("omnicore_http_request_duration_seconds", "HTTP request latency",
+                                       ("route",), buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("omnicore_queue_depth", "Jobs waiting in the engine queue", registry=r)
+        self.running = Gauge("omnicore_jobs_running", "Jobs the engine is running", registry=r)
+        self.jobs = Counter("omnicore_jobs", "Jobs that reached a terminal status", ("task", "status"), registry=r)
+        self.stage = Histogram("omnicore_job_stage_seconds", "Time per job stage", ("stage",),
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.step = Histogram("omnicore_denoise_step_seconds", "Denoise step latency", buckets=_LATENCY_BUCKETS,
+                              registry=r)
+        self.steps = Counter("omnicore_denoise_steps", "Denoise steps executed", ("result",), registry=r)
+        self.cancel_latency = Histogram("omnicore_cancel_latency_seconds",
+                                        "Time from a cancel request to the worker's acknowledgement",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.ready = Gauge("omnicore_ready", "1 when the server admits work", registry=r)
+        self._refreshers: list[Callable[[], None]] = []
+
+    def on_scrape(self, fn: Callable[[], None]) -> None:
+        self._refreshers.append(fn)
+
+    def render(self) -> bytes:
+        for fn in self._refreshers:
+            fn()
+        return generate_latest(self.registry)

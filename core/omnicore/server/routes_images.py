@@ -1,0 +1,200 @@
+"""``POST /v1/images/generations`` (JSON) and ``POST /v1/images/edits`` (multipart) — serving-api.md §7.
+
+Image requests are synchronous but go through the same job manager and queue as videos (429 when full),
+and a client that disconnects cancels its work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from ..outputs.options import EncodeOptions
+from .errors import ApiError, pydantic_to_api
+from .forms import read_multipart
+from .jobs import LiveJob, new_id
+from .media import decode_data_url, decode_image
+from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, ImagesResponse
+from .sse import encode_event
+from .translate import image_request
+
+router = APIRouter(tags=["images"])
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415,
+                                                                                         429, 503)}
+
+
+def encode_images(outputs: list[Any], fmt: str, compression: int | None) -> list[str]:
+    """Encode outputs as base64 ``fmt`` (CPU work: call from a thread)."""
+    from ..outputs.writers import encode_output
+
+    options = EncodeOptions(image_quality=max(1, compression)) if compression is not None else EncodeOptions()
+    return [base64.b64encode(encode_output(out, fmt, options)).decode("ascii") for out in outputs]
+
+
+async def wait_or_disconnect(request: Request, jobs: Any, live: LiveJob, poll_s: float = 0.25) -> bool:
+    """Await the job; if the client goes away first, cancel it (§10 "sync requests") and return ``False``."""
+    waiter = asyncio.ensure_future(jobs.wait(live))
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=poll_s)
+            if done:
+                return True
+            if await request.is_disconnected():
+                jobs.cancel(live.id, reason="client disconnect")
+                return False
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+
+
+def job_failure(live: LiveJob, request_id: str) -> ApiError:
+    """A synchronous job that ended without outputs, as an HTTP error."""
+    if live.error_code == "cancelled":
+        return ApiError(409, "job_cancelled", f"the request was cancelled ({live.cancel_reason})")
+    if live.error_code == "timeout":
+        return ApiError(500, "timeout", "the request exceeded its timeout_s and was stopped")
+    detail = f"{type(live.error).__name__}: {live.error}" if live.error is not None else "unknown error"
+    return ApiError(500, live.error_code or "internal_error", f"generation failed ({detail}); request id {request_id}")
+
+
+async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any, ...], task: str) -> Any:
+    ctx = request.app.state.ctx
+    jobs, served = ctx.require()
+    job_id = new_id("img")
+    greq = image_request(dto, served, ctx.settings, request_id=job_id, images=images, task=task)
+    live = LiveJob(id=job_id, kind="image", task=task, persisted=False, deadline_s=dto.timeout_s)
+    if dto.stream:
+        return await _stream(request, dto, live, greq, task)
+    await anyio.to_thread.run_sync(jobs.submit, live, greq)
+    if not await wait_or_disconnect(request, jobs, live):
+        return JSONResponse({"error": {"message": "client disconnected", "type": "invalid_request_error",
+                                       "param": None, "code": "client_disconnected"}}, status_code=499)
+    if live.status != "completed":
+        raise job_failure(live, request.scope.get("state", {}).get("request_id", "-"))
+    t0 = time.perf_counter()
+    b64 = await anyio.to_thread.run_sync(encode_images, live.outputs, dto.output_format, dto.output_compression)
+    ctx.metrics.stage.labels(stage="encode_output").observe(time.perf_counter() - t0)
+    first = live.outputs[0]
+    job = live.engine_job
+    merged = {**(job.metrics or {}), **first.metrics}
+    timings = {k: round(float(v), 4) for k, v in merged.items() if k.endswith("_s") and isinstance(v, (int, float))}
+    timings["total_s"] = round(time.time() - live.created, 4)
+    return {
+        "id": job_id, "created": int(live.created), "model": served.id, "size": f"{first.width}x{first.height}",
+        "output_format": dto.output_format,
+        "data": [{"b64_json": b, "revised_prompt": None, "seed": o.seed} for b, o in zip(b64, live.outputs)],
+        "timings": timings,
+    }
+
+
+async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, greq: Any, task: str) -> Any:
+    """``stream: true`` (§9.2): progress events, then one ``completed`` event per image."""
+    ctx = request.app.state.ctx
+    jobs, served = ctx.require()
+    prefix = "image_edit" if task == "image.edit" else "image_generation"
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def on_event(ev: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+    await anyio.to_thread.run_sync(jobs.submit, live, greq)
+    live.engine_job.add_listener(on_event, replay=True)
+
+    async def events() -> Any:
+        n = 0
+        try:
+            while True:
+                ev = await queue.get()
+                n += 1
+                if ev.phase in ("done", "failed", "cancelled"):
+                    break
+                yield encode_event(n, f"{prefix}.progress", {
+                    "status": "in_progress" if ev.phase != "queued" else "queued",
+                    "phase": {"postprocess": "encode_output"}.get(ev.phase, ev.phase), "phase_progress": None,
+                    "step": ev.step, "total_steps": ev.total_steps, "progress": min(99, int(ev.progress * 100)),
+                    "updated_at": int(time.time())})
+            await jobs.wait(live)
+            if live.status != "completed":
+                err = job_failure(live, "-")
+                yield encode_event(n + 1, "error", err.body())
+                return
+            b64 = await anyio.to_thread.run_sync(encode_images, live.outputs, dto.output_format,
+                                                 dto.output_compression)
+            for i, (b, out) in enumerate(zip(b64, live.outputs)):
+                yield encode_event(n + 1 + i, f"{prefix}.completed", {
+                    "b64_json": b, "index": i, "seed": out.seed, "size": f"{out.width}x{out.height}",
+                    "output_format": dto.output_format, "created_at": int(time.time())})
+        finally:
+            if not live.done.is_set():
+                jobs.cancel(live.id, reason="client disconnect")
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/v1/images/generations", response_model=ImagesResponse, responses=_ERRORS)
+async def generations(body: ImageGenerationRequest, request: Request) -> Any:
+    """Generate images from a prompt (OpenAI Images API shape)."""
+    return await _run(request, body, (), "image.generate")
+
+
+_EDIT_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["prompt", "image"],
+            "properties": {
+                "prompt": {"type": "string", "minLength": 1},
+                "image": {"type": "string", "format": "binary"},
+                "n": {"type": "integer", "minimum": 1, "maximum": 10},
+                "size": {"type": "string"},
+                "output_format": {"type": "string", "enum": ["png", "jpeg", "webp"]},
+                "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 200},
+                "guidance_scale": {"type": "number", "minimum": 0, "maximum": 20},
+                "seed": {"type": "integer", "minimum": 0},
+                "negative_prompt": {"type": "string"},
+            },
+        }}},
+    },
+}
+
+
+@router.post("/v1/images/edits", response_model=ImagesResponse, responses=_ERRORS, openapi_extra=_EDIT_SCHEMA)
+async def edits(request: Request) -> Any:
+    """Edit or condition on input images (multipart; ``image``/``image[]`` files or ``image_url`` data URLs)."""
+    ctx = request.app.state.ctx
+    ctx.readiness.require_ready()
+    if "image.edit" not in ctx.served.tasks:
+        raise ApiError(404, "task_not_supported", f"model {ctx.served.id} does not serve image.edit "
+                                                  f"(it serves: {', '.join(ctx.served.tasks) or 'nothing'})")
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise ApiError(415, "unsupported_media_type", "images/edits takes multipart/form-data")
+    fields, files = await read_multipart(request, max_upload_bytes=ctx.settings.max_upload_bytes,
+                                         file_fields=("image", "mask"))
+    files_images = files.get("image", [])
+    if "mask" in files:
+        raise ApiError(400, "unsupported_for_model", f"model {ctx.served.id} does not support inpainting masks",
+                       param="mask")
+    try:
+        dto = ImageEditFields.model_validate(fields)
+    except ValidationError as exc:
+        raise pydantic_to_api(exc) from None
+    raw = list(files_images) + [decode_data_url(u, param="image_url") for u in (dto.image_url or [])]
+    if not raw:
+        raise ApiError(400, "missing_required_parameter", "images/edits needs at least one image", param="image")
+    if len(raw) > max(1, ctx.served.max_reference_images) and "image.edit" in ctx.served.tasks:
+        raise ApiError(400, "too_many_input_images", f"{len(raw)} input images; model {ctx.served.id} accepts at "
+                                                     f"most {ctx.served.max_reference_images}", param="image")
+    max_px = ctx.settings.max_input_image_pixels
+    images = tuple([await anyio.to_thread.run_sync(lambda d=d: decode_image(d, param="image", max_pixels=max_px))
+                    for d in raw])
+    dto_plain = ImageGenerationRequest.model_validate(dto.model_dump(exclude={"image_url"}, exclude_unset=True))
+    return await _run(request, dto_plain, images, "image.edit")

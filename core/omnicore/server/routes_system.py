@@ -1,0 +1,55 @@
+"""Readiness, liveness, Prometheus metrics and the model list (serving-api.md §5)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from .errors import ApiError
+from .schemas import ErrorResponse, ModelCard, ModelList
+
+router = APIRouter()
+_ERRORS = {404: {"model": ErrorResponse}}
+
+
+@router.get("/health/live", tags=["system"])
+async def live() -> dict[str, str]:
+    return {"status": "live"}
+
+
+@router.get("/health", tags=["system"])
+async def health(request: Request) -> JSONResponse:
+    ctx = request.app.state.ctx
+    state = ctx.readiness.state
+    body: dict = {"status": state}
+    if state == "ok":
+        stats = ctx.engine.stats()
+        body.update(model=ctx.served.id, backend=getattr(ctx.engine.platform, "name", None),
+                    queue_depth=stats.get("queued", 0), running=stats.get("running", 0))
+        return JSONResponse(body)
+    if ctx.readiness.error:
+        body["error"] = ctx.readiness.error
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+
+@router.get("/metrics", tags=["system"])
+async def metrics(request: Request) -> Response:
+    data = request.app.state.ctx.metrics.render()
+    return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/v1/models", response_model=ModelList, tags=["models"])
+async def list_models(request: Request) -> dict:
+    ctx = request.app.state.ctx
+    ctx.readiness.require_ready()
+    return {"object": "list", "data": [ctx.served.card(getattr(ctx.engine.platform, "name", None))]}
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_ERRORS, tags=["models"])
+async def get_model(model_id: str, request: Request) -> dict:
+    ctx = request.app.state.ctx
+    ctx.readiness.require_ready()
+    if model_id not in ctx.served.names:
+        raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here; this server serves "
+                                               f"{ctx.served.id!r}", param="model")
+    return ctx.served.card(getattr(ctx.engine.platform, "name", None))

@@ -1,0 +1,311 @@
+"""Video jobs: create (JSON or multipart), list, retrieve, content, events, cancel, delete, sync (§8-§10)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from typing import Any, Literal
+
+import anyio
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from .errors import ApiError, pydantic_to_api
+from .forms import is_json, is_multipart, read_json, read_multipart
+from .jobs import LiveJob, new_id
+from .media import decode_data_url, decode_image, sniff
+from .routes_images import job_failure, wait_or_disconnect
+from .schemas import ErrorResponse, VideoCreateRequest, VideoDeleted, VideoJob, VideoList, video_body_openapi
+from .sse import encode_event
+from .store import TERMINAL
+from .translate import video_request
+
+router = APIRouter(tags=["videos"])
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413,
+                                                                                         415, 429, 503)}
+_BODY = video_body_openapi()
+_PROGRESS_KEYS = ("id", "status", "phase", "phase_progress", "step", "total_steps", "progress", "updated_at")
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+async def _parse(request: Request) -> tuple[VideoCreateRequest, list[bytes], str]:
+    """The DTO, the raw reference image bytes, and a hash of the whole body (for Idempotency-Key)."""
+    ctx = request.app.state.ctx
+    if is_multipart(request):
+        fields, files = await read_multipart(request, max_upload_bytes=ctx.settings.max_upload_bytes,
+                                             file_fields=("input_reference",))
+        raw = list(files.get("input_reference", []))
+        ref = fields.get("input_reference")
+        if isinstance(ref, str):
+            fields["input_reference"] = {"image_url": ref}
+        digest_src = json.dumps(fields, sort_keys=True, default=str).encode() + b"".join(
+            hashlib.sha256(r).digest() for r in raw)
+        if len(raw) > 1:
+            raise ApiError(400, "invalid_value", "input_reference was given more than once", param="input_reference")
+    elif is_json(request):
+        fields, raw = await read_json(request), []
+        digest_src = json.dumps(fields, sort_keys=True, default=str).encode()
+    else:
+        raise ApiError(415, "unsupported_media_type", "send application/json or multipart/form-data")
+    try:
+        dto = VideoCreateRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise pydantic_to_api(exc) from None
+    if dto.input_reference is not None:
+        if raw:
+            raise ApiError(400, "invalid_value", "give input_reference as a file or as an image_url, not both",
+                           param="input_reference")
+        raw = [decode_data_url(dto.input_reference.image_url, param="input_reference")]
+    return dto, raw, hashlib.sha256(digest_src).hexdigest()
+
+
+def _decode_all(raw: list[bytes], max_pixels: int) -> tuple[Any, ...]:
+    return tuple(decode_image(r, param="input_reference", max_pixels=max_pixels) for r in raw)
+
+
+def _seconds_text(params: Any, dto_seconds: Any) -> str:
+    if dto_seconds is not None:
+        return str(int(dto_seconds))
+    if params.duration:
+        return f"{params.duration:g}"
+    if params.num_frames and params.fps:
+        return f"{params.num_frames / params.fps:.3g}"
+    return "0"
+
+
+def _effective(params: Any, dto: VideoCreateRequest) -> dict[str, Any]:
+    return {"size": f"{params.width}x{params.height}" if params.width else (dto.size or "auto"),
+            "fps": params.fps, "num_frames": params.num_frames, "seconds": _seconds_text(params, dto.seconds),
+            "seed": params.seed, "total_steps": params.num_inference_steps}
+
+
+def _new_record(job_id: str, dto: VideoCreateRequest, greq: Any, model: str) -> dict[str, Any]:
+    now = int(time.time())
+    return {"id": job_id, "object": "video", "model": model, "prompt": dto.prompt, "status": "queued",
+            "progress": 0, "phase": "queued", "phase_progress": None, "step": None, "queue_position": None,
+            "cancel_requested": False, "created_at": now, "started_at": None, "updated_at": now,
+            "completed_at": None, "expires_at": None, "error": None, "media_type": "video/mp4", "timings": {},
+            "usage": {}, **_effective(greq.params, dto)}
+
+
+def rebuild_request(ctx: Any, job_id: str) -> Any:
+    """The ``GenerationRequest`` of a persisted queued job (restart re-enqueue), from its stored body and inputs."""
+    doc = ctx.store.get_request(job_id)
+    if doc is None:
+        raise KeyError(job_id)
+    dto = VideoCreateRequest.model_validate(doc["body"])
+    raw = [open(p, "rb").read() for p in doc.get("inputs", [])]
+    images = _decode_all(raw, ctx.settings.max_input_image_pixels)
+    return video_request(dto, ctx.served, ctx.settings, request_id=job_id, images=images)
+
+
+def _with_position(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
+    if record["status"] == "queued" and ctx.jobs is not None:
+        record = dict(record, queue_position=ctx.jobs.queue_position(record["id"]))
+    return record
+
+
+def _get_record(ctx: Any, job_id: str) -> dict[str, Any]:
+    record = ctx.store.get(job_id)
+    if record is None:
+        raise ApiError(404, "job_not_found", f"no video job {job_id!r}", param="video_id")
+    return record
+
+
+# ---------------------------------------------------------------------------------------------- routes
+@router.post("/v1/videos", response_model=VideoJob, responses=_ERRORS, openapi_extra=_BODY)
+async def create_video(request: Request) -> Any:
+    """Create an asynchronous video job (status ``queued``); poll it, stream its events or cancel it."""
+    ctx = request.app.state.ctx
+    jobs, served = ctx.require()
+    dto, raw, digest = await _parse(request)
+    idem = request.headers.get("idempotency-key")
+    if idem:
+        found = ctx.store.find_idempotent(idem)
+        if found is not None:
+            if found[1] != digest:
+                raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different body")
+            return _with_position(ctx, _get_record(ctx, found[0]))
+    images = await anyio.to_thread.run_sync(_decode_all, raw, ctx.settings.max_input_image_pixels)
+    job_id = new_id("video")
+    greq = video_request(dto, served, ctx.settings, request_id=job_id, images=images)
+    # Persist the request and its inputs before the job exists for anyone (restart re-enqueues it).
+    inputs = []
+    if raw:
+        folder = ctx.store.inputs_dir(job_id)
+        for i, data in enumerate(raw):
+            path = folder / f"input_reference_{i}.{sniff(data) or 'bin'}"
+            path.write_bytes(data)
+            inputs.append(str(path))
+    body = dto.model_dump(mode="json", exclude_none=True, exclude={"input_reference"})
+    body["seed"] = greq.params.seed
+    try:
+        ctx.store.insert(_new_record(job_id, dto, greq, served.id), {"body": body, "inputs": inputs},
+                         idempotency_key=idem, body_hash=digest)
+    except sqlite3.IntegrityError:  # a concurrent request with the same Idempotency-Key won the race
+        ctx.store.delete(job_id)
+        found = ctx.store.find_idempotent(idem or "")
+        if found is None or found[1] != digest:
+            raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different body") \
+                from None
+        return _with_position(ctx, _get_record(ctx, found[0]))
+    live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True, deadline_s=dto.timeout_s)
+    try:
+        await anyio.to_thread.run_sync(jobs.submit, live, greq)
+    except BaseException:
+        ctx.store.delete(job_id)  # never accepted: nothing to keep
+        raise
+    record = ctx.store.update(job_id, **_effective(live.engine_job.request.params, dto)) or {}
+    return JSONResponse(_with_position(ctx, record), headers={"Location": f"/v1/videos/{job_id}"})
+
+
+@router.get("/v1/videos", response_model=VideoList, responses=_ERRORS)
+async def list_videos(
+    request: Request,
+    after: str | None = Query(default=None, max_length=64),
+    limit: int = Query(default=20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+    status: Literal["queued", "in_progress", "completed", "failed", "cancelled"] | None = None,
+) -> Any:
+    ctx = request.app.state.ctx
+    records, more = ctx.store.list(after=after, limit=limit, order=order, status=status)
+    data = [_with_position(ctx, r) for r in records]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": more}
+
+
+@router.get("/v1/videos/{video_id}", response_model=VideoJob, responses=_ERRORS)
+async def retrieve_video(video_id: str, request: Request) -> Any:
+    ctx = request.app.state.ctx
+    return _with_position(ctx, _get_record(ctx, video_id))
+
+
+@router.get("/v1/videos/{video_id}/content", responses={**_ERRORS, 200: {"content": {"video/mp4": {}}}},
+            response_class=Response)
+async def video_content(video_id: str, request: Request, variant: str = Query(default="video", max_length=64)) -> Any:
+    """The MP4 (supports ``Range``). 409 until the job is ``completed``."""
+    ctx = request.app.state.ctx
+    if variant != "video":
+        raise ApiError(400, "unsupported_parameter", f"variant {variant!r} is not available; only 'video'",
+                       param="variant")
+    record = _get_record(ctx, video_id)
+    status = record["status"]
+    if status in ("queued", "in_progress"):
+        raise ApiError(409, "job_not_ready", f"video {video_id} is {status}; its content is not ready yet")
+    if status in ("failed", "cancelled"):
+        raise ApiError(409, f"job_{status}", f"video {video_id} is {status}; it has no content")
+    expires = record.get("expires_at")
+    path = ctx.store.get_result_path(video_id)
+    if (expires and expires < time.time()) or path is None or not path.exists():
+        raise ApiError(404, "content_expired", f"the content of video {video_id} has expired")
+    return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+
+
+@router.get("/v1/videos/{video_id}/events", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
+            response_class=Response)
+async def video_events(video_id: str, request: Request) -> Any:
+    """Server-sent events: a snapshot, then progress per step and phase, heartbeats, and a terminal event."""
+    ctx = request.app.state.ctx
+    sub = ctx.hub.subscribe(video_id)  # before the snapshot, so nothing falls between the two
+    record = ctx.store.get(video_id)
+    if record is None:
+        sub.close()
+        raise ApiError(404, "job_not_found", f"no video job {video_id!r}", param="video_id")
+    idle_s = max(1.0, 3 * ctx.settings.heartbeat_interval_s)
+
+    async def stream() -> Any:
+        try:
+            snap = _with_position(ctx, record)
+            if snap["status"] in TERMINAL:
+                yield encode_event(ctx.hub.next_id(video_id), f"video.{snap['status']}", snap)
+                return
+            yield encode_event(ctx.hub.next_id(video_id), "video.progress", {k: snap.get(k) for k in _PROGRESS_KEYS})
+            while True:
+                ev = await sub.get(timeout=idle_s)
+                if ev is None:  # no event for a while: re-read the store (the job may be gone or done)
+                    now = ctx.store.get(video_id)
+                    if now is None:
+                        return
+                    if now["status"] in TERMINAL:
+                        yield encode_event(ctx.hub.next_id(video_id), f"video.{now['status']}", now)
+                        return
+                    continue
+                yield ev.encode()
+                if ev.type in ("video.completed", "video.failed", "video.cancelled"):
+                    return
+        finally:
+            sub.close()
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _cancel_and_wait(ctx: Any, video_id: str, reason: str) -> bool:
+    """Cancel an active job and wait up to ``--cancel-wait`` for the worker; ``True`` once it stopped."""
+    live = ctx.jobs.get_live(video_id) if ctx.jobs is not None else None
+    if live is None or live.done.is_set():
+        return True
+    ctx.jobs.cancel(video_id, reason=reason)
+    return await ctx.jobs.wait(live, ctx.settings.cancel_wait_s)
+
+
+@router.post("/v1/videos/{video_id}/cancel", response_model=VideoJob, responses=_ERRORS)
+async def cancel_video(video_id: str, request: Request) -> Any:
+    """Stop the job at the next step boundary and keep its record (202 if it has not stopped in time)."""
+    ctx = request.app.state.ctx
+    record = _get_record(ctx, video_id)
+    if record["status"] in TERMINAL:
+        if record["status"] == "cancelled":
+            return record  # idempotent
+        raise ApiError(409, "job_already_finished", f"video {video_id} is already {record['status']}")
+    stopped = await _cancel_and_wait(ctx, video_id, "client request (POST /cancel)")
+    record = _get_record(ctx, video_id)
+    return JSONResponse(record, status_code=200 if stopped else 202)
+
+
+@router.delete("/v1/videos/{video_id}", response_model=VideoDeleted, responses=_ERRORS)
+async def delete_video(video_id: str, request: Request) -> Any:
+    """Cancel (if active), then delete the record and its files. ``deleted: true`` only after the work stopped."""
+    ctx = request.app.state.ctx
+    record = _get_record(ctx, video_id)
+    if record["status"] not in TERMINAL:
+        stopped = await _cancel_and_wait(ctx, video_id, "client request (DELETE)")
+        if not stopped:
+            ctx.store.mark_delete_pending(video_id)  # completed by the job manager when the worker stops
+            return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": False,
+                                 "job": _get_record(ctx, video_id)}, status_code=202)
+    ctx.store.delete(video_id)
+    ctx.hub.forget(video_id)
+    return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+
+@router.post("/v1/videos/sync", responses={**_ERRORS, 200: {"content": {"video/mp4": {}}}},
+             response_class=Response, openapi_extra=_BODY)
+async def create_video_sync(request: Request) -> Any:
+    """Generate and return the MP4 in one call (same queue; not persisted; disconnect = cancel)."""
+    ctx = request.app.state.ctx
+    jobs, served = ctx.require()
+    dto, raw, _ = await _parse(request)
+    images = await anyio.to_thread.run_sync(_decode_all, raw, ctx.settings.max_input_image_pixels)
+    job_id = new_id("video")
+    greq = video_request(dto, served, ctx.settings, request_id=job_id, images=images)
+    live = LiveJob(id=job_id, kind="sync", task="video.generate", persisted=False, deadline_s=dto.timeout_s)
+    await anyio.to_thread.run_sync(jobs.submit, live, greq)
+    if not await wait_or_disconnect(request, jobs, live):
+        return Response(status_code=499)
+    if live.status != "completed":
+        raise job_failure(live, request.scope.get("state", {}).get("request_id", "-"))
+    out = live.outputs[0]
+    t0 = time.perf_counter()
+    data = await anyio.to_thread.run_sync(out.to_bytes, "mp4")
+    encode_s = time.perf_counter() - t0
+    metrics = {k: float(v) for k, v in (live.engine_job.metrics or {}).items()
+               if k.endswith("_s") and isinstance(v, (int, float))}
+    metrics["encode_output_s"] = encode_s
+    timing = ", ".join(f"{k[:-2]};dur={v * 1000:.1f}" for k, v in metrics.items())
+    return Response(data, media_type="video/mp4", headers={
+        "X-Omnicore-Job-Id": job_id, "X-Omnicore-Seed": str(out.seed), "Server-Timing": timing,
+        "Content-Disposition": f'attachment; filename="{job_id}.mp4"'})

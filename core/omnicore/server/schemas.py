@@ -1,0 +1,219 @@
+"""Request and response DTOs of the HTTP contract (serving-api.md §6-§8), as pydantic models.
+
+Requests forbid unknown fields (400 ``unknown_parameter``). Ranges here are the contract's shared limits;
+the model's own limits are checked at submission (see :mod:`.translate`). Responses are declared for the
+OpenAPI document; routes build plain dicts that match them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_SEED = 2**63 - 1
+SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$"
+
+
+class Lora(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=256)
+    scale: float = Field(default=1.0, ge=0.0, le=4.0)
+
+
+class SharedFields(BaseModel):
+    """Fields every generation route takes (§6)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=1_000_000)
+    model: str | None = Field(default=None, max_length=512)
+    negative_prompt: str | None = Field(default=None, max_length=1_000_000)
+    num_inference_steps: int | None = Field(default=None, ge=1, le=200)
+    guidance_scale: float | None = Field(default=None, ge=0.0, le=20.0, allow_inf_nan=False)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    lora: Lora | None = None
+    model_params: dict[str, Any] | None = None
+    extra_params: dict[str, Any] | None = None
+    flow_shift: float | None = Field(default=None, gt=0.0, le=100.0, allow_inf_nan=False)
+    timeout_s: float | None = Field(default=None, gt=0.0, le=30 * 24 * 3600.0, allow_inf_nan=False)
+    user: str | None = Field(default=None, max_length=256)
+
+
+class ImageGenerationRequest(SharedFields):
+    """``POST /v1/images/generations`` (§7.1)."""
+
+    n: int = Field(default=1, ge=1, le=10)
+    size: str = Field(default="auto", pattern=SIZE_PATTERN)
+    response_format: str | None = Field(default="b64_json", max_length=64)
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    stream: bool = False
+    partial_images: int = Field(default=0, ge=0, le=3)
+    # OpenAI fields omnicore does not implement: accepted only at their neutral value.
+    quality: str | None = Field(default=None, max_length=64)
+    style: str | None = Field(default=None, max_length=64)
+    background: str | None = Field(default=None, max_length=64)
+    moderation: str | None = Field(default=None, max_length=64)
+
+
+class ImageEditFields(ImageGenerationRequest):
+    """The non-file fields of ``POST /v1/images/edits`` (§7.2)."""
+
+    image_url: list[str] | None = None
+
+
+class ImageReference(BaseModel):
+    """A JSON media reference: a data URL (remote URLs need ``--allow-remote-media``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    image_url: str = Field(min_length=1)
+
+
+class VideoCreateRequest(SharedFields):
+    """``POST /v1/videos`` and ``/v1/videos/sync`` (§8.2), JSON form (multipart has the same names)."""
+
+    seconds: int | str | None = None
+    num_frames: int | None = Field(default=None, ge=1, le=100_000)
+    size: str | None = Field(default=None, pattern=SIZE_PATTERN)
+    fps: int | None = Field(default=None, ge=1, le=240)
+    generate_audio: bool | None = None
+    input_reference: ImageReference | None = None
+    last_frame: ImageReference | None = None
+    reference_images: list[ImageReference] | None = None
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None
+    seed: int | None = None
+
+
+class ImagesResponse(BaseModel):
+    id: str
+    created: int
+    model: str
+    size: str
+    output_format: str
+    data: list[ImageData]
+    timings: dict[str, float] = {}
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class VideoJob(BaseModel):
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    prompt: str | None = None
+    status: Literal["queued", "in_progress", "completed", "failed", "cancelled"]
+    progress: int
+    phase: str | None = None
+    phase_progress: float | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    queue_position: int | None = None
+    cancel_requested: bool = False
+    size: str
+    seconds: str
+    fps: float | None = None
+    num_frames: int | None = None
+    seed: int | None = None
+    created_at: int
+    started_at: int | None = None
+    updated_at: int | None = None
+    completed_at: int | None = None
+    expires_at: int | None = None
+    error: JobError | None = None
+    media_type: str = "video/mp4"
+    timings: dict[str, float] = {}
+    usage: dict[str, Any] = {}
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoJob]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    omnicore: dict[str, Any]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with every ``$ref`` inlined (for hand-written OpenAPI request bodies)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
+VIDEO_MULTIPART_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {
+        "prompt": {"type": "string", "minLength": 1},
+        "model": {"type": "string"},
+        "seconds": {"type": "string"},
+        "size": {"type": "string"},
+        "num_frames": {"type": "integer", "minimum": 1},
+        "fps": {"type": "integer", "minimum": 1, "maximum": 240},
+        "seed": {"type": "integer", "minimum": 0},
+        "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 200},
+        "guidance_scale": {"type": "number", "minimum": 0, "maximum": 20},
+        "flow_shift": {"type": "number", "exclusiveMinimum": 0},
+        "negative_prompt": {"type": "string"},
+        "model_params": {"type": "string", "description": "JSON object of model-specific fields"},
+        "input_reference": {"type": "string", "format": "binary"},
+    },
+}
+
+
+def video_body_openapi() -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": inline_schema(VideoCreateRequest)},
+        "multipart/form-data": {"schema": VIDEO_MULTIPART_SCHEMA},
+    }}}

@@ -1,0 +1,254 @@
+"""Durable job store: SQLite (WAL) for records, plain files for inputs and results (serving-api.md §11).
+
+A job record is the API Job object (a JSON document) plus a few indexed columns. Results are written to a
+temporary file, flushed, fsynced and renamed into place *before* the record says ``completed``, so a
+completed job always has content. On open, :meth:`JobStore.recover` applies the restart table: jobs that
+were ``in_progress`` become ``failed`` (``interrupted``); queued jobs are handed back for re-enqueueing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TERMINAL = ("completed", "failed", "cancelled")
+ACTIVE = ("queued", "in_progress")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    model TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    record TEXT NOT NULL,
+    request TEXT NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    body_hash TEXT,
+    result_path TEXT,
+    delete_pending INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
+"""
+
+
+class JobStore:
+    """Thread-safe: one connection guarded by a lock; every call is a short transaction."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.root = Path(state_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "results").mkdir(exist_ok=True)
+        (self.root / "inputs").mkdir(exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.root / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._closed = False
+
+    # ------------------------------------------------------------------ plumbing
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the job store is closed")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Checkpoint the WAL into the main file and close (graceful shutdown flushes the store)."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._db.close()
+                self._closed = True
+
+    # ------------------------------------------------------------------ files
+    def inputs_dir(self, job_id: str) -> Path:
+        path = self.root / "inputs" / job_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def result_path(self, job_id: str, ext: str) -> Path:
+        return self.root / "results" / f"{job_id}.{ext}"
+
+    def write_result(self, job_id: str, ext: str, write: Callable[[Path], Any]) -> Path:
+        """Atomically create the result: ``write(tmp_path)`` fills a temp file, which is fsynced and renamed."""
+        final = self.result_path(job_id, ext)
+        tmp = final.with_name(f".{final.name}.tmp")
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        return final
+
+    # ------------------------------------------------------------------ records
+    def insert(self, record: dict[str, Any], request: dict[str, Any], *, kind: str = "video",
+               idempotency_key: str | None = None, body_hash: str | None = None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO jobs (id, kind, status, model, created_at, record, request, idempotency_key, body_hash)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record["id"], kind, record["status"], record.get("model", ""), time.time(),
+                 json.dumps(record), json.dumps(request), idempotency_key, body_hash),
+            )
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def get_request(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def get_result_path(self, job_id: str) -> Path | None:
+        with self._lock:
+            row = self._db.execute("SELECT result_path FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return Path(row[0]) if row and row[0] else None
+
+    def update(self, job_id: str, *, result_path: Path | None = None, **changes: Any) -> dict[str, Any] | None:
+        """Merge ``changes`` into the record. A terminal status is never overwritten (status only moves forward)."""
+        with self._tx() as db:
+            row = db.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                return None
+            record = json.loads(row[0])
+            if record["status"] in TERMINAL and changes.get("status", record["status"]) != record["status"]:
+                return record
+            record.update(changes)
+            finished = time.time() if record["status"] in TERMINAL else None
+            db.execute(
+                "UPDATE jobs SET record = ?, status = ?, finished_at = COALESCE(finished_at, ?),"
+                " result_path = COALESCE(?, result_path) WHERE id = ?",
+                (json.dumps(record), record["status"], finished,
+                 str(result_path) if result_path else None, job_id),
+            )
+            return record
+
+    def mark_delete_pending(self, job_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET delete_pending = 1 WHERE id = ?", (job_id,))
+
+    def delete_pending(self, job_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT delete_pending FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return bool(row and row[0])
+
+    def delete(self, job_id: str) -> bool:
+        """Remove the record, its inputs and its results together."""
+        with self._tx() as db:
+            row = db.execute("SELECT result_path FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                return False
+            db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        if row[0]:
+            Path(row[0]).unlink(missing_ok=True)
+        shutil.rmtree(self.root / "inputs" / job_id, ignore_errors=True)
+        return True
+
+    def find_idempotent(self, key: str) -> tuple[str, str | None] | None:
+        with self._lock:
+            row = self._db.execute("SELECT id, body_hash FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def list(self, *, after: str | None = None, limit: int = 20, order: str = "desc",
+             status: str | None = None, kind: str = "video") -> tuple[list[dict[str, Any]], bool]:
+        """One page of records and whether more follow. ``after`` is the id of the previous page's last item."""
+        desc = order == "desc"
+        where, args = ["kind = ?"], [kind]
+        with self._lock:
+            if after:
+                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                if row is None:
+                    return [], False
+                where.append("seq < ?" if desc else "seq > ?")
+                args.append(row[0])
+            if status:
+                where.append("status = ?")
+                args.append(status)
+            rows = self._db.execute(
+                f"SELECT record FROM jobs WHERE {' AND '.join(where)} ORDER BY seq {'DESC' if desc else 'ASC'}"
+                " LIMIT ?", (*args, limit + 1),
+            ).fetchall()
+        records = [json.loads(r[0]) for r in rows]
+        return records[:limit], len(records) > limit
+
+    def ids_with_status(self, *statuses: str) -> list[str]:
+        marks = ",".join("?" * len(statuses))
+        with self._lock:
+            rows = self._db.execute(f"SELECT id FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses).fetchall()
+        return [r[0] for r in rows]
+
+    # ------------------------------------------------------------------ restart and retention
+    def recover(self, served_models: tuple[str, ...]) -> list[str]:
+        """Apply the restart table; return the ids of queued jobs to re-enqueue, oldest first.
+
+        ``in_progress`` -> ``failed`` (``interrupted``); ``queued`` for another model -> ``failed``
+        (``model_changed``); ``completed`` without its result file -> ``failed`` (``content_missing``).
+        """
+        now = int(time.time())
+        for job_id in self.ids_with_status("in_progress"):
+            self.update(job_id, status="failed", phase=None, completed_at=None, updated_at=now,
+                        queue_position=None, cancel_requested=False,
+                        error={"code": "interrupted",
+                               "message": "the server stopped while this job was running; it was not resumed"})
+        requeue: list[str] = []
+        for job_id in self.ids_with_status("queued"):
+            record = self.get(job_id) or {}
+            if record.get("model") not in served_models:
+                self.update(job_id, status="failed", updated_at=now, queue_position=None,
+                            error={"code": "model_changed",
+                                   "message": f"queued for model {record.get('model')!r}, but the server now "
+                                              f"serves {served_models[0] if served_models else None!r}"})
+            else:
+                requeue.append(job_id)
+        for job_id in self.ids_with_status("completed"):
+            path = self.get_result_path(job_id)
+            if path is None or not path.exists():
+                self.update(job_id, status="failed", updated_at=now,
+                            error={"code": "content_missing", "message": "the result file is missing from the "
+                                                                          "state directory"})
+        for job_id in self._delete_pending_terminal():
+            self.delete(job_id)
+        return requeue
+
+    def _delete_pending_terminal(self) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT id FROM jobs WHERE delete_pending = 1 AND status IN (?, ?, ?)",
+                                    TERMINAL).fetchall()
+        return [r[0] for r in rows]
+
+    def expire(self, ttl_s: float, now: float | None = None) -> list[str]:
+        """Delete terminal jobs finished more than ``ttl_s`` ago (0 keeps everything)."""
+        if ttl_s <= 0:
+            return []
+        cutoff = (time.time() if now is None else now) - ttl_s
+        with self._lock:
+            rows = self._db.execute("SELECT id FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
+                                    (cutoff,)).fetchall()
+        ids = [r[0] for r in rows]
+        for job_id in ids:
+            self.delete(job_id)
+        return ids

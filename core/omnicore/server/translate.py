@@ -1,0 +1,213 @@
+"""HTTP DTO -> ``GenerationRequest``: the thin edge (serving-api.md §1.2-§1.3).
+
+Each HTTP field maps to exactly one field of the Python API. Everything knowable at submission time is
+checked here or by the model's ``preprocess`` (which the engine runs at admission), so an accepted job
+never fails later for a reason the client could have been told up front.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import attrs
+
+from ..engine.request import GenerationRequest, SamplingParams
+from .errors import ApiError
+from .schemas import ImageGenerationRequest, SharedFields, VideoCreateRequest
+from .settings import ServerSettings
+
+NEUTRAL_FIELDS = ("quality", "style", "background", "moderation")
+
+
+@attrs.frozen
+class ServedModel:
+    """What the server tells clients about the one model it serves (``/v1/models``, validation)."""
+
+    id: str
+    names: tuple[str, ...]
+    owned_by: str
+    tasks: tuple[str, ...]
+    max_outputs: int
+    max_reference_images: int
+    multiple_of: int | None
+    audio: bool
+    defaults: Any
+    created: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: Any, requested: str | None = None, created: int = 0) -> ServedModel:
+        caps = spec.capabilities
+        names = [spec.name, f"tiny:{spec.name}", *spec.aliases]
+        if requested and requested not in names:
+            names.append(requested)
+        tasks = []
+        if "image" in caps.outputs:
+            tasks.append("image.generate")
+            if caps.max_reference_images > 0 and any(m in caps.modes for m in ("i2i", "edit", "ti2i")):
+                tasks.append("image.edit")
+        if "video" in caps.outputs:
+            tasks.append("video.generate")
+        return cls(
+            id=spec.name, names=tuple(dict.fromkeys(names)), owned_by=spec.provider or "omnicore",
+            tasks=tuple(tasks), max_outputs=min(10, caps.max_outputs_per_request),
+            max_reference_images=caps.max_reference_images,
+            multiple_of=getattr(caps, "size_multiple_of", None) or getattr(caps, "multiple_of", None),
+            audio="audio" in caps.outputs, defaults=spec.defaults, created=created,
+        )
+
+    def card(self, backend: str | None = None) -> dict[str, Any]:
+        d = self.defaults
+        return {
+            "id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by,
+            "omnicore": {
+                "aliases": [n for n in self.names if n != self.id], "tasks": list(self.tasks),
+                "plugin": self.owned_by, "backend": backend,
+                "sizes": {"default": f"{d.width}x{d.height}", "multiple_of": self.multiple_of},
+                "video": {"default_fps": d.fps, "default_frames": d.num_frames, "audio": self.audio},
+                "defaults": {"num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale},
+                "inputs": {"max_input_images": self.max_reference_images,
+                           "supports_negative_prompt": True, "partial_images": False},
+                "max_outputs": self.max_outputs, "loras": [],
+            },
+        }
+
+
+def _bad(param: str, message: str, code: str = "invalid_value", status: int = 400) -> ApiError:
+    return ApiError(status, code, message, param=param)
+
+
+def parse_size(size: str | None, param: str = "size") -> tuple[int, int] | None:
+    """``"WxH"`` -> ``(width, height)``; ``"auto"``/``None`` -> ``None`` (the model default)."""
+    if size is None or size == "auto":
+        return None
+    try:
+        w_text, h_text = size.lower().split("x")
+        w, h = int(w_text), int(h_text)
+    except ValueError:
+        raise _bad(param, f"size must be 'WxH' or 'auto', got {size!r}") from None
+    if w < 16 or h < 16:
+        raise _bad(param, f"size {size} is too small; each side must be at least 16")
+    return w, h
+
+
+def check_size(wh: tuple[int, int] | None, served: ServedModel, settings: ServerSettings,
+               param: str = "size") -> None:
+    if wh is None:
+        return
+    w, h = wh
+    cap = settings.max_image_pixels
+    if w * h > cap:
+        raise _bad(param, f"size {w}x{h} has {w * h} pixels, more than the limit of {cap}", code="image_too_large")
+    m = served.multiple_of
+    if m and (w % m or h % m):
+        def near(v: int) -> str:
+            return f"{v - v % m} or {v - v % m + m}" if v % m else str(v)
+        raise _bad(param, f"size {w}x{h} is not a multiple of {m} for model {served.id}; "
+                          f"nearest widths {near(w)}, heights {near(h)}")
+
+
+def _shared(dto: SharedFields, served: ServedModel, settings: ServerSettings, task: str) -> dict[str, Any]:
+    if dto.model is not None and dto.model not in served.names:
+        raise ApiError(404, "model_not_found", f"model {dto.model!r} is not served here; this server serves "
+                                                f"{served.id!r} (aliases: {', '.join(served.names[1:]) or 'none'})",
+                       param="model")
+    if task not in served.tasks:
+        raise ApiError(404, "task_not_supported", f"model {served.id} does not serve {task} "
+                                                   f"(it serves: {', '.join(served.tasks) or 'nothing'})")
+    for name in ("prompt", "negative_prompt"):
+        text = getattr(dto, name)
+        if text is not None and len(text) > settings.max_prompt_chars:
+            raise _bad(name, f"{name} has {len(text)} characters, more than {settings.max_prompt_chars}",
+                       code="prompt_too_long")
+    if dto.model_params is not None and dto.extra_params is not None:
+        raise _bad("extra_params", "give model_params or its alias extra_params, not both")
+    if dto.lora is not None:
+        raise _bad("lora.name", f"no adapter named {dto.lora.name!r} is registered on this server "
+                                f"(registered: none); adapters are registered at startup with --lora")
+    seed = dto.seed if dto.seed is not None else random.randrange(0, 2**31)
+    return {"extra": dict(dto.model_params or dto.extra_params or {}), "seed": seed}
+
+
+def image_request(dto: ImageGenerationRequest, served: ServedModel, settings: ServerSettings, *, request_id: str,
+                  images: tuple[Any, ...] = (), task: str = "image.generate") -> GenerationRequest:
+    common = _shared(dto, served, settings, task)
+    if dto.response_format not in (None, "b64_json"):
+        raise _bad("response_format", f"response_format {dto.response_format!r} is not supported; only 'b64_json'",
+                   code="unsupported_parameter")
+    for name in NEUTRAL_FIELDS:
+        value = getattr(dto, name)
+        if value not in (None, "auto"):
+            raise _bad(name, f"{name}={value!r} is not implemented by omnicore; only 'auto' or null is accepted",
+                       code="unsupported_parameter")
+    if dto.output_compression is not None and dto.output_format == "png":
+        raise _bad("output_compression", "output_compression is only allowed with output_format jpeg or webp")
+    if dto.partial_images:
+        if not dto.stream:
+            raise _bad("partial_images", "partial_images needs stream: true")
+        raise _bad("partial_images", f"model {served.id} does not produce partial images",
+                   code="unsupported_for_model")
+    if dto.n > served.max_outputs:
+        raise _bad("n", f"n={dto.n} is more than model {served.id} produces per request ({served.max_outputs})")
+    wh = parse_size(dto.size)
+    check_size(wh, served, settings)
+    if len(images) > served.max_reference_images:
+        raise _bad("image", f"{len(images)} input images; model {served.id} accepts at most "
+                            f"{served.max_reference_images}", code="too_many_input_images")
+    params = SamplingParams(
+        width=wh[0] if wh else None, height=wh[1] if wh else None, num_frames=1,
+        num_inference_steps=dto.num_inference_steps, guidance_scale=dto.guidance_scale, flow_shift=dto.flow_shift,
+        seed=common["seed"], num_outputs=dto.n, output_type="image",
+    )
+    return GenerationRequest(prompt=dto.prompt, params=params, negative_prompt=dto.negative_prompt,
+                             images=images, extra=common["extra"], request_id=request_id)
+
+
+def parse_seconds(value: int | str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = int(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or seconds < 1 or str(value).strip() != str(seconds):
+        raise _bad("seconds", f"seconds must be a positive integer, got {value!r}")
+    if seconds > 3600:
+        raise _bad("seconds", f"seconds must be at most 3600, got {seconds}")
+    return float(seconds)
+
+
+def video_request(dto: VideoCreateRequest, served: ServedModel, settings: ServerSettings, *, request_id: str,
+                  images: tuple[Any, ...] = ()) -> GenerationRequest:
+    common = _shared(dto, served, settings, "video.generate")
+    if dto.last_frame is not None:
+        raise _bad("last_frame", f"model {served.id} does not support last-frame conditioning",
+                   code="unsupported_for_model")
+    if dto.reference_images:
+        raise _bad("reference_images", f"model {served.id} does not support subject references",
+                   code="unsupported_for_model")
+    if images and served.max_reference_images < len(images):
+        raise _bad("input_reference", f"model {served.id} does not accept a reference image",
+                   code="unsupported_for_model")
+    if dto.generate_audio and not served.audio:
+        raise _bad("generate_audio", f"model {served.id} does not generate audio", code="unsupported_for_model")
+    wh = parse_size(dto.size)
+    check_size(wh, served, settings)
+    duration = parse_seconds(dto.seconds)
+    num_frames = dto.num_frames
+    if num_frames is None and duration is not None:
+        # §8.2: the frame count derived from `seconds` (the model rounds it up to its frame rule)
+        fps = dto.fps if dto.fps is not None else served.defaults.fps
+        num_frames = max(1, math.ceil(duration * fps - 1e-9))
+    modalities = None
+    if served.audio and dto.generate_audio is not None:
+        modalities = ("video", "audio") if dto.generate_audio else ("video",)
+    params = SamplingParams(
+        width=wh[0] if wh else None, height=wh[1] if wh else None, num_frames=num_frames,
+        fps=float(dto.fps) if dto.fps is not None else None, duration=duration,
+        num_inference_steps=dto.num_inference_steps, guidance_scale=dto.guidance_scale, flow_shift=dto.flow_shift,
+        seed=common["seed"], num_outputs=1, output_type="video",
+    )
+    return GenerationRequest(prompt=dto.prompt, params=params, negative_prompt=dto.negative_prompt,
+                             images=images, modalities=modalities, extra=common["extra"], request_id=request_id)
