@@ -64,6 +64,11 @@ class Option:
     default: Any
     parse: Callable[[str, Any], Any]
     help: str
+    flag: str | None = None  # the CLI flag when it is not --<name with dashes>; "" = environment only
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag if self.flag is not None else "--" + self.name.replace("_", "-")
 
 
 def _default_cache() -> str:
@@ -72,18 +77,18 @@ def _default_cache() -> str:
 
 OPTIONS: tuple[Option, ...] = (
     Option("plugins", "OMNICORE_PLUGINS", None, lambda n, v: _parse_names(n, v),
-           "Allow-list of plugin entry-point names to load (comma-separated); empty loads none."),
+           "Allow-list of plugin entry-point names to load (comma-separated); empty loads none.", flag=""),
     Option("disable_plugins", "OMNICORE_DISABLE_PLUGINS", (), lambda n, v: _parse_names(n, v) or (),
-           "Deny-list of plugin names never imported; `*` disables every third-party plugin."),
+           "Deny-list of plugin names never imported; `*` disables every third-party plugin.", flag=""),
     Option("trace_plugins", "OMNICORE_TRACE_PLUGINS", False, lambda n, v: _parse_bool(n, str(v)),
-           "Log every hook call with the plugins it ran and its duration."),
+           "Log every hook call with the plugins it ran and its duration.", flag=""),
     Option("platform", "OMNICORE_PLATFORM", None, lambda n, v: (str(v).strip() or None) if v is not None else None,
            "Platform to run on (`cpu`, `cuda`, `npu`, ...); default: the available one with the highest priority."),
     Option("attention_backend", "OMNICORE_ATTENTION_BACKEND", None,
            lambda n, v: (str(v).strip() or None) if v is not None else None,
            "Force an attention backend by name; default: chosen per requirement by the attention hook."),
     Option("cache_dir", "OMNICORE_CACHE", None, lambda n, v: str(v) if v else None,
-           "Where tiny presets and downloads are written (default `~/.cache/omnicore`)."),
+           "Where tiny presets and downloads are written (default `~/.cache/omnicore`).", flag=""),
     Option("state_dir", "OMNICORE_STATE_DIR", None, lambda n, v: str(v) if v else None,
            "Where the server keeps its job database and results (default `<cache_dir>/state`)."),
     Option("max_num_seqs", "OMNICORE_MAX_NUM_SEQS", 4, _positive_int,
@@ -98,6 +103,32 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", "OMNICORE_PORT", 8000, _positive_int, "Port `omnicore serve` binds."),
     Option("api_key", "OMNICORE_API_KEY", None, lambda n, v: str(v) if v else None,
            "When set, the server requires `Authorization: Bearer <key>`."),
+    Option("api_key_file", "OMNICORE_API_KEY_FILE", None, lambda n, v: str(v) if v else None,
+           "File with one accepted server API key per line (added to `OMNICORE_API_KEY`)."),
+    Option("max_queued_jobs", "OMNICORE_MAX_QUEUED_JOBS", 64, _positive_int,
+           "Server: queued plus running jobs before new ones get HTTP 429."),
+    Option("max_image_pixels", "OMNICORE_MAX_IMAGE_PIXELS", 4096 * 4096, _positive_int,
+           "Server: largest generated image (width x height); above it HTTP 400 before dispatch."),
+    Option("max_input_image_pixels", "OMNICORE_MAX_INPUT_IMAGE_PIXELS", 50_000_000, _positive_int,
+           "Server: decode cap for uploaded reference images."),
+    Option("max_upload_bytes", "OMNICORE_MAX_UPLOAD_BYTES", 50 * 1024 * 1024, _positive_int,
+           "Server: per-file upload cap; above it HTTP 413."),
+    Option("max_request_bytes", "OMNICORE_MAX_REQUEST_BYTES", 200 * 1024 * 1024, _positive_int,
+           "Server: whole request body cap; above it HTTP 413."),
+    Option("max_prompt_chars", "OMNICORE_MAX_PROMPT_CHARS", 32_768, _positive_int,
+           "Server: longest accepted prompt."),
+    Option("heartbeat_interval_s", "OMNICORE_HEARTBEAT_INTERVAL_S", 5.0, finite_non_negative,
+           "Server: seconds between job heartbeats on progress streams.", flag="--heartbeat-interval"),
+    Option("cancel_wait_s", "OMNICORE_CANCEL_WAIT_S", 30.0, finite_non_negative,
+           "Server: how long cancel/DELETE wait for the worker to stop before answering 202.", flag="--cancel-wait"),
+    Option("shutdown_grace_s", "OMNICORE_SHUTDOWN_GRACE_S", 60.0, finite_non_negative,
+           "Server: on shutdown, how long running work may finish before it is cancelled.", flag="--shutdown-grace"),
+    Option("max_job_seconds", "OMNICORE_MAX_JOB_SECONDS", 0.0, finite_non_negative,
+           "Server: operator deadline per job; 0 = none (there is no default job timeout)."),
+    Option("job_ttl_s", "OMNICORE_JOB_TTL_S", 7 * 24 * 3600.0, finite_non_negative,
+           "Server: seconds a finished job and its files are kept; 0 = forever.", flag="--job-ttl"),
+    Option("cors_origins", "OMNICORE_CORS_ORIGINS", (), lambda n, v: tuple(v) if isinstance(v, (list, tuple))
+           else (_parse_names(n, v) or ()), "Server: allowed CORS origins (comma-separated); none by default.", flag="--cors-origin"),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -121,6 +152,19 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    api_key_file: str | None = None
+    max_queued_jobs: int = 64
+    max_image_pixels: int = 4096 * 4096
+    max_input_image_pixels: int = 50_000_000
+    max_upload_bytes: int = 50 * 1024 * 1024
+    max_request_bytes: int = 200 * 1024 * 1024
+    max_prompt_chars: int = 32_768
+    heartbeat_interval_s: float = 5.0
+    cancel_wait_s: float = 30.0
+    shutdown_grace_s: float = 60.0
+    max_job_seconds: float = 0.0
+    job_ttl_s: float = 7 * 24 * 3600.0
+    cors_origins: tuple[str, ...] = ()
 
     @property
     def cache_path(self) -> Path:

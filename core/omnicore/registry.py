@@ -24,6 +24,7 @@ class Registry(Generic[T]):
         self._records: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
         self.overrides: list[tuple[str, str, str]] = []  # (name, old provider, new provider)
+        self._replaced: dict[str, list[T]] = {}  # name -> records shadowed by replace=True, oldest first
 
     def register(self, record: T, provider: str, *, replace: bool = False) -> T:
         record = attrs.evolve(record, provider=provider)  # type: ignore[misc]
@@ -35,6 +36,7 @@ class Registry(Generic[T]):
                 raise DuplicateRegistration(self.kind, key, owner, provider)
         if name in self._records:
             self.overrides.append((name, self._records[name].provider, provider))  # type: ignore[attr-defined]
+            self._replaced.setdefault(name, []).append(self._records[name])
         self._records[name] = record
         for alias in aliases:
             self._aliases[alias] = name
@@ -46,11 +48,22 @@ class Registry(Generic[T]):
         return rec.provider if rec is not None else None  # type: ignore[attr-defined]
 
     def unregister_provider(self, provider: str) -> None:
-        """Drop every record (and alias) a provider registered: used when its registration fails midway."""
+        """Drop every record (and alias) a provider registered: used when its registration fails midway.
+
+        A record it had replaced (``replace=True``) comes back, so a failing plugin leaves no trace.
+        """
+        for stack in self._replaced.values():
+            stack[:] = [r for r in stack if r.provider != provider]  # type: ignore[attr-defined]
         gone = {n for n, r in self._records.items() if r.provider == provider}  # type: ignore[attr-defined]
+        self._aliases = {a: n for a, n in self._aliases.items() if n not in gone}
         for n in gone:
             del self._records[n]
-        self._aliases = {a: n for a, n in self._aliases.items() if n not in gone}
+            previous = self._replaced.get(n)
+            if previous:
+                restored = self._records[n] = previous.pop()
+                for alias in getattr(restored, "aliases", ()):
+                    self._aliases[alias.lower()] = n
+        self.overrides = [o for o in self.overrides if o[2] != provider]
 
     def get(self, name: str) -> T:
         key = name.lower()

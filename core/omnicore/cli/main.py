@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help="bind port (env OMNICORE_PORT, default 8000)")
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
     s.add_argument("--state-dir", help="job database and results (env OMNICORE_STATE_DIR)")
+    from .serve_cmd import add_arguments as _add_serve_flags  # light: imports argparse only
+
+    _add_serve_flags(s)
     _add_engine_flags(s)
     return parser
 

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from ..plugins import LOADED, PluginHost
 
 
 def run(args: argparse.Namespace) -> int:
-    host = PluginHost()
+    log = logging.getLogger("omnicore.plugins")
+    previous = log.level
+    log.setLevel(logging.ERROR)  # this command prints each problem itself, exactly once
+    try:
+        host = PluginHost()
+    finally:
+        log.setLevel(previous)
     for line in host.problems:
         print(f"error: {line}", file=sys.stderr)
     records = list(host.records.values())

@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from ..config import resolve_settings
     from .generate_cmd import _SETTING_FLAGS, make_host
 
-    flags = {name: getattr(args, name, None) for name in (*_SETTING_FLAGS, "host", "port", "api_key", "state_dir")}
+    names = (*_SETTING_FLAGS, *_SERVER_FLAGS, "host", "port", "api_key", "api_key_file", "state_dir")
+    flags = {name: getattr(args, name, None) for name in names}
+    flags["cors_origins"] = getattr(args, "cors_origin", None)
     settings = resolve_settings(flags)
     host = make_host(settings)
     model = args.model
@@ -103,10 +105,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     from ..server.app import create_app
     from ..server.settings import server_settings_from
 
-    server_flags = {name: getattr(args, name, None) for name in _SERVER_FLAGS}
-    server_flags["api_key_file"] = getattr(args, "api_key_file", None)
-    server_flags["cors_origins"] = getattr(args, "cors_origin", None)
-    ss = server_settings_from(settings, server_flags)
+    ss = server_settings_from(settings)
     log = logging.getLogger("omnicore.server")
     if ss.host not in ("127.0.0.1", "localhost", "::1") and not ss.api_keys:
         log.warning("binding %s without an API key: anyone who can reach this address can use the server", ss.host)

@@ -31,7 +31,7 @@ from ..specs import (
     ModelSpec,
     PlatformSpec,
 )
-from ._trace import install_tracing
+from ._trace import install_tracing, log_call
 from .records import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginRecord
 
 logger = logging.getLogger("omnicore.plugins")
@@ -47,9 +47,11 @@ _REGISTRATION_HOOKS: tuple[tuple[str, str, type], ...] = (
 )
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    """``Type: message`` on one line (multi-line messages joined with "; "), for records and problem lines."""
+    parts = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {'; '.join(parts)}" if parts else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class PluginHost:
@@ -71,6 +73,7 @@ class PluginHost:
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
         self.problems: list[str] = []  # one clear line each: unknown names in env lists, duplicates ...
+        self.probe_failures: dict[str, str] = {}  # platform name -> traceback of its raising probe
         self.registries: dict[str, Registry[Any]] = {
             "model": Registry("model"),
             "platform": Registry("platform"),
@@ -191,12 +194,22 @@ class PluginHost:
             for impl in caller.get_hookimpls():
                 if impl.plugin is not plugin:
                     continue
+                start = time.perf_counter()
                 try:
                     impl.function(register=self._register_callback(record, kind, spec_type))
                 except Exception as exc:
-                    self._fail(record, _one_line(exc) if isinstance(exc, OmnicoreError)
-                               else f"{hook_name} raised {_one_line(exc)}", traceback.format_exc())
+                    if self.settings.trace_plugins:
+                        log_call(hook_name, record.name, time.perf_counter() - start, exc)
+                    if isinstance(exc, PluginError) and exc.plugin == record.name:  # don't name the plugin twice
+                        error = f"{type(exc).__name__}: {exc.cause}"
+                    elif isinstance(exc, OmnicoreError):
+                        error = _one_line(exc)
+                    else:
+                        error = f"{hook_name} raised {_one_line(exc)}"
+                    self._fail(record, error, traceback.format_exc())
                     return
+                if self.settings.trace_plugins:
+                    log_call(hook_name, record.name, time.perf_counter() - start, None)
 
     def _register_callback(self, record: PluginRecord, kind: str, spec_type: type) -> Callable[..., Any]:
         registry = self.registries[kind]
@@ -248,7 +261,10 @@ class PluginHost:
             rec = self.records.get(spec.provider)
             if rec is not None and rec.status != LOADED:
                 raise PluginError(spec.provider, rec.error or rec.status)
-            reason = spec.unavailable_reason()
+            try:
+                reason = spec.unavailable_reason()
+            except Exception as exc:  # the explicit choice failing is a loud startup error, never a fallback
+                raise PluginError(spec.provider, f"probe of platform {spec.name!r} raised {_one_line(exc)}") from exc
             if reason is not None:
                 raise PlatformUnavailable(spec.name, reason)
             return spec
@@ -256,7 +272,10 @@ class PluginHost:
             try:
                 reason = spec.unavailable_reason()
             except Exception as exc:
-                self._problem(f"platform {spec.name!r} probe FAILED: {_one_line(exc)}")
+                if spec.name in self.probe_failures:  # reported once, however often selection runs
+                    continue
+                self.probe_failures[spec.name] = traceback.format_exc()
+                self._problem(f"platform {spec.name!r} (plugin {spec.provider!r}) probe FAILED: {_one_line(exc)}")
                 continue
             if reason is None:
                 return spec

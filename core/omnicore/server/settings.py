@@ -6,7 +6,6 @@ Library code never reads the environment: the CLI (``omnicore serve``) builds th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,34 +36,13 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 
-def server_settings_from(core: Settings, flags: Mapping[str, Any] | None = None,
-                         env: Mapping[str, str] | None = None) -> ServerSettings:
-    """Merge the core settings (host, port, api key, state dir) with the serve-only flags (flag > env > default)."""
-    import os
-
-    flags = dict(flags or {})
-    env = os.environ if env is None else env
-    keys: list[str] = list(flags.pop("api_keys", None) or [])
-    if core.api_key and core.api_key not in keys:
-        keys.append(core.api_key)
-    key_file = flags.pop("api_key_file", None) or env.get("OMNICORE_API_KEY_FILE")
-    if key_file:
-        keys.extend(line.strip() for line in Path(key_file).read_text().splitlines() if line.strip())
-    values: dict[str, Any] = {
-        "state_dir": core.state_path, "host": core.host, "port": core.port, "api_keys": tuple(keys),
-    }
+def server_settings_from(core: Settings) -> ServerSettings:
+    """The server's view of the resolved core settings (flags and ``OMNICORE_*`` were resolved by ``config``)."""
+    keys: list[str] = [core.api_key] if core.api_key else []
+    if core.api_key_file:
+        keys.extend(line.strip() for line in Path(core.api_key_file).read_text().splitlines() if line.strip())
+    values: dict[str, Any] = {"state_dir": core.state_path, "api_keys": tuple(dict.fromkeys(keys))}
     for field in attrs.fields(ServerSettings):
-        if field.name in values:
-            continue
-        raw = flags.get(field.name)
-        env_name = "OMNICORE_" + field.name.upper()
-        if raw is None and env_name in env:
-            raw = env[env_name]
-        if raw is None:
-            continue
-        if field.name == "cors_origins":
-            values[field.name] = tuple(raw) if not isinstance(raw, str) else tuple(
-                p.strip() for p in raw.split(",") if p.strip())
-        else:
-            values[field.name] = type(field.default)(raw)
+        if field.name not in values:
+            values[field.name] = getattr(core, field.name)
     return ServerSettings(**values)

@@ -1,0 +1,96 @@
+"""``omnicore generate MODEL PROMPT -o out.png|out.mp4``: one request through the engine, with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from ..config import Settings, resolve_settings
+from ..errors import InvalidRequest
+
+_SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift",
+                   "seed")
+_SETTING_FLAGS = ("platform", "attention_backend", "max_num_seqs", "max_queue", "request_batch_max_wait_ms",
+                  "log_level")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return resolve_settings({name: getattr(args, name, None) for name in _SETTING_FLAGS})
+
+
+def make_host(settings: Settings) -> Any:
+    """The plugin host for a CLI run (installed plugins, the CLI's settings). Tests replace this."""
+    from ..plugins.host import PluginHost
+
+    return PluginHost(settings)
+
+
+def parse_extra(items: list[str]) -> dict[str, Any]:
+    """``KEY=JSON`` pairs; a value that is not JSON is taken as a plain string."""
+    extra: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequest("extra", f"expected KEY=VALUE, got {item!r}")
+        try:
+            extra[key.strip()] = json.loads(raw)
+        except ValueError:
+            extra[key.strip()] = raw
+    return extra
+
+
+def output_type_for(path: str) -> str:
+    """The output kind the file suffix asks for (models that make both images and video decide by it)."""
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+    return "image" if suffix in ("png", "webp", "jpg", "jpeg") else "video" if suffix == "mp4" else "auto"
+
+
+class ProgressBar:
+    """A plain-text bar on ``stream``: redrawn in place on a terminal, one line per change otherwise."""
+
+    def __init__(self, stream: TextIO, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last: tuple[str, int] | None = None
+
+    def __call__(self, event: Any) -> None:
+        key = (event.phase, event.step)
+        if key == self._last:
+            return
+        self._last = key
+        filled = int(round(event.progress * self.width))
+        bar = "#" * filled + "." * (self.width - filled)
+        steps = f" step {event.step}/{event.total_steps}" if event.total_steps else ""
+        eta = f" eta {event.eta_s:.1f}s" if event.eta_s is not None and not event.terminal else ""
+        line = f"[{bar}] {event.progress * 100:3.0f}% {event.phase}{steps} {event.elapsed_s:.1f}s{eta}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self.width + 50) + ("\n" if event.terminal else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine.api import Engine, make_request
+
+    settings = settings_from_args(args)
+    host = make_host(settings)
+    sampling = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name, None) is not None}
+    sampling["output_type"] = output_type_for(args.output)
+    request = make_request(args.prompt, images=tuple(args.image), negative_prompt=args.negative_prompt,
+                           extra=parse_extra(args.extra), **sampling)
+    t0 = time.perf_counter()
+    with Engine(args.model, host=host, settings=settings, cache_methods=tuple(args.cache),
+                offload=args.offload) as engine:
+        listener = None if args.no_progress else ProgressBar(sys.stderr)
+        outputs = engine.submit(request, on_event=listener).result()
+    out = outputs[0]
+    path = out.save(args.output)
+    print(f"wrote {path} ({out.kind} {out.width}x{out.height}"
+          + (f", {out.num_frames} frames at {out.fps:g} fps" if out.kind == "video" else "")
+          + f", seed {out.seed}, {time.perf_counter() - t0:.1f} s)")
+    return 0

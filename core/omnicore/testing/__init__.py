@@ -1,0 +1,30 @@
+"""Conformance kit for omnicore plugins (a pytest plugin, entry point ``pytest11``).
+
+Subclass a base class in your plugin's tests and set a few attributes; see ``README.md`` next to this file.
+Importing this package is cheap: torch is imported only inside the checks that need it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "PluginConformance": "omnicore.testing.plugin:PluginConformance",
+    "AttentionBackendConformance": "omnicore.testing.attention:AttentionBackendConformance",
+    "ModelPluginConformance": "omnicore.testing.model:ModelPluginConformance",
+    "isolated_host": "omnicore.testing.plugin:isolated_host",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'omnicore.testing' has no attribute {name!r}")
+    from ..specs import resolve
+
+    value = resolve(target)
+    globals()[name] = value
+    return value
+
+
+__all__ = list(_LAZY)

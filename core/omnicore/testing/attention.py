@@ -1,0 +1,230 @@
+"""Checks for attention backends: :class:`AttentionBackendConformance`.
+
+Every backend is compared with the core's CPU reference (:func:`omnicore.attention.reference.sdpa_attention`,
+run in float32 on the same inputs) and must honour what its :class:`AttentionCapabilities` declare.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from ..config import Settings
+from ..errors import UnsupportedFeature
+from ..plugins.host import PluginHost
+from ..specs import AttentionBackendSpec, AttentionRequirement
+from .plugin import add_to_host, isolated_host
+
+#: default (atol, rtol) per dtype against the float32 reference
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (2e-4, 2e-4),
+    "float16": (5e-3, 5e-3),
+    "bfloat16": (3e-2, 3e-2),
+}
+
+
+class AttentionBackendConformance:
+    """Conformance checks for one registered attention backend.
+
+    Attributes to set:
+      ``backend``: the registered backend name. Required.
+      ``plugin_module``: entry-point target of the plugin registering it (``None`` for core built-ins).
+      ``platform`` / ``device``: where the checks run (default ``"cpu"`` / ``"cpu"``).
+      ``dtypes``: dtypes to check (default: every declared dtype).
+      ``head_dim``: head dim to test with (clamped into the declared range).
+      ``supports_gqa``: the backend accepts fewer key/value heads than query heads.
+      ``tolerances``: ``{dtype: (atol, rtol)}`` overrides of :data:`TOLERANCES`.
+    """
+
+    backend: str = ""
+    plugin_module: str | None = None
+    plugin_name: str | None = None
+    platform: str = "cpu"
+    device: str = "cpu"
+    dtypes: tuple[str, ...] | None = None
+    head_dim: int = 64
+    supports_gqa: bool = True
+    tolerances: dict[str, tuple[float, float]] = {}
+
+    # ------------------------------------------------------------------ fixtures and helpers
+    def _build_host(self, settings: Settings | None = None) -> PluginHost:
+        if not self.backend:
+            pytest.fail(f"{type(self).__name__}: set `backend` to the registered backend name")
+        host = isolated_host(settings)
+        if self.plugin_module:
+            name = self.plugin_name or self.plugin_module.split(":")[0].split(".")[0]
+            record = add_to_host(host, self.plugin_module, name)
+            assert record.status == "loaded", record.error
+        return host
+
+    @pytest.fixture
+    def attention_host(self) -> PluginHost:
+        return self._build_host()
+
+    @pytest.fixture
+    def backend_spec(self, attention_host: PluginHost) -> AttentionBackendSpec:
+        return attention_host.attention_backends.get(self.backend)
+
+    @pytest.fixture
+    def attention_fn(self, backend_spec: AttentionBackendSpec) -> Any:
+        return backend_spec.load_impl()
+
+    def _dtypes(self, spec: AttentionBackendSpec) -> list[str]:
+        return list(self.dtypes if self.dtypes is not None else spec.capabilities.dtypes)
+
+    def _head_dim(self, spec: AttentionBackendSpec) -> int:
+        lo, hi = spec.capabilities.head_dims
+        return min(max(self.head_dim, lo), hi)
+
+    def _rand(self, *shape: int, seed: int, dtype: str = "float32") -> Any:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(*shape, generator=g).to(device=self.device, dtype=getattr(torch, dtype))
+
+    def _check_close(self, got: Any, want: Any, dtype: str, what: str) -> None:
+        import torch
+
+        atol, rtol = {**TOLERANCES, **self.tolerances}.get(dtype, (5e-2, 5e-2))
+        assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+    @staticmethod
+    def _reference(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        from ..attention.reference import sdpa_attention
+
+        return sdpa_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
+                              **{n: (t.cpu() if hasattr(t, "cpu") else t) for n, t in kwargs.items()})
+
+    # ------------------------------------------------------------------ declarations
+    def test_capabilities_are_well_formed(self, backend_spec: AttentionBackendSpec) -> None:
+        import torch
+
+        caps = backend_spec.capabilities
+        lo, hi = caps.head_dims
+        assert 1 <= lo <= hi, f"head_dims must be an inclusive range [lo, hi] with 1 <= lo <= hi, got {caps.head_dims}"
+        assert caps.platforms, "declare at least one platform"
+        assert caps.dtypes, "declare at least one dtype"
+        for name in caps.dtypes:
+            assert isinstance(getattr(torch, name, None), torch.dtype), f"declared dtype {name!r} is not a torch dtype"
+        assert self.platform in caps.platforms, (
+            f"the checks run on platform {self.platform!r}, which {backend_spec.name!r} does not declare "
+            f"({list(caps.platforms)}); set `platform`/`device` to one it supports")
+
+    def test_selection_honours_the_declaration(self, backend_spec: AttentionBackendSpec) -> None:
+        caps = backend_spec.capabilities
+        hi = caps.head_dims[1]
+        fits = AttentionRequirement(platform=self.platform, dtype=caps.dtypes[0], head_dim=self._head_dim(backend_spec),
+                                    packed_varlen=caps.packed_varlen, packed_mask_free=caps.packed_mask_free,
+                                    sparse=caps.sparse)
+        assert fits.unmet_by(caps) == []
+        beyond = AttentionRequirement(platform=self.platform, dtype=caps.dtypes[0], head_dim=hi + 1)
+        forced = self._build_host(Settings(attention_backend=backend_spec.name))
+        assert forced.select_attention(fits).name == backend_spec.name
+        with pytest.raises(UnsupportedFeature, match=re.escape(repr(backend_spec.name))):
+            forced.select_attention(beyond)
+
+    # ------------------------------------------------------------------ numerics
+    def test_dense_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+        d = self._head_dim(backend_spec)
+        for dtype in self._dtypes(backend_spec):
+            q, k, v = (self._rand(2, 37, 4, d, seed=s, dtype=dtype) for s in (1, 2, 3))
+            out = attention_fn(q, k, v)
+            assert out.dtype == q.dtype, f"{dtype}: output dtype {out.dtype} differs from the input's"
+            self._check_close(out, self._reference(q, k, v), dtype, f"dense {dtype}")
+
+    def test_dense_gqa_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+        if not self.supports_gqa:
+            pytest.skip("backend declares no grouped-query attention (supports_gqa = False)")
+        d = self._head_dim(backend_spec)
+        dtype = self._dtypes(backend_spec)[0]
+        q = self._rand(1, 19, 8, d, seed=4, dtype=dtype)
+        k, v = (self._rand(1, 23, 2, d, seed=s, dtype=dtype) for s in (5, 6))
+        self._check_close(attention_fn(q, k, v), self._reference(q, k, v), dtype, f"GQA {dtype}")
+
+    def _packed_inputs(self, spec: AttentionBackendSpec, dtype: str, seed: int = 10) -> tuple[Any, ...]:
+        from ..attention.packed import PackedSequence
+
+        ps = PackedSequence.from_lengths([1, 9, 16, 3], pad_to_multiple=8)  # 29 real rows -> 32
+        d = self._head_dim(spec)
+        q, k, v = (self._rand(ps.padded_length, 4, d, seed=seed + i, dtype=dtype) for i in range(3))
+        return ps, q, k, v, ps.cu_seqlens(self.device)
+
+    def _require_packed(self, spec: AttentionBackendSpec) -> None:
+        if not spec.capabilities.packed_varlen:
+            pytest.skip(f"{spec.name!r} does not declare packed_varlen")
+
+    def test_packed_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+        self._require_packed(backend_spec)
+        for dtype in self._dtypes(backend_spec):
+            ps, q, k, v, cu = self._packed_inputs(backend_spec, dtype)
+            out = attention_fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+            n = ps.valid_length
+            self._check_close(out[:n], self._reference(q, k, v, cu_seqlens_q=cu)[:n], dtype, f"packed {dtype}")
+
+    def test_packed_cross_attention_matches_reference(self, backend_spec: AttentionBackendSpec,
+                                                      attention_fn: Any) -> None:
+        self._require_packed(backend_spec)
+        import torch
+
+        dtype = self._dtypes(backend_spec)[0]
+        d = self._head_dim(backend_spec)
+        cu_q = torch.tensor([0, 3, 11, 12], dtype=torch.int32, device=self.device)
+        cu_k = torch.tensor([0, 7, 9, 20], dtype=torch.int32, device=self.device)
+        q = self._rand(12, 4, d, seed=20, dtype=dtype)
+        k, v = (self._rand(20, 4, d, seed=s, dtype=dtype) for s in (21, 22))
+        out = attention_fn(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+        self._check_close(out, self._reference(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k), dtype,
+                          f"packed cross-attention {dtype}")
+
+    def test_packed_documents_are_isolated(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+        """Perturbing document j leaves every other document's output bit-identical."""
+        self._require_packed(backend_spec)
+        import torch
+
+        dtype = self._dtypes(backend_spec)[0]
+        ps, q, k, v, cu = self._packed_inputs(backend_spec, dtype)
+        base = attention_fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        o = ps.offsets
+        for j in range(len(ps.lengths)):
+            q2, k2, v2 = q.clone(), k.clone(), v.clone()
+            for t in (q2, k2, v2):
+                t[o[j]:o[j + 1]] = t[o[j]:o[j + 1]] * -2 + 1
+            out = attention_fn(q2, k2, v2, cu_seqlens_q=cu, cu_seqlens_k=cu)
+            for i in range(len(ps.lengths)):
+                if i != j:
+                    assert torch.equal(out[o[i]:o[i + 1]], base[o[i]:o[i + 1]]), (
+                        f"perturbing document {j} changed document {i}: documents leak into each other")
+            assert not torch.equal(out[o[j]:o[j + 1]], base[o[j]:o[j + 1]]), f"document {j} ignored its own inputs"
+
+    def test_padding_never_leaks_into_real_rows(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+        self._require_packed(backend_spec)
+        import torch
+
+        dtype = self._dtypes(backend_spec)[0]
+        ps, q, k, v, cu = self._packed_inputs(backend_spec, dtype)
+        n = ps.valid_length
+        base = attention_fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        q2, k2, v2 = q.clone(), k.clone(), v.clone()
+        q2[n:], k2[n:], v2[n:] = 1e3, 1e3, -1e3
+        out = attention_fn(q2, k2, v2, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        assert torch.equal(out[:n], base[:n]), "values in padding rows changed the real rows' output"
+        assert bool(torch.isfinite(out[:n]).all())
+
+    def test_rejects_inconsistent_inputs(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+        import torch
+
+        d = self._head_dim(backend_spec)
+        dtype = self._dtypes(backend_spec)[0]
+        q = self._rand(1, 8, 4, d, seed=30, dtype=dtype)
+        k = v = self._rand(1, 8, 3, d, seed=31, dtype=dtype)  # 4 query heads over 3 kv heads
+        with pytest.raises(Exception):  # noqa: B017 - any error beats a silently wrong result
+            attention_fn(q, k, v)
+        if backend_spec.capabilities.packed_varlen:
+            q = k = v = self._rand(8, 4, d, seed=32, dtype=dtype)
+            too_long = torch.tensor([0, 4, 12], dtype=torch.int32, device=self.device)
+            with pytest.raises(Exception):  # noqa: B017
+                attention_fn(q, k, v, cu_seqlens_q=too_long, cu_seqlens_k=too_long)
+

@@ -1,0 +1,245 @@
+"""The conformance kit (``omnicore.testing``): it passes the core's built-ins and the test-only toy model, and
+it FAILS plugins that break each rule (run in an inner pytest session through ``pytester``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from omnicore.testing import AttentionBackendConformance, ModelPluginConformance, PluginConformance
+
+pytest_plugins = ["pytester"]
+
+
+# --------------------------------------------------------------------------------- the kit on real plugins
+
+
+class TestCorePluginConforms(PluginConformance):
+    plugin_module = "omnicore._builtin"
+    plugin_name = "omnicore"
+    require_plugin_info = True
+    test_entry_point_is_declared = None  # the built-in plugin is not an entry point (see test_third_party.py)
+
+
+class TestSdpaReferenceConforms(AttentionBackendConformance):
+    backend = "sdpa"
+    dtypes = ("float32", "bfloat16")
+
+
+class TestToyModelConforms(ModelPluginConformance):
+    model = "tiny:toy"
+    plugin_module = "toy.plugin:ToyPlugin"
+    plugin_name = "toy"
+    params = {"num_inference_steps": 2, "height": 32, "width": 48}
+
+
+def test_omnicore_host_fixture_is_isolated(omnicore_host):
+    assert list(omnicore_host.records) == ["omnicore"]
+    assert omnicore_host.settings.plugins is None and omnicore_host.problems == []
+
+
+# --------------------------------------------------------------------------------- the kit catches violations
+
+
+def run_inner(pytester: pytest.Pytester, modules: dict[str, str], test_source: str) -> dict[str, str]:
+    """Write ``modules`` and a test file, run pytest in-process, return ``{test name: outcome}``."""
+    for name, source in modules.items():
+        pytester.makepyfile(**{name: textwrap.dedent(source)})
+    pytester.makepyfile(test_inner=textwrap.dedent(test_source))
+    pytester.syspathinsert()
+    reprec = pytester.inline_run("-p", "no:cacheprovider")
+    outcomes: dict[str, str] = {}
+    for rep in reprec.getreports("pytest_runtest_logreport"):  # setup, call, teardown: the worst one wins
+        if rep.when == "call" or rep.outcome != "passed":
+            if outcomes.get(rep.nodeid) in (None, "passed"):
+                outcomes[rep.nodeid] = rep.outcome
+    return outcomes
+
+
+def failing(outcomes: dict[str, str], cls: str) -> set[str]:
+    """Names of the failed tests of class node ``cls`` (e.g. ``test_inner.py::TestHeavy``)."""
+    return {n.rsplit("::", 1)[1] for n, o in outcomes.items() if n.startswith(cls + "::") and o == "failed"}
+
+
+BAD_PLUGINS = {
+    "plug_heavy": """
+        import decimal  # stands in for torch: the test class declares it heavy
+        from omnicore import hookimpl
+        from omnicore.specs import ModelSpec
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="heavy", impl="decimal:Decimal"))
+    """,
+    "plug_misspelled": """
+        import pluggy
+        from omnicore.specs import ModelSpec
+
+        hookimpl = pluggy.HookimplMarker("omnicor")
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="typo", impl="decimal:Decimal"))
+    """,
+    "plug_info_lies": """
+        from omnicore import hookimpl
+        from omnicore.specs import ModelSpec
+
+        def plugin_info():
+            return {"kind": "model", "api": ">=2,<3", "models": ["real", "imaginary"]}
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="real", impl="decimal:Decimal"))
+    """,
+    "plug_dangling": """
+        from omnicore import hookimpl
+        from omnicore.specs import ModelSpec, PresetSpec
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="dangling", impl="omnitest_nowhere_xyz.pipeline:Pipe",
+                               presets=(PresetSpec(name="tiny", builder="decimal:NoSuchBuilder"),)))
+    """,
+    "plug_once": """
+        from omnicore import hookimpl
+        from omnicore.specs import ModelSpec
+
+        _done = []
+
+        @hookimpl
+        def omnicore_register_models(register):
+            if not _done:  # module state: a second process / host would see nothing
+                register(ModelSpec(name="once", impl="decimal:Decimal"))
+            _done.append(1)
+    """,
+    "plug_good": """
+        from omnicore import hookimpl
+        from omnicore.specs import ModelSpec
+
+        def plugin_info():
+            return {"kind": "model", "api": ">=1.0,<2", "registers": {"model": ["good"]}}
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="good", impl="decimal:Decimal"))
+    """,
+}
+
+BAD_PLUGIN_TESTS = """
+    from omnicore.testing import PluginConformance
+
+    class TestHeavy(PluginConformance):
+        plugin_module = "plug_heavy"
+        heavy_modules = ("decimal",)
+
+    class TestMisspelled(PluginConformance):
+        plugin_module = "plug_misspelled"
+
+    class TestInfoLies(PluginConformance):
+        plugin_module = "plug_info_lies"
+
+    class TestDangling(PluginConformance):
+        plugin_module = "plug_dangling"
+
+    class TestOnce(PluginConformance):
+        plugin_module = "plug_once"
+
+    class TestGood(PluginConformance):
+        plugin_module = "plug_good"
+        require_plugin_info = True
+        heavy_modules = ("decimal",)
+
+    def test_fixture_from_the_pytest11_plugin(omnicore_host):
+        assert omnicore_host.platforms.get("cpu").provider == "omnicore"
+"""
+
+
+def test_plugin_conformance_fails_each_broken_plugin(pytester):
+    out = run_inner(pytester, BAD_PLUGINS, BAD_PLUGIN_TESTS)
+    assert failing(out, "test_inner.py::TestHeavy") == {"test_entry_module_is_import_cheap"}
+    assert failing(out, "test_inner.py::TestMisspelled") == {
+        "test_loads_and_registers_cleanly", "test_every_hook_function_is_marked_and_has_a_spec"}
+    assert failing(out, "test_inner.py::TestInfoLies") == {"test_plugin_info_matches_registrations"}
+    assert failing(out, "test_inner.py::TestDangling") == {"test_every_lazy_path_resolves"}
+    assert failing(out, "test_inner.py::TestOnce") == {"test_registration_is_repeatable"}
+    assert failing(out, "test_inner.py::TestGood") == set()
+    assert out["test_inner.py::TestGood::test_plugin_info_matches_registrations"] == "passed"
+    assert out["test_inner.py::test_fixture_from_the_pytest11_plugin"] == "passed"
+
+
+LEAKY_BACKEND = {
+    "plug_leaky": """
+        from omnicore import hookimpl
+        from omnicore.specs import AttentionBackendSpec, AttentionCapabilities
+
+        def leaky(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, **kwargs):
+            # claims packed support but attends across the whole packed sequence
+            from omnicore.attention.reference import sdpa_attention
+            if cu_seqlens_q is None:
+                return sdpa_attention(q, k, v, **kwargs)
+            return sdpa_attention(q[None], k[None], v[None])[0]
+
+        @hookimpl
+        def omnicore_register_attention_backends(register):
+            register(AttentionBackendSpec(name="leaky", impl="plug_leaky:leaky", priority=5,
+                     capabilities=AttentionCapabilities(dtypes=("float32",), head_dims=(8, 64),
+                                                        packed_varlen=True)))
+    """,
+}
+
+LEAKY_TESTS = """
+    from omnicore.testing import AttentionBackendConformance
+
+    class TestLeaky(AttentionBackendConformance):
+        backend = "leaky"
+        plugin_module = "plug_leaky"
+        head_dim = 16
+"""
+
+
+def test_attention_conformance_catches_a_backend_that_leaks_across_documents(pytester):
+    out = run_inner(pytester, LEAKY_BACKEND, LEAKY_TESTS)
+    failed = failing(out, "test_inner.py::TestLeaky")
+    assert failed == {"test_packed_matches_reference", "test_packed_cross_attention_matches_reference",
+                      "test_packed_documents_are_isolated", "test_padding_never_leaks_into_real_rows",
+                      "test_rejects_inconsistent_inputs"}
+    assert out["test_inner.py::TestLeaky::test_dense_matches_reference"] == "passed"
+    assert out["test_inner.py::TestLeaky::test_selection_honours_the_declaration"] == "passed"
+
+
+NOISY_MODEL_TESTS = """
+    import numpy as np
+    from omnicore import hookimpl
+    from omnicore.testing import ModelPluginConformance
+
+    class NoisyOutputs:
+        @hookimpl(wrapper=True)
+        def omnicore_postprocess(self, request, output):
+            out = yield
+            rng = np.random.default_rng()  # unseeded: breaks determinism
+            out.frames = (out.frames ^ rng.integers(0, 2, out.frames.shape, dtype=np.uint8))
+            return out
+
+    class TestNoisyToy(ModelPluginConformance):
+        model = "tiny:toy"
+        plugin_module = "toy.plugin:ToyPlugin"
+        plugin_name = "toy"
+        params = {"num_inference_steps": 1, "height": 16, "width": 16}
+        invalid_params = {"height": 3}
+
+        @classmethod
+        def make_host(cls, settings):
+            host = super().make_host(settings)
+            host.add_plugin(NoisyOutputs(), "noisy")
+            return host
+"""
+
+
+def test_model_conformance_catches_nondeterministic_outputs(pytester):
+    out = run_inner(pytester, {}, NOISY_MODEL_TESTS)
+    failed = failing(out, "test_inner.py::TestNoisyToy")
+    assert failed == {"test_same_seed_gives_identical_bytes", "test_weight_round_trip_gives_identical_outputs"}
+    assert out["test_inner.py::TestNoisyToy::test_output_shape_and_type"] == "passed"
+    assert out["test_inner.py::TestNoisyToy::test_invalid_requests_name_the_field"] == "passed"
