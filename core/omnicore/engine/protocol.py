@@ -1,9 +1,10 @@
 """The pipeline protocol every model plugin implements (DESIGN §4) and the state it threads through steps.
 
-The engine calls, per batch: ``encode(requests)`` once, then for each step the ``omnicore_denoise`` hook
-(whose default runs ``denoise_step`` = ``update(predict(...))``), then ``decode(state)``. Splitting a step
+The engine calls, per batch: ``encode(requests)`` once (on requests already prepared by ``preprocess``),
+then for each step the ``omnicore_denoise`` hook (whose default runs ``denoise_step`` = ``update(predict(...))``), then ``decode(state)``. Splitting a step
 into ``predict`` (the model evaluation, incl. CFG) and ``update`` (the sampler) lets step caches reuse a
-prediction without knowing the sampler.
+prediction without knowing the sampler. ``decode`` returns the outputs in request order, ``num_outputs``
+each; the engine fills ``request_id``, ``index``, ``seed`` and ``metrics`` where the pipeline left them unset.
 """
 
 from __future__ import annotations
@@ -70,6 +71,16 @@ class Pipeline(Protocol):
 
     def decode(self, state: DenoiseState) -> list[Output]: ...
 
+    def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None: ...
+
+
+def output_seeds(request: GenerationRequest) -> list[int]:
+    """Seeds of a request's outputs: ``seed + i`` (the engine fills an unset seed before preprocess)."""
+    seed = request.params.seed
+    if seed is None:
+        raise ValueError(f"request {request.request_id} reached the pipeline without a seed")
+    return [seed + i for i in range(request.params.num_outputs)]
+
 
 class BasePipeline:
     """Convenience base: the step composition and the default batch key; subclasses do the model work."""
@@ -83,6 +94,14 @@ class BasePipeline:
         prediction = self.predict(state, step)
         state.last_prediction = prediction
         return self.update(state, step, prediction)
+
+    def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
+        """Shrink a running batch to the requests at indices ``keep`` (others were cancelled).
+
+        Return ``None`` when the state cannot be shrunk: the engine then finishes the batch and discards the
+        cancelled requests' outputs (they are reported cancelled at once all the same).
+        """
+        return None
 
     def predict(self, state: DenoiseState, step: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement predict()")

@@ -130,7 +130,7 @@ class GenerationRequest:
     videos: tuple[Any, ...] = attrs.field(factory=tuple, converter=_tuple)
     audios: tuple[Any, ...] = attrs.field(factory=tuple, converter=_tuple)
     modalities: tuple[str, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else _tuple(v))
-    quality: str = "standard"
+    quality: str = attrs.field(default="standard")
     extra: dict[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     request_id: str = attrs.field(factory=_new_id)
     prepared: bool = False

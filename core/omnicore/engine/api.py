@@ -1,0 +1,317 @@
+"""The public engine: :class:`Engine` (sync, one background worker thread) and :class:`AsyncEngine`.
+
+``submit`` validates, runs the ``omnicore_preprocess`` hook once in the caller's thread (outside the engine
+lock) and queues exactly what it returned. The worker forms batches through the :class:`Scheduler`
+(admission wait, batch keys, quality) and runs them with the :class:`BatchRunner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..config import Settings
+from ..errors import EngineClosed, InvalidRequest, PluginError
+from .jobs import Job, Listener
+from .loading import ResolvedModel, load_pipeline, resolve_model
+from .progress import TERMINAL_PHASES, ProgressEvent
+from .protocol import LoadOptions
+from .request import GenerationRequest, SamplingParams
+from .runner import BatchRunner, EngineStats
+from .scheduler import Scheduler, admission_wait
+
+if TYPE_CHECKING:
+    from ..outputs.output import Output
+    from ..platforms.base import Platform
+    from ..plugins.host import PluginHost
+    from ..specs import ModelSpec
+
+logger = logging.getLogger("omnicore.engine")
+
+SEED_RANGE = 2**32
+_SAMPLING_FIELDS = frozenset(a.name for a in attrs.fields(SamplingParams))
+CacheMethodArg = str | tuple[str, Any]
+
+
+def _instantiate_platform(host: PluginHost, platform: str | Platform | None) -> Platform:
+    if platform is not None and not isinstance(platform, str):
+        return platform
+    spec = host.select_platform(platform)
+    try:
+        return spec.load_impl()()
+    except Exception as exc:
+        raise PluginError(spec.provider or spec.name, f"creating platform {spec.name!r} failed: {exc}") from exc
+
+
+class Engine:
+    """Loads a model and serves requests on one background worker thread.
+
+    :param model: ``tiny:<preset>``, a local checkpoint directory, or a Hugging Face repo id.
+    :param host: plugin host (default: the process-wide one, with installed plugins).
+    :param settings: engine settings (default: the host's).
+    :param platform: a platform name or instance (default: the host's selection).
+    :param cache_methods: cache method names, or ``(name, config)`` pairs, enabled after loading.
+    :param offload: ``"none"``, ``"model"`` or ``"layerwise"`` (passed to the pipeline's loader).
+
+    ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
+    """
+
+    def __init__(self, model: str | os.PathLike[str], *, host: PluginHost | None = None,
+                 settings: Settings | None = None, platform: str | Platform | None = None,
+                 cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none") -> None:
+        if host is None:
+            from ..plugins.host import default_host
+
+            host = default_host()
+        self.host = host
+        self.settings = settings if settings is not None else host.settings
+        if offload not in ("none", "model", "layerwise"):
+            raise InvalidRequest("offload", f"must be one of ['none', 'model', 'layerwise'], got {offload!r}")
+        methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
+        host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any build
+        self.platform = _instantiate_platform(host, platform)
+        self.resolved: ResolvedModel = resolve_model(model, host, self.settings)
+        if self.resolved.spec.provider:
+            host.require_loaded(self.resolved.spec.provider)
+        method_specs = host.check_cache_methods([m for m, _ in methods], self.resolved.spec)  # before loading
+        options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),
+                              attention=self._attention, offload=offload)
+        self.pipeline = load_pipeline(self.resolved, options)
+        self.cache_handles = [host.enable_cache(self.pipeline, spec, cfg)
+                              for spec, (_, cfg) in zip(method_specs, methods)]
+        caps = self.spec.capabilities
+        self.scheduler: Scheduler[Job] = Scheduler(
+            max_num_seqs=self.settings.max_num_seqs, max_queue=self.settings.max_queue,
+            request_batch_max_wait_ms=self.settings.request_batch_max_wait_ms,
+            supports_batching=caps.supports_batching)
+        self._stats = EngineStats()
+        self._runner = BatchRunner(host, self.pipeline, self.platform, self._stats)
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._running: list[Job] = []
+        self._worker = threading.Thread(target=self._loop, name=f"omnicore-engine-{self.spec.name}", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def spec(self) -> ModelSpec:
+        return self.pipeline.spec
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _attention(self, requirement: Any) -> Any:
+        return self.host.select_attention(requirement).load_impl()
+
+    # ------------------------------------------------------------------ admission
+    def submit(self, request: GenerationRequest, *, on_event: Listener | None = None) -> Job:
+        """Preprocess ``request`` (here, once) and queue it. Raises ``InvalidRequest``, ``QueueFull``,
+        ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs)."""
+        if not isinstance(request, GenerationRequest):
+            raise InvalidRequest("request", f"must be a GenerationRequest, got {type(request).__name__}")
+        if self._closed:
+            raise EngineClosed("engine is closed")
+        if request.params.seed is None:
+            request = request.evolve(params=attrs.evolve(request.params, seed=secrets.randbelow(SEED_RANGE)))
+        job = Job(request, canceller=self._cancel)
+        if on_event is not None:
+            job.add_listener(on_event)
+        job.emit("preprocess")
+        t = time.perf_counter()
+        try:
+            prepared = self.host.preprocess(request=request, pipeline=self.pipeline)
+            if not isinstance(prepared, GenerationRequest):
+                raise PluginError(self.spec.provider or self.spec.name,
+                                  f"preprocess returned {type(prepared).__name__}, not a GenerationRequest")
+            key = self.pipeline.batch_key(prepared)
+        except BaseException as exc:
+            job.finish("failed", error=exc)
+            raise
+        job.request = prepared
+        job.metrics["preprocess_s"] = time.perf_counter() - t
+        job.admitted_at = time.perf_counter()
+        try:
+            with self._cond:
+                if self._closed:
+                    raise EngineClosed("engine is closed")
+                self.scheduler.add(job, key=key, size=prepared.params.num_outputs, quality=prepared.quality)
+                self._cond.notify_all()
+        except BaseException as exc:
+            job.finish("failed", error=exc)
+            raise
+        job.emit("queued")
+        return job
+
+    def generate(self, prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (),
+                 negative_prompt: str | None = None, modalities: Sequence[str] | None = None,
+                 extra: Mapping[str, Any] | None = None, quality: str = "standard",
+                 timeout: float | None = None, **sampling_params: Any) -> list[Output]:
+        """Submit and wait: ``engine.generate("a cat", height=512, seed=0)`` -> outputs."""
+        request = make_request(prompt, images=images, negative_prompt=negative_prompt, modalities=modalities,
+                               extra=extra, quality=quality, **sampling_params)
+        return self.submit(request).result(timeout)
+
+    def _cancel(self, job: Job) -> None:
+        with self._cond:
+            removed = self.scheduler.remove(job)
+        if removed:
+            job.finish("cancelled", on_finish=self._count_cancelled)
+
+    def _count_cancelled(self) -> None:
+        with self._stats.lock:
+            self._stats.jobs_cancelled += 1
+
+    # ------------------------------------------------------------------ worker
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not len(self.scheduler) and not self._closed:
+                    self._cond.wait()
+                if not len(self.scheduler):
+                    return  # closed and drained
+                decision = self.scheduler.get_admission_wait_decision(time.monotonic())
+                if decision.should_wait:
+                    waited = admission_wait(self.scheduler, self._cond, decision, time.monotonic,
+                                            lambda: self._closed)
+                    logger.debug("admission wait: %d waiting, max batch %d, waited %.1f ms",
+                                 self.scheduler.waiting, decision.max_batch, waited * 1000)
+                batch = self.scheduler.next_batch()
+                self.scheduler.running = True
+                self._running = batch
+            now = time.perf_counter()
+            started = []
+            for job in batch:
+                job.metrics["queue_s"] = now - (job.admitted_at if job.admitted_at is not None else now)
+                if job.mark_running():
+                    started.append(job)
+            try:
+                self._runner.run(started)
+            except BaseException:  # the runner already failed the jobs; never let the worker die
+                logger.exception("engine worker: unexpected error")
+            finally:
+                with self._cond:
+                    self.scheduler.running = False
+                    self._running = []
+                    self._cond.notify_all()
+
+    # ------------------------------------------------------------------ control
+    def stats(self) -> dict[str, Any]:
+        """Queue depth (requests and outputs), running jobs, and counters since start."""
+        with self._cond:
+            queued, queued_outputs, running = len(self.scheduler), self.scheduler.waiting, len(self._running)
+        s = self._stats
+        with s.lock:
+            return {"queued": queued, "queued_outputs": queued_outputs, "running": running,
+                    "steps_executed": s.steps_executed, "batches_executed": s.batches_executed,
+                    "jobs_succeeded": s.jobs_succeeded, "jobs_failed": s.jobs_failed,
+                    "jobs_cancelled": s.jobs_cancelled, "last_batch_size": s.last_batch_size,
+                    "max_num_seqs": self.scheduler.max_num_seqs, "max_queue": self.scheduler.max_queue,
+                    "closed": self._closed}
+
+    def close(self, cancel_running: bool = False, timeout: float | None = None) -> bool:
+        """Stop admitting. By default queued and running work still completes; with ``cancel_running``
+        queued jobs are cancelled at once and running ones at their next step. Idempotent.
+
+        Returns ``True`` when the worker has stopped (``False`` if ``timeout`` ran out first).
+        """
+        with self._cond:
+            self._closed = True
+            dropped = self.scheduler.drain() if cancel_running else []
+            running = list(self._running) if cancel_running else []
+            self._cond.notify_all()
+        for job in dropped:
+            job.cancel()
+            job.finish("cancelled", on_finish=self._count_cancelled)
+        for job in running:
+            job.cancel()
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout)
+        return not self._worker.is_alive()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close(cancel_running=exc[0] is not None)
+
+    def __repr__(self) -> str:
+        return f"Engine({self.spec.name!r}, source={self.resolved.source}, closed={self._closed})"
+
+
+def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (), negative_prompt: str | None = None,
+                 modalities: Sequence[str] | None = None, extra: Mapping[str, Any] | None = None,
+                 quality: str = "standard", **sampling_params: Any) -> GenerationRequest:
+    """Build a request from keyword arguments; an unknown keyword is an ``InvalidRequest`` naming it."""
+    unknown = sorted(set(sampling_params) - _SAMPLING_FIELDS)
+    if unknown:
+        raise InvalidRequest(unknown[0], f"is not a sampling parameter (known: {sorted(_SAMPLING_FIELDS)})")
+    return GenerationRequest(prompt=prompt, params=SamplingParams(**sampling_params), images=tuple(images),
+                             negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality)
+
+
+class AsyncEngine:
+    """asyncio front of an :class:`Engine`: blocking work (preprocess) runs in the loop's executor, results
+    and events arrive through futures and queues fed from the worker thread — no model work on the loop."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def submit(self, request: GenerationRequest, *, on_event: Listener | None = None) -> Job:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self.engine.submit, request, on_event=on_event))
+
+    async def result(self, job: Job) -> list[Output]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_event(event: ProgressEvent) -> None:
+            if event.phase in TERMINAL_PHASES:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        job.add_listener(on_event)
+        try:
+            await done
+        finally:
+            job.remove_listener(on_event)
+        return job.result(0)
+
+    async def events(self, job: Job) -> AsyncIterator[ProgressEvent]:
+        """The job's events from now on (starting with its latest one), ending after the terminal event."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[ProgressEvent] = asyncio.Queue()
+
+        def on_event(event: ProgressEvent) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        job.add_listener(on_event)
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if event.phase in TERMINAL_PHASES:
+                    return
+        finally:
+            job.remove_listener(on_event)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[ProgressEvent]:
+        """Submit (preprocessing once) and yield the job's events until it ends."""
+        job = await self.submit(request)
+        async for event in self.events(job):
+            yield event
+
+    async def generate(self, prompt: str | Mapping[str, Any], **kwargs: Any) -> list[Output]:
+        return await self.result(await self.submit(make_request(prompt, **kwargs)))
+
+    async def close(self, cancel_running: bool = False, timeout: float | None = None) -> bool:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self.engine.close, cancel_running, timeout))

@@ -1,0 +1,190 @@
+"""Model resolution and loading: ``tiny:<preset>``, a local checkpoint directory, or a Hugging Face repo id.
+
+Tiny presets are built once into ``<cache>/presets/<name>/`` (built in a temporary sibling directory and
+renamed into place, so a crash never leaves a half-written checkpoint) with a marker holding a hash of the
+builder's source: editing the builder rebuilds the preset on next use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..errors import InvalidRequest, PluginError, UnknownName
+from ..specs import ModelSpec, PresetSpec, resolve
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..plugins.host import PluginHost
+    from .protocol import LoadOptions
+
+logger = logging.getLogger("omnicore.engine")
+
+TINY_PREFIX = "tiny:"
+MARKER = ".omnicore-preset.json"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@attrs.frozen
+class ResolvedModel:
+    """Where a model's files are and which spec serves them."""
+
+    spec: ModelSpec
+    path: Path
+    source: str  # "preset" | "local" | "hub"
+    preset: str | None = None
+
+
+def known_models(host: PluginHost) -> dict[str, str]:
+    """Every name ``--model`` accepts that maps to a registered thing (``tiny:`` presets and model names)."""
+    known: dict[str, str] = {}
+    for spec in host.models:
+        known[spec.name] = spec.provider
+        for preset in spec.presets:
+            known[_preset_ref(preset)] = spec.provider
+    return known
+
+
+def _preset_ref(preset: PresetSpec) -> str:
+    return preset.name if preset.name.startswith(TINY_PREFIX) else TINY_PREFIX + preset.name
+
+
+def find_preset(host: PluginHost, ref: str) -> tuple[ModelSpec, PresetSpec]:
+    """The spec and preset named ``tiny:<name>`` (the preset may be registered as ``name`` or ``tiny:name``)."""
+    for spec in host.models:
+        for preset in spec.presets:
+            if _preset_ref(preset) == ref.lower():
+                return spec, preset
+    raise UnknownName("model", ref, known_models(host))
+
+
+def builder_fingerprint(preset: PresetSpec) -> str:
+    """Hash of the preset's builder: its path plus the source of the module defining it."""
+    digest = hashlib.sha256(preset.builder.encode())
+    fn = resolve(preset.builder)
+    try:
+        source_file = inspect.getsourcefile(fn)
+        digest.update(Path(source_file).read_bytes() if source_file else inspect.getsource(fn).encode())
+    except (OSError, TypeError):
+        digest.update(repr(fn).encode())
+    return digest.hexdigest()
+
+
+def ensure_preset(spec: ModelSpec, preset: PresetSpec, cache_root: Path) -> Path:
+    """Build the preset into ``cache_root/presets/<name>`` unless an up-to-date build is there."""
+    name = _preset_ref(preset)[len(TINY_PREFIX):]
+    target = cache_root / "presets" / name
+    fingerprint = builder_fingerprint(preset)
+    marker = target / MARKER
+    if marker.is_file():
+        try:
+            if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
+                return target
+        except ValueError:
+            pass
+        logger.info("preset %s changed; rebuilding %s", name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        resolve(preset.builder)(tmp)
+        (tmp / MARKER).write_text(json.dumps({"preset": name, "model": spec.name, "builder": preset.builder,
+                                              "fingerprint": fingerprint}))
+        if target.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=target.parent))
+            os.replace(target, trash / name)
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race with an equal build
+            if not (target / MARKER).is_file():
+                raise
+    except Exception as exc:
+        raise PluginError(spec.provider or spec.name, f"building preset {_preset_ref(preset)!r} failed: {exc}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def detect_spec(host: PluginHost, path: Path) -> ModelSpec:
+    """The spec serving a checkpoint directory: a spec's ``detect`` first, then declared class names."""
+    specs = list(host.models)
+    for spec in specs:
+        if spec.detect is None:
+            continue
+        try:
+            if resolve(spec.detect)(path):
+                return spec
+        except Exception as exc:
+            logger.warning("detector of model %s (%s) raised: %s", spec.name, spec.provider, exc)
+    names = []
+    class_name = _read_json(path / "model_index.json").get("_class_name")
+    if isinstance(class_name, str):
+        names.append(class_name)
+    archs = _read_json(path / "config.json").get("architectures")
+    if isinstance(archs, list):
+        names.extend(a for a in archs if isinstance(a, str))
+    for candidate in names:
+        for spec in specs:
+            if candidate.lower() in (spec.name, *(a.lower() for a in spec.aliases)):
+                return spec
+    raise InvalidRequest(
+        "model", f"no installed model plugin recognises the checkpoint at {path} (declared classes: "
+        f"{names or 'none'}; known models: {', '.join(sorted(s.name for s in specs)) or 'none installed'})")
+
+
+def resolve_model(model: str | os.PathLike[str], host: PluginHost, settings: Settings) -> ResolvedModel:
+    """Turn the user's ``model`` argument into a spec and a directory (building or downloading as needed)."""
+    text = os.fspath(model)
+    if text.lower().startswith(TINY_PREFIX):
+        spec, preset = find_preset(host, text)
+        return ResolvedModel(spec, ensure_preset(spec, preset, settings.cache_path), "preset", preset.name)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return ResolvedModel(detect_spec(host, path), path, "local")
+    if _REPO_ID.match(text) and not path.exists():
+        local = _download(text, settings)
+        return ResolvedModel(detect_spec(host, local), local, "hub")
+    raise UnknownName("model", text, known_models(host))
+
+
+def _download(repo_id: str, settings: Settings) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - a core dependency
+        raise InvalidRequest("model", f"huggingface-hub is needed to download {repo_id!r}: {exc}") from exc
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=str(settings.cache_path / "hub")))
+    except Exception as exc:
+        raise InvalidRequest(
+            "model", f"could not download Hugging Face repo {repo_id!r} ({type(exc).__name__}: {exc}); "
+            "check the network or pass tiny:<preset> or a local checkpoint directory") from exc
+
+
+def load_pipeline(resolved: ResolvedModel, options: LoadOptions) -> Any:
+    """Import the spec's pipeline class and call ``from_pretrained``; the loaded pipeline carries the spec."""
+    try:
+        cls = resolved.spec.load_impl()
+    except Exception as exc:
+        raise PluginError(resolved.spec.provider or resolved.spec.name,
+                          f"importing pipeline {resolved.spec.impl!r} failed: {exc}") from exc
+    pipeline = cls.from_pretrained(resolved.path, options)
+    pipeline.spec = resolved.spec
+    return pipeline

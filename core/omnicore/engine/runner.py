@@ -1,0 +1,167 @@
+"""Runs one batch: encode -> denoise steps (through the ``omnicore_denoise`` hook) -> decode -> postprocess.
+
+Cancellation is checked before every step. A cancelled request is dropped from the batch when the
+pipeline can shrink its state (``select_requests``); otherwise it is reported cancelled at once and its
+rows are computed to the end with the rest and discarded. When every request is cancelled the batch stops.
+Any exception fails the batch's unfinished jobs with that error; the caller (the worker) carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .jobs import Job
+
+if TYPE_CHECKING:
+    from ..outputs.output import Output
+    from ..platforms.base import Platform
+    from ..plugins.host import PluginHost
+
+logger = logging.getLogger("omnicore.engine")
+
+
+class EngineStats:
+    """Counters the engine exposes through ``Engine.stats()`` (updated by the worker only)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.steps_executed = 0
+        self.batches_executed = 0
+        self.jobs_succeeded = 0
+        self.jobs_failed = 0
+        self.jobs_cancelled = 0
+        self.last_batch_size = 0
+
+
+class BatchRunner:
+    def __init__(self, host: PluginHost, pipeline: Any, platform: Platform, stats: EngineStats) -> None:
+        self.host = host
+        self.pipeline = pipeline
+        self.platform = platform
+        self.stats = stats
+
+    def run(self, jobs: list[Job]) -> None:
+        with self.stats.lock:  # counted before any job finishes, so a caller woken by a result sees it
+            self.stats.batches_executed += 1
+            self.stats.last_batch_size = len(jobs)
+        members: list[Job] = []
+        try:
+            members = [j for j in jobs if not self._cancel_if_requested(j)]
+            if members:
+                self._run(members)
+        except Exception as exc:
+            logger.exception("batch of %d request(s) failed", len(members))
+            for job in members:
+                job.finish("failed", error=exc, on_finish=self._counter("jobs_failed"))
+
+    # ------------------------------------------------------------------ internals
+    def _count(self, name: str, n: int = 1) -> None:
+        with self.stats.lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def _counter(self, name: str) -> Callable[[], None]:
+        return lambda: self._count(name)
+
+    def _cancel_if_requested(self, job: Job) -> bool:
+        if job.cancel_requested:
+            job.finish("cancelled", on_finish=self._counter("jobs_cancelled"))
+            return True
+        return job.done
+
+    def _run(self, members: list[Job]) -> None:
+        pipeline, platform = self.pipeline, self.platform
+        platform.reset_peak_memory()
+        timings: dict[str, float] = {}
+        batch_start = time.perf_counter()
+        for job in members:
+            job.emit("encode")
+        t = time.perf_counter()
+        state = pipeline.encode([j.request for j in members])
+        platform.synchronize()
+        timings["encode_s"] = time.perf_counter() - t
+        total = int(state.num_steps)
+        t = denoise_start = time.perf_counter()
+        for step in range(total):
+            state, members = self._drop_cancelled(state, members)
+            if all(j.done for j in members):
+                return
+            new_state = self.host.denoise(pipeline=pipeline, state=state, step=step)
+            if new_state is None:
+                raise RuntimeError(f"omnicore_denoise returned None at step {step}")
+            state = new_state
+            self._count("steps_executed")
+            platform.synchronize()
+            done = step + 1
+            per_step = (time.perf_counter() - denoise_start) / done
+            for job in members:
+                job.emit("denoise", step=done, total_steps=total, eta_s=per_step * (total - done))
+        timings["denoise_s"] = time.perf_counter() - t
+        state, members = self._drop_cancelled(state, members)
+        if all(j.done for j in members):
+            return
+        for job in members:
+            job.emit("decode", step=total, total_steps=total)
+        t = time.perf_counter()
+        outputs = pipeline.decode(state)
+        platform.synchronize()
+        timings["decode_s"] = time.perf_counter() - t
+        per_job = self._split(outputs, members)
+        peak = int(platform.max_memory_allocated())
+        batch_outputs = len(outputs)
+        for job, job_outputs in zip(members, per_job):
+            if job.done:  # cancelled while its rows were computed with the others
+                continue
+            job.emit("postprocess", step=total, total_steps=total)
+            finished = []
+            for i, out in enumerate(job_outputs):
+                t = time.perf_counter()
+                self._stamp(job, i, out)
+                result = self.host.postprocess(request=job.request, output=out)
+                out = result if result is not None else out
+                out.metrics.update(timings)
+                out.metrics.update(job.metrics)
+                out.metrics.update({
+                    "postprocess_s": time.perf_counter() - t, "steps": total, "batch_requests": len(members),
+                    "batch_outputs": batch_outputs, "peak_memory_bytes": peak,
+                    "total_s": time.perf_counter() - batch_start + job.metrics.get("queue_s", 0.0)
+                    + job.metrics.get("preprocess_s", 0.0),
+                })
+                finished.append(out)
+            job.finish("succeeded", outputs=finished, on_finish=self._counter("jobs_succeeded"))
+
+    def _drop_cancelled(self, state: Any, members: list[Job]) -> tuple[Any, list[Job]]:
+        cancelled = [j for j in members if j.cancel_requested and not j.done]
+        if not cancelled:
+            return state, members
+        for job in cancelled:
+            job.finish("cancelled", on_finish=self._counter("jobs_cancelled"))
+        keep = [i for i, j in enumerate(members) if not j.done]
+        if not keep or len(keep) == len(members):
+            return state, members
+        shrunk = self.pipeline.select_requests(state, keep)
+        if shrunk is None:  # cannot shrink: keep computing the cancelled rows and discard them at the end
+            return state, members
+        return shrunk, [members[i] for i in keep]
+
+    @staticmethod
+    def _split(outputs: list[Output], members: list[Job]) -> list[list[Output]]:
+        expected = sum(j.request.params.num_outputs for j in members)
+        if len(outputs) != expected:
+            raise RuntimeError(f"decode returned {len(outputs)} outputs for a batch expecting {expected}")
+        groups, i = [], 0
+        for job in members:
+            n = job.request.params.num_outputs
+            groups.append(list(outputs[i:i + n]))
+            i += n
+        return groups
+
+    @staticmethod
+    def _stamp(job: Job, index: int, out: Output) -> None:
+        out.request_id = out.request_id or job.id
+        out.index = index
+        if out.seed is None and job.request.params.seed is not None:
+            out.seed = job.request.params.seed + index

@@ -1,0 +1,59 @@
+"""Suite-wide fixtures. Keep this minimal; the conformance fixtures (``omnicore_host``) come from
+``omnicore.testing``'s pytest plugin."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., str]]:
+    """``make_module(source, prefix=...)`` writes an importable module with a unique name and returns the name.
+
+    Lets tests point lazy ``"module:attr"`` paths and entry points at real code; forgotten afterwards.
+    """
+    root = tmp_path / "_modules"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    created: list[str] = []
+
+    def make(source: str, prefix: str = "omnitest_mod") -> str:
+        name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        sys.modules.pop(name, None)
+
+
+# ---------------------------------------------------------------- toy model plugin (engine tests)
+# ``tests/`` is on sys.path (this conftest is outside a package), so the test-only plugin imports as ``toy``.
+
+
+@pytest.fixture
+def toy_settings(tmp_path: Path):
+    """Settings with the cache dir inside the test's tmp dir (presets are built there)."""
+    from omnicore.config import Settings
+
+    return Settings(cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def toy_host(toy_settings):
+    """Isolated PluginHost(autoload=False) with the toy model plugin added (see tests/toy)."""
+    from toy import toy_host as make_toy_host
+
+    return make_toy_host(toy_settings)

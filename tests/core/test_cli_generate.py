@@ -1,0 +1,90 @@
+"""``omnicore generate`` and ``omnicore serve auto`` resolution, with the toy model on an isolated host."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omnicore.cli import generate_cmd, serve_cmd
+from omnicore.cli.main import main
+from omnicore.config import Settings
+from omnicore.engine.api import Engine
+
+
+@pytest.fixture
+def cli_host(monkeypatch, tmp_path):
+    """Route the CLI's host to an isolated one with the toy plugin, caching under tmp_path."""
+    from toy import toy_host
+
+    monkeypatch.setenv("OMNICORE_CACHE", str(tmp_path / "cache"))
+    hosts = []
+
+    def make_host(settings):
+        hosts.append(toy_host(settings))
+        return hosts[-1]
+
+    monkeypatch.setattr(generate_cmd, "make_host", make_host)
+    return hosts
+
+
+def test_generate_png_matches_the_engine(cli_host, tmp_path, capsys):
+    out = tmp_path / "out.png"
+    rc = main(["generate", "tiny:toy", "a tiny red house", "-o", str(out), "--seed", "5", "--steps", "3",
+               "--height", "48", "--width", "32"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert f"wrote {out}" in captured.out and "seed 5" in captured.out
+    assert "denoise step 3/3" in captured.err and "100% done" in captured.err
+    png = np.asarray(Image.open(out).convert("RGB"))
+    with Engine("tiny:toy", host=cli_host[0], settings=Settings(cache_dir=str(tmp_path / "cache"))) as engine:
+        [ref] = engine.generate("a tiny red house", seed=5, num_inference_steps=3, height=48, width=32)
+    assert np.array_equal(png, ref.frames[0])
+
+
+def test_generate_mp4_with_extra_and_no_progress(cli_host, tmp_path, capsys):
+    import av
+
+    out = tmp_path / "clip.mp4"
+    rc = main(["generate", "tiny:toy", "waves", "-o", str(out), "--num-frames", "4", "--fps", "8", "--seed", "1",
+               "--extra", "tag=\"x\"", "--no-progress"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "4 frames at 8 fps" in captured.out and captured.err == ""
+    with av.open(str(out)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 4
+
+
+def test_generate_reports_errors_with_exit_code_2(cli_host, tmp_path, capsys):
+    rc = main(["generate", "tiny:toy", "x", "-o", str(tmp_path / "a.png"), "--height", "36"])
+    assert rc == 2
+    assert "params.height" in capsys.readouterr().err
+    rc = main(["generate", "tiny:missing", "x", "-o", str(tmp_path / "a.png")])
+    assert rc == 2
+    assert "tiny:toy" in capsys.readouterr().err
+    assert main(["generate", "tiny:toy", "x", "-o", str(tmp_path / "a.png"), "--extra", "novalue"]) == 2
+
+
+def test_parse_extra():
+    assert generate_cmd.parse_extra(["a=1", "b=true", "c=hello", 'd={"x": [1]}']) == {
+        "a": 1, "b": True, "c": "hello", "d": {"x": [1]}}
+
+
+def test_serve_auto_without_model_plugin_exits_2(monkeypatch, tmp_path, capsys):
+    from omnicore.plugins.host import PluginHost
+
+    monkeypatch.setattr(generate_cmd, "make_host", lambda s: PluginHost(s, autoload=False))
+    assert main(["serve", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "no model plugin is installed" in err and "pip install -e plugins/lingbot" in err
+
+
+def test_serve_auto_prefers_lingbot_then_first_preset(toy_host):
+    import attrs
+    from toy import TOY_SPEC, ToyPlugin
+
+    assert serve_cmd.resolve_auto(toy_host) == "tiny:toy"
+    lingbot = attrs.evolve(TOY_SPEC, name="lingbot", aliases=(), detect=None,
+                           presets=(attrs.evolve(TOY_SPEC.presets[0], name="lingbot"),))
+    toy_host.add_plugin(ToyPlugin(lingbot), "lingbot")
+    assert serve_cmd.resolve_auto(toy_host) == "tiny:lingbot"
