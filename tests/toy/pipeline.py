@@ -165,6 +165,16 @@ class ToyPipeline(BasePipeline):
         cond, uncond = both[:n], both[n:]
         return uncond + g * (cond - uncond)
 
+    @property
+    def teacache_adapter(self) -> Any:
+        """TeaCache declaration: the "modulated input" is the latent scaled by the step's noise level."""
+        from omnicore.cache.teacache import TeaCacheAdapter
+
+        def extract(state: DenoiseState, step: int) -> torch.Tensor:
+            return state.latents * (1.0 + float(state.timesteps[step]))
+
+        return TeaCacheAdapter(extract=extract, coefficients=(1.0, 0.0), default_threshold=0.1)
+
     def update(self, state: DenoiseState, step: int, prediction: torch.Tensor) -> DenoiseState:
         dt = state.timesteps[step + 1] - state.timesteps[step]
         state.latents = state.latents + dt * prediction

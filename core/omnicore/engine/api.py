@@ -86,6 +86,8 @@ class Engine:
         options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),
                               attention=self._attention, offload=offload)
         self.pipeline = load_pipeline(self.resolved, options)
+        if getattr(self.pipeline, "host", None) is None:
+            self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
         self.cache_handles = [host.enable_cache(self.pipeline, spec, cfg)
                               for spec, (_, cfg) in zip(method_specs, methods)]
         caps = self.spec.capabilities
@@ -236,7 +238,14 @@ class Engine:
             job.cancel()
         if threading.current_thread() is not self._worker:
             self._worker.join(timeout)
-        return not self._worker.is_alive()
+        stopped = not self._worker.is_alive()
+        if stopped:  # cache methods leave the host's hooks with the engine that enabled them
+            handles, self.cache_handles = self.cache_handles, []
+            for handle in handles:
+                remove = getattr(handle, "remove", None)
+                if callable(remove):
+                    remove()
+        return stopped
 
     def __enter__(self) -> Engine:
         return self
