@@ -13,26 +13,28 @@ import attrs
 
 from ..config import Settings
 
+_CORE = Settings()
+
 
 @attrs.frozen
 class ServerSettings:
-    """Everything the HTTP layer needs to know; defaults follow serving-api.md §12."""
+    """Everything the HTTP layer needs to know. Defaults are the core settings' (config.OPTIONS, serving-api.md §12)."""
 
     state_dir: Path = attrs.field(converter=Path)
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = _CORE.host
+    port: int = _CORE.port
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    max_queued_jobs: int = 64
-    max_image_pixels: int = 4096 * 4096
-    max_input_image_pixels: int = 50_000_000
-    max_upload_bytes: int = 50 * 1024 * 1024
-    max_request_bytes: int = 200 * 1024 * 1024
-    max_prompt_chars: int = 32_768
-    heartbeat_interval_s: float = 5.0
-    cancel_wait_s: float = 30.0
-    shutdown_grace_s: float = 60.0
-    max_job_seconds: float = 0.0  # 0 = no operator deadline (there is never a default one)
-    job_ttl_s: float = 7 * 24 * 3600.0  # 0 = keep forever
+    max_queued_jobs: int = _CORE.max_queued_jobs
+    max_image_pixels: int = _CORE.max_image_pixels
+    max_input_image_pixels: int = _CORE.max_input_image_pixels
+    max_upload_bytes: int = _CORE.max_upload_bytes
+    max_request_bytes: int = _CORE.max_request_bytes
+    max_prompt_chars: int = _CORE.max_prompt_chars
+    heartbeat_interval_s: float = _CORE.heartbeat_interval_s
+    cancel_wait_s: float = _CORE.cancel_wait_s
+    shutdown_grace_s: float = _CORE.shutdown_grace_s
+    max_job_seconds: float = _CORE.max_job_seconds  # 0 = no operator deadline (there is never a default one)
+    job_ttl_s: float = _CORE.job_ttl_s  # 0 = keep forever
     cors_origins: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 

@@ -1,0 +1,270 @@
+"""``LingBotPipeline``: the omnicore pipeline protocol for LingBot-Video (models.md §2.3).
+
+Per batch of requests with equal batch keys: ``encode`` builds text embeddings, the TI2V clean latents and
+the initial noise (one generator per request, seeded with the request's seed), ``predict`` runs the DiT with
+classifier-free guidance (none, two sequential forwards, or one packed B=2N forward with ``batch_cfg``),
+``update`` takes a FlowUniPC step, ``decode`` runs the VAE. For TI2V the clean first latent frame is written
+back before every DiT call and after every scheduler step, so it survives every CFG mode and step caches.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
+from omnicore.engine.request import MAX_SEED, GenerationRequest
+from omnicore.hooks import hook_context
+from omnicore.outputs.output import Output
+from omnicore.specs import AttentionRequirement
+
+from .image_condition import align_image, apply_clean_prefix, load_image
+from .loader import CheckpointError, load_transformer, read_json
+from .plugin import MODEL_SPEC
+from .request_rules import resolve_request
+from .scheduler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
+from .text_encoder import LingBotTextEncoder
+from .vae import LingBotVAE
+
+
+def pad_embeddings(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``[L_i, D]`` rows to ``[N, max L, D]`` with a boolean mask (True = real token)."""
+    longest = max(r.shape[0] for r in rows)
+    out = rows[0].new_zeros(len(rows), longest, rows[0].shape[-1])
+    mask = torch.zeros(len(rows), longest, dtype=torch.bool, device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+        mask[i, : r.shape[0]] = True
+    return out, mask
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class LingBotPipeline(BasePipeline):
+    """Loads a LingBot repository and generates images (T2I) or videos (T2V, TI2V)."""
+
+    spec = MODEL_SPEC
+
+    def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
+                 scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
+                 path: Path | None = None) -> None:
+        self.transformer = transformer
+        self.text_encoder = text_encoder
+        self.vae = vae
+        self.scheduler_config = scheduler_config
+        self.device = device
+        self.dtype = dtype
+        self.path = path
+        self.forward_calls = 0  # DiT forwards since load (tests and metrics read it)
+
+    # ------------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: Path | str, options: LoadOptions) -> LingBotPipeline:
+        root = Path(path)
+        read_json(root / "model_index.json")  # a clear error when this is not a repository at all
+        for part in ("transformer", "text_encoder", "processor", "vae"):
+            if not (root / part).is_dir():
+                raise CheckpointError(root, f"missing the {part}/ folder")
+        device = options.platform.device()
+        dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
+        attention = None
+        if options.attention is not None:
+            cfg = read_json(root / "transformer" / "config.json")
+            head_dim = int(cfg.get("hidden_size", 2048)) // int(cfg.get("num_attention_heads", 16))
+            attention = options.attention(AttentionRequirement(
+                platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim, packed_varlen=True))
+        transformer = load_transformer(root / "transformer", device=device, dtype=dtype, attention=attention)
+        text_encoder = LingBotTextEncoder.from_pretrained(root / "text_encoder", root / "processor",
+                                                          device=device, dtype=dtype)
+        vae = LingBotVAE.from_pretrained(root / "vae", device=device)
+        scheduler_config = read_scheduler_config(root / "scheduler" / "scheduler_config.json")
+        return cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root)
+
+    # ------------------------------------------------------------------------------------------ admission
+    def preprocess(self, request: GenerationRequest) -> GenerationRequest:
+        """Apply every request rule once, fill defaults, load the reference image; returns a prepared copy."""
+        if request.prepared:
+            return request
+        resolved = resolve_request(
+            prompt=request.prompt, negative_prompt=request.negative_prompt, modalities=request.modalities,
+            num_images=len(request.images), num_videos=len(request.videos), num_audios=len(request.audios),
+            params=request.params, extra=request.extra,
+        )
+        images = tuple(load_image(img, i) for i, img in enumerate(request.images))
+        seed = request.params.seed if request.params.seed is not None else random.randint(0, MAX_SEED)
+        params = request.params.with_defaults(
+            self.spec.defaults, height=resolved.height, width=resolved.width, num_frames=resolved.num_frames,
+            fps=resolved.fps, flow_shift=resolved.shift, seed=seed,
+            output_type="image" if resolved.mode == "t2i" else "video",
+        )
+        extra = {
+            "mode": resolved.mode,
+            "batch_cfg": resolved.batch_cfg,
+            "null_cond_clone_zero": resolved.null_cond_clone_zero,
+            "t_thresh": resolved.low_noise.threshold,
+            "base_sigma_tail_steps": resolved.low_noise.tail_steps,
+        }
+        return request.evolve(
+            prompt=resolved.caption, negative_prompt=resolved.negative_prompt, images=images, params=params,
+            modalities=("image",) if resolved.mode == "t2i" else ("video",), extra=extra, prepared=True,
+        )
+
+    def batch_key(self, request: GenerationRequest) -> Hashable:
+        ex = request.extra
+        return (request.batch_key(), ex.get("mode"), ex.get("batch_cfg"), ex.get("null_cond_clone_zero"),
+                ex.get("t_thresh"), ex.get("base_sigma_tail_steps"))
+
+    # ------------------------------------------------------------------------------------------ encode
+    def _sigmas(self, request: GenerationRequest) -> np.ndarray:
+        p, ex = request.params, request.extra
+        if ex.get("t_thresh") is not None:
+            return low_noise_sigmas(p.num_inference_steps, p.flow_shift, ex["t_thresh"], ex["base_sigma_tail_steps"])
+        return base_sigmas(p.num_inference_steps, p.flow_shift)
+
+    @torch.no_grad()
+    def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
+        reqs = list(requests)
+        if not reqs:
+            raise ValueError("encode() needs at least one request")
+        if not all(r.prepared for r in reqs):
+            raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
+        if len({self.batch_key(r) for r in reqs}) != 1:
+            raise ValueError("requests in one batch must share a batch key")
+        first = reqs[0]
+        p, mode = first.params, first.extra["mode"]
+        latent_shape = (1, self.vae.z_dim, (p.num_frames - 1) // 4 + 1, p.height // 8, p.width // 8)
+        use_cfg = p.guidance_scale > 1.0
+        generators = [torch.Generator(device=self.device).manual_seed(r.params.seed) for r in reqs]
+
+        pixels: list[torch.Tensor | None] = [None] * len(reqs)
+        clean = None
+        if mode == "ti2v":
+            pixels = [align_image(r.images[0], p.height, p.width) for r in reqs]
+            # the posterior sample comes first from each request's generator (keeps the official RNG order)
+            clean = torch.cat([self.vae.encode(px, g) for px, g in zip(pixels, generators)]).to(self.device)
+        noise = torch.cat([torch.randn(latent_shape, generator=g, device=self.device, dtype=torch.float32)
+                           for g in generators])
+        if clean is not None:
+            apply_clean_prefix(noise, clean)
+
+        cond_rows = [self.text_encoder.encode(r.prompt, px) for r, px in zip(reqs, pixels)]
+        extras: dict[str, Any] = {"mode": mode, "clean": clean, "guidance": float(p.guidance_scale),
+                                  "use_cfg": use_cfg, "batch_cfg": bool(first.extra["batch_cfg"]) and use_cfg}
+        uncond_rows: list[torch.Tensor] = []
+        if use_cfg:
+            if first.extra["null_cond_clone_zero"]:
+                uncond_rows = [torch.zeros_like(row) for row in cond_rows]
+            else:
+                # an explicitly empty negative prompt still goes through the template (empty user turn)
+                uncond_rows = [self.text_encoder.encode(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
+        self._set_text(extras, cond_rows, uncond_rows)
+
+        scheduler = make_scheduler(self.scheduler_config, self._sigmas(first))
+        extras["scheduler"] = scheduler
+        return DenoiseState(requests=reqs, num_steps=len(scheduler.timesteps), latents=noise,
+                            timesteps=scheduler.timesteps, extras=extras)
+
+    @staticmethod
+    def _set_text(extras: dict[str, Any], cond_rows: list[torch.Tensor], uncond_rows: list[torch.Tensor]) -> None:
+        """Padded text batches for each CFG mode (built once per batch, reused every step)."""
+        extras["cond_rows"], extras["uncond_rows"] = cond_rows, uncond_rows
+        extras["cond"] = pad_embeddings(cond_rows)
+        if uncond_rows:
+            extras["uncond"] = pad_embeddings(uncond_rows)
+            if extras["batch_cfg"]:
+                # [positive_1..N ; negative_1..N], right-padded to the longest row
+                extras["pair"] = pad_embeddings(cond_rows + uncond_rows)
+
+    def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
+        """Drop cancelled requests from a running batch: slice latents, clean prefixes, text and the sampler's
+        multistep history (all batch-first), so the survivors continue exactly as before."""
+        idx = list(keep)
+        if not idx:
+            return None
+        ex = state.extras
+        index = torch.tensor(idx, device=state.latents.device)
+        state.requests = [state.requests[i] for i in idx]
+        state.latents = state.latents[index]
+        if ex["clean"] is not None:
+            ex["clean"] = ex["clean"][index]
+        self._set_text(ex, [ex["cond_rows"][i] for i in idx], [ex["uncond_rows"][i] for i in idx] if
+                       ex["uncond_rows"] else [])
+        scheduler = ex["scheduler"]
+        scheduler.model_outputs = [None if m is None else m[index] for m in scheduler.model_outputs]
+        if scheduler.last_sample is not None:
+            scheduler.last_sample = scheduler.last_sample[index]
+        return state
+
+    # ------------------------------------------------------------------------------------------ denoise
+    @property
+    def block_loop(self) -> Any:
+        """The DiT's block loop for block-level caches (first-block cache): each block takes and returns the
+        packed joint hidden stream as its first argument."""
+        from omnicore.cache import BlockLoop
+
+        return BlockLoop(blocks="transformer.blocks", streams=("hidden_states",))
+
+    def _forward(self, branch: str, latents: torch.Tensor, timestep: torch.Tensor,
+                 text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One DiT call; ``branch`` names it ("cond", "uncond", "cfg") for per-branch cache state."""
+        embeds, mask = text
+        self.forward_calls += 1
+        with hook_context(branch):
+            out = self.transformer(
+                hidden_states=latents.to(self.dtype),
+                timestep=timestep,
+                encoder_hidden_states=embeds.to(self.device, self.dtype),
+                encoder_attention_mask=mask.to(self.device),
+            )
+        return out.float()
+
+    @torch.no_grad()
+    def predict(self, state: DenoiseState, step: int) -> torch.Tensor:
+        """The guided velocity ``v_u + g * (v_c - v_u)`` for the current latents (``v_c`` alone without CFG)."""
+        ex = state.extras
+        latents = state.latents
+        if ex["clean"] is not None:
+            apply_clean_prefix(latents, ex["clean"])
+        n = latents.shape[0]
+        t = model_timestep(state.timesteps[step]).to(self.device).expand(n)
+        if not ex["use_cfg"]:
+            return self._forward("cond", latents, t, ex["cond"])
+        if ex["batch_cfg"]:
+            both = self._forward("cfg", torch.cat([latents, latents]), torch.cat([t, t]), ex["pair"])
+            v_cond, v_uncond = both[:n], both[n:]
+        else:
+            v_cond = self._forward("cond", latents, t, ex["cond"])
+            v_uncond = self._forward("uncond", latents, t, ex["uncond"])
+        return v_uncond + ex["guidance"] * (v_cond - v_uncond)
+
+    @torch.no_grad()
+    def update(self, state: DenoiseState, step: int, prediction: torch.Tensor) -> DenoiseState:
+        ex = state.extras
+        state.latents = ex["scheduler"].step(prediction, state.timesteps[step], state.latents).prev_sample
+        if ex["clean"] is not None:
+            apply_clean_prefix(state.latents, ex["clean"])
+        state.step_index = step + 1
+        return state
+
+    # ------------------------------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode(self, state: DenoiseState) -> list[Output]:
+        """One output per request: an image (one frame) for T2I, else a video at the request's fps."""
+        outputs = []
+        image = state.extras["mode"] == "t2i"
+        for i, request in enumerate(state.requests):
+            frames = self.vae.decode(state.latents[i: i + 1])[0]  # [F, H, W, 3] in [0, 1]
+            pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+            outputs.append(Output(
+                kind="image" if image else "video", frames=pixels, fps=None if image else request.params.fps,
+                request_id=request.request_id, index=0, seed=request.params.seed,
+            ))
+        return outputs
+

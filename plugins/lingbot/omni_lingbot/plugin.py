@@ -1,0 +1,64 @@
+"""Entry-point module (``[project.entry-points.omnicore] lingbot``): registers the ``lingbot`` model spec.
+
+Must import quickly and never import torch: everything heavy is named by a lazy ``"module:attr"`` path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omnicore.hookspecs import hookimpl
+from omnicore.specs import ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults
+
+from . import __version__
+from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
+
+CAPABILITIES = ModelCapabilities(
+    modes=("t2i", "t2v", "ti2v"),
+    outputs=("image", "video"),
+    max_reference_images=1,
+    supports_batching=True,
+    max_outputs_per_request=1,
+    cache_methods=("first_block_cache",),  # teacache needs per-model coefficients LingBot does not publish
+    needs_packed_varlen=False,
+)
+
+DEFAULTS = RequestDefaults(
+    height=480,
+    width=480,
+    num_frames=81,
+    fps=24.0,
+    num_inference_steps=40,
+    guidance_scale=6.0,
+    flow_shift=3.0,
+    negative_prompt=None,  # the default depends on the mode (video vs image); see omni_lingbot.prompts
+)
+
+PRESETS = (
+    PresetSpec(name="tiny:lingbot", builder="omni_lingbot.presets:build_tiny_lingbot",
+               description="random-weight dense LingBot (hidden 64, 2 blocks, tiny Qwen3-VL and Wan VAE)"),
+    PresetSpec(name="tiny:lingbot-moe", builder="omni_lingbot.presets:build_tiny_lingbot_moe",
+               description="random-weight LingBot with block 1 a grouped top-2 MoE"),
+)
+
+MODEL_SPEC = ModelSpec(
+    name="lingbot",
+    impl="omni_lingbot.pipeline:LingBotPipeline",
+    description="LingBot-Video dense and MoE: text-to-image, text-to-video, image-to-video",
+    aliases=(PIPELINE_CLASS.lower(), TRANSFORMER_CLASS.lower()),
+    detect="omni_lingbot.detect:detect",
+    capabilities=CAPABILITIES,
+    defaults=DEFAULTS,
+    presets=PRESETS,
+)
+
+
+def plugin_info() -> dict[str, Any]:
+    return {"kind": "model", "api": ">=1.0,<2", "version": __version__, "models": [MODEL_SPEC.name],
+            "presets": [p.name for p in PRESETS]}
+
+
+@hookimpl
+def omnicore_register_models(register: Callable[[ModelSpec], None]) -> None:
+    register(MODEL_SPEC)

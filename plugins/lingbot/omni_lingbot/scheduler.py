@@ -1,0 +1,102 @@
+"""The FlowUniPC sampler of models.md §2.5, on top of diffusers' ``UniPCMultistepScheduler``.
+
+diffusers' flow-sigma grid is ``linspace(1, 1/1000, N+1)[:-1]`` (and nudges a leading 1.0 by 1e-6); LingBot's
+is ``linspace(sigma_max=0.999, sigma_min=0, N+1)[:-1]``, so the default grid differs. Everything else is the
+same math (x0 = sample - sigma * v, UniPC-bh2 predictor-corrector, lower-order final, final sigma 0, int64
+timesteps by truncation), so we compute the sigma grid ourselves and hand it to diffusers with
+``flow_shift=1`` (which makes diffusers' own shift the identity).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NUM_TRAIN_TIMESTEPS = 1000
+
+#: The values §2.5 fixes; a checkpoint's scheduler_config.json may not override them.
+_FORCED = {
+    "use_flow_sigmas": True,
+    "prediction_type": "flow_prediction",
+    "flow_shift": 1.0,
+    "use_dynamic_shifting": False,
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+    "final_sigmas_type": "zero",
+}
+_DEFAULTS = {
+    "num_train_timesteps": NUM_TRAIN_TIMESTEPS,
+    "solver_order": 2,
+    "predict_x0": True,
+    "solver_type": "bh2",
+    "lower_order_final": True,
+}
+
+
+def sigma_bounds(num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> tuple[float, float]:
+    """Training sigmas are ``1 - linspace(1, 1/T, T)[::-1]``: max ``1 - 1/T`` (0.999), min 0."""
+    train = 1.0 - np.linspace(1.0, 1.0 / num_train_timesteps, num_train_timesteps)[::-1]
+    return float(train.max()), float(train.min())
+
+
+def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
+    """The flow shift ``s*b / (1 + (s-1)*b)`` (models.md §0.1)."""
+    return shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
+
+
+def base_sigmas(num_steps: int, shift: float, num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> np.ndarray:
+    """The shifted schedule of ``num_steps`` sigmas (final 0 not included)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    hi, lo = sigma_bounds(num_train_timesteps)
+    return shift_sigmas(np.linspace(hi, lo, num_steps + 1)[:-1], shift)
+
+
+def low_noise_sigmas(
+    num_steps: int, shift: float, threshold: float, tail_steps: int,
+    num_train_timesteps: int = NUM_TRAIN_TIMESTEPS,
+) -> np.ndarray:
+    """The refiner-style schedule: the shifted grid cut at ``threshold`` plus ``tail_steps`` extra points.
+
+    Keeps sigmas ``<= threshold (+1e-6)``, puts ``threshold`` first when the cut missed it, then appends
+    ``tail_steps`` points spaced evenly between the last kept sigma and ``min(sigma_min, last)``.
+    """
+    _, lo = sigma_bounds(num_train_timesteps)
+    full = base_sigmas(num_steps, shift, num_train_timesteps)
+    kept = [float(s) for s in full if s <= threshold + 1e-6]
+    if not kept or abs(kept[0] - threshold) > 1e-6:
+        kept.insert(0, float(threshold))
+    last = kept[-1]
+    tail = np.linspace(last, min(lo, last), tail_steps + 2)[1:-1] if tail_steps > 0 else np.zeros(0)
+    return np.asarray(kept + [float(t) for t in tail], dtype=np.float64)
+
+
+def read_scheduler_config(path: Path | None) -> dict[str, Any]:
+    """``scheduler_config.json`` with §2.5's fixed values applied on top (unknown keys are left to diffusers)."""
+    config = dict(_DEFAULTS)
+    if path is not None and path.is_file():
+        raw = json.loads(path.read_text())
+        config.update({k: v for k, v in raw.items() if not k.startswith("_") and k != "shift"})
+    config.update(_FORCED)
+    return config
+
+
+def make_scheduler(config: dict[str, Any], sigmas: np.ndarray) -> Any:
+    """A fresh diffusers UniPC scheduler (per batch: it keeps multistep history) set to ``sigmas``."""
+    from diffusers import UniPCMultistepScheduler
+
+    scheduler = UniPCMultistepScheduler.from_config(config)
+    scheduler.set_timesteps(sigmas=np.asarray(sigmas, dtype=np.float64).copy())
+    return scheduler
+
+
+def model_timestep(timestep: Any) -> Any:
+    """The DiT input for a scheduler timestep: sigma rounded to bf16, times 1000 (models.md §2.3.5)."""
+    import torch
+
+    t = torch.as_tensor(timestep, dtype=torch.float32)
+    return (t / NUM_TRAIN_TIMESTEPS).to(torch.bfloat16).to(torch.float32) * NUM_TRAIN_TIMESTEPS

@@ -1,0 +1,22 @@
+"""Dense SwiGLU feed-forward (``down_proj(silu(gate_proj(x)) * up_proj(x))``, no biases; models.md §2.4)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .embeddings import linear
+
+
+class SwiGLUFeedForward(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        del token_mask  # dense FFN is per token; padding rows are dropped by the caller
+        x = x.to(self.gate_proj.weight.dtype)
+        return linear(self.down_proj, F.silu(self.gate_proj(x)) * self.up_proj(x))

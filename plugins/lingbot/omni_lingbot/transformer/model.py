@@ -1,0 +1,151 @@
+"""``LingBotVideoTransformer3DModel``: the LingBot-Video DiT on packed joint sequences (models.md §2.4, §2.6).
+
+One forward handles any batch as a single packed sequence: sample ``i`` is the document
+``[video_i ; text_i (real tokens only)]``; attention isolates documents through ``cu_seqlens`` so batch CFG
+([cond, uncond] with different text lengths) costs one pass and never builds an O(S^2) mask, and a padded text
+batch of one is exactly the unpadded one. Parameter names equal the diffusers checkpoint's, so its state dict
+loads with ``strict=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from omnicore.attention.reference import sdpa_attention
+
+from .attention import AttentionFn
+from .block import LingBotBlock
+from .config import LingBotTransformerConfig
+from .embeddings import TextEmbedder, TimestepEmbedding, linear, patchify, sinusoidal_timestep_embedding, unpatchify
+from .layout import JointLayout
+from .norm import FP32LayerNorm
+from .rope import LingBotRotaryEmbedding
+
+#: Name segments of parameters/buffers kept in fp32 when the model runs in bf16 (models.md §2.4; ``router``
+#: covers the MoE gate weight and ``e_score_correction_bias``).
+KEEP_FP32_MODULES: tuple[str, ...] = (
+    "time_embedder", "time_modulation", "scale_shift_table", "norm", "norm1", "norm2", "norm_q", "norm_k",
+    "norm_post_attn", "norm_post_ffn", "norm_out", "norm_out_modulation", "router",
+)
+
+
+def is_fp32_kept(name: str, keep: Iterable[str] = KEEP_FP32_MODULES) -> bool:
+    """Whether the parameter/buffer ``name`` (dotted) stays fp32 under the model's dtype policy."""
+    return not set(name.split(".")).isdisjoint(keep)
+
+
+def cast_keeping_fp32(model: nn.Module, dtype: torch.dtype, keep: Iterable[str] = KEEP_FP32_MODULES) -> nn.Module:
+    """Cast floating parameters/buffers to ``dtype`` except the fp32-kept ones (in place; returns ``model``)."""
+    keep = tuple(keep)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.to(torch.float32 if is_fp32_kept(name, keep) else dtype)
+    return model
+
+
+class LingBotVideoTransformer3DModel(nn.Module):
+    """The LingBot-Video DiT. ``attention`` follows ``omnicore.attention.reference.sdpa_attention`` (packed mode)."""
+
+    keep_fp32_modules: tuple[str, ...] = KEEP_FP32_MODULES
+
+    def __init__(self, config: LingBotTransformerConfig, attention: AttentionFn | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.attention: AttentionFn = attention or sdpa_attention
+        hidden = config.hidden_size
+        self.patch_embedder = nn.Linear(config.patch_volume * config.in_channels, hidden, bias=config.patch_embed_bias)
+        self.time_embedder = TimestepEmbedding(config.freq_dim, hidden, bias=config.timestep_mlp_bias)
+        self.time_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 6 * hidden))
+        self.text_embedder = TextEmbedder(config.text_dim, hidden, config.norm_eps)
+        self.rope = LingBotRotaryEmbedding(config.axes_dims, config.axes_lens, config.rope_theta)
+        self.blocks = nn.ModuleList(LingBotBlock(config, i) for i in range(config.depth))
+        self.norm_out = FP32LayerNorm(hidden, eps=config.norm_eps, elementwise_affine=False)
+        self.norm_out_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden))
+        self.proj_out = nn.Linear(hidden, config.patch_volume * config.out_channels)
+
+    # ------------------------------------------------------------------ dtype policy
+    def cast(self, dtype: torch.dtype) -> LingBotVideoTransformer3DModel:
+        """Cast to ``dtype`` keeping :attr:`keep_fp32_modules` in fp32 (what the loader calls for bf16)."""
+        cast_keeping_fp32(self, dtype, self.keep_fp32_modules)
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
+        """``timestep [B]`` (sigma*1000) -> ``t_emb [B, H]`` fp32."""
+        return self.time_embedder(sinusoidal_timestep_embedding(timestep, self.config.freq_dim))
+
+    def build_layout(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        text_len: int,
+        pad_to_multiple: int = 1,
+    ) -> JointLayout:
+        """Packed metadata for a latent batch and its text mask (the part a pipeline may cache per request)."""
+        b, _, f, h, w = hidden_states.shape
+        pf, ph, pw = self.config.patch_size
+        if f % pf or h % ph or w % pw:
+            raise ValueError(f"latent (F={f}, H={h}, W={w}) is not divisible by patch_size {self.config.patch_size}")
+        if encoder_attention_mask is None:
+            lengths = [text_len] * b
+        else:
+            lengths = [int(n) for n in encoder_attention_mask.to(torch.bool).sum(dim=1).tolist()]
+        return JointLayout.build((f // pf, h // ph, w // pw), lengths, hidden_states.device, pad_to_multiple)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        *,
+        pad_to_multiple: int = 1,
+    ) -> torch.Tensor:
+        """Predict the flow velocity ``[B, out_channels, F, H, W]``.
+
+        ``hidden_states [B, C, F, H, W]`` latents, ``timestep [B]`` (or a scalar) = sigma*1000,
+        ``encoder_hidden_states [B, L, text_dim]``, ``encoder_attention_mask [B, L]`` (True = real token; padding
+        tokens are dropped, wherever they sit). ``pad_to_multiple`` pads the packed sequence with rows that attend
+        nowhere and get no routed MoE output (static shapes for kernels); the result does not depend on it.
+        """
+        cfg = self.config
+        if hidden_states.dim() != 5 or hidden_states.shape[1] != cfg.in_channels:
+            raise ValueError(f"hidden_states must be [B, {cfg.in_channels}, F, H, W], got {tuple(hidden_states.shape)}")
+        b = hidden_states.shape[0]
+        if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[0] != b \
+                or encoder_hidden_states.shape[2] != cfg.text_dim:
+            raise ValueError(f"encoder_hidden_states must be [{b}, L, {cfg.text_dim}], "
+                             f"got {tuple(encoder_hidden_states.shape)}")
+        if encoder_attention_mask is not None and encoder_attention_mask.shape != encoder_hidden_states.shape[:2]:
+            raise ValueError(f"encoder_attention_mask must be {tuple(encoder_hidden_states.shape[:2])}, "
+                             f"got {tuple(encoder_attention_mask.shape)}")
+        timestep = torch.as_tensor(timestep, device=hidden_states.device).reshape(-1)
+        if timestep.numel() == 1 and b > 1:
+            timestep = timestep.expand(b)
+        if timestep.numel() != b:
+            raise ValueError(f"timestep must have {b} entries (one per sample), got {timestep.numel()}")
+
+        layout = self.build_layout(hidden_states, encoder_attention_mask, encoder_hidden_states.shape[1],
+                                   pad_to_multiple)
+        video = linear(self.patch_embedder, patchify(hidden_states, cfg.patch_size)).float()
+        if encoder_attention_mask is None:
+            real_text = encoder_hidden_states.reshape(-1, cfg.text_dim)
+        else:
+            real_text = encoder_hidden_states[encoder_attention_mask.to(torch.bool)]
+        texts = self.text_embedder(real_text).float().split(list(layout.text_lengths), dim=0)
+
+        t_emb = self.time_embedding(timestep)
+        temb6 = linear(self.time_modulation[1], self.time_modulation[0](t_emb)).float()
+        x = layout.pack(video, texts)
+        freqs = self.rope(layout.positions)
+        for block in self.blocks:
+            x = block(x, temb6, layout, freqs, self.attention)
+
+        shift, scale = linear(self.norm_out_modulation[1], self.norm_out_modulation[0](t_emb)).float().chunk(2, dim=-1)
+        vid = layout.video_rows(x)  # [B, Nv, H]
+        vid = self.norm_out(vid) * (1 + scale[:, None]) + shift[:, None]
+        out = linear(self.proj_out, vid)
+        return unpatchify(out, layout.grid, cfg.patch_size).to(hidden_states.dtype)

@@ -1,0 +1,54 @@
+"""The Wan 2.1 VAE (diffusers ``AutoencoderKLWan``) with LingBot's latent normalisation (models.md §2.3).
+
+Latents the DiT sees are ``(z - mean) / std`` per channel; decoding undoes that. Pixels are [-1, 1] for the
+VAE and [0, 1] everywhere else in the plugin.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class LingBotVAE:
+    """Encode an aligned reference frame to a clean latent; decode latents to [0, 1] frames."""
+
+    spatial_ratio = 8
+    temporal_ratio = 4
+
+    def __init__(self, vae: Any) -> None:
+        self.vae = vae
+        cfg = vae.config
+        z = int(cfg.z_dim)
+        mean = cfg.latents_mean if cfg.latents_mean is not None else [0.0] * z
+        std = cfg.latents_std if cfg.latents_std is not None else [1.0] * z
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, z, 1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, z, 1, 1, 1)
+        self.z_dim = z
+
+    @classmethod
+    def from_pretrained(cls, vae_dir: Path, *, device: torch.device) -> LingBotVAE:
+        from diffusers import AutoencoderKLWan
+
+        vae = AutoencoderKLWan.from_pretrained(str(vae_dir), torch_dtype=torch.float32, low_cpu_mem_usage=False)
+        return cls(vae.to(device).eval().requires_grad_(False))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.vae.parameters()).device
+
+    @torch.no_grad()
+    def encode(self, pixels: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """``[B, 3, T, H, W]`` in [0, 1] → normalised latents (posterior *sampled* with ``generator``)."""
+        x = (pixels.to(self.device, torch.float32) - 0.5) / 0.5
+        z = self.vae.encode(x).latent_dist.sample(generator=generator).float()
+        return (z - self.mean.to(z.device)) / self.std.to(z.device)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised latents ``[B, C, t, h, w]`` → frames ``[B, T, H, W, 3]`` float32 in [0, 1]."""
+        z = latents.to(self.device, torch.float32) * self.std.to(self.device) + self.mean.to(self.device)
+        video = self.vae.decode(z).sample.float().clamp(-1.0, 1.0)
+        return ((video + 1.0) / 2.0).permute(0, 2, 3, 4, 1).contiguous()
