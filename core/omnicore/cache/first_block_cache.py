@@ -19,7 +19,6 @@ calls the transformer more than once per step (CFG branches) should name each ca
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -43,6 +42,17 @@ class BlockLoop:
 
     blocks: str
     streams: tuple[str, ...] = ("hidden_states",)
+
+    def resolve(self, pipeline: Any) -> list[Any]:
+        """The block modules this loop names on ``pipeline`` (``ConfigError`` when the path is wrong)."""
+        try:
+            blocks = operator.attrgetter(self.blocks)(pipeline)
+        except AttributeError:
+            raise ConfigError("block_loop.blocks", f"{self.blocks!r} does not name an attribute of "
+                                                   f"{type(pipeline).__name__}") from None
+        if not hasattr(blocks, "__getitem__") or not hasattr(blocks, "__len__"):
+            raise ConfigError("block_loop.blocks", f"{self.blocks!r} is not a sequence of blocks")
+        return list(blocks)
 
 
 @attrs.define(kw_only=True)
@@ -143,15 +153,11 @@ class FirstBlockCache(StepCache):
         if not isinstance(loop, BlockLoop):
             raise UnsupportedFeature(METHOD_NAME, f"{type(pipeline).__name__} declares no BlockLoop "
                                                   f"(pipeline.block_loop)")
-        try:
-            blocks = operator.attrgetter(loop.blocks)(pipeline)
-        except AttributeError:
-            raise ConfigError("block_loop.blocks", f"{loop.blocks!r} does not name an attribute of "
-                                                   f"{type(pipeline).__name__}") from None
-        if not isinstance(blocks, Sequence) and not hasattr(blocks, "__getitem__") or len(blocks) < 2:
+        blocks = loop.resolve(pipeline)
+        if len(blocks) < 2:
             raise UnsupportedFeature(METHOD_NAME, f"{loop.blocks!r} must hold at least two blocks")
         self.loop = loop
-        self.blocks = list(blocks)
+        self.blocks = blocks
         self._branches = StateManager(_BranchState)
         self.branch: _BranchState | None = None
         self.current_step: int | None = None

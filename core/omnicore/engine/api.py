@@ -23,6 +23,7 @@ from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError
 from .jobs import Job, Listener
 from .loading import ResolvedModel, load_pipeline, resolve_model
+from .offloading import apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
 from .protocol import LoadOptions
 from .request import GenerationRequest, SamplingParams
@@ -88,6 +89,7 @@ class Engine:
         self.pipeline = load_pipeline(self.resolved, options)
         if getattr(self.pipeline, "host", None) is None:
             self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
+        self.offload_handles = apply_offload(self.pipeline, offload, self.platform.device())
         self.cache_handles = [host.enable_cache(self.pipeline, spec, cfg)
                               for spec, (_, cfg) in zip(method_specs, methods)]
         caps = self.spec.capabilities
@@ -240,7 +242,8 @@ class Engine:
             self._worker.join(timeout)
         stopped = not self._worker.is_alive()
         if stopped:  # cache methods leave the host's hooks with the engine that enabled them
-            handles, self.cache_handles = self.cache_handles, []
+            handles, self.cache_handles = self.cache_handles + self.offload_handles, []
+            self.offload_handles = []
             for handle in handles:
                 remove = getattr(handle, "remove", None)
                 if callable(remove):

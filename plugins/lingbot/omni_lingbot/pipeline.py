@@ -211,6 +211,12 @@ class LingBotPipeline(BasePipeline):
 
         return BlockLoop(blocks="transformer.blocks", streams=("hidden_states",))
 
+    @property
+    def offload_modules(self) -> dict[str, Any]:
+        """Modules entered through ``forward`` (model-level offload). The VAE is entered through encode/decode
+        and stays resident."""
+        return {"transformer": self.transformer, "text_encoder": self.text_encoder.model}
+
     def _forward(self, branch: str, latents: torch.Tensor, timestep: torch.Tensor,
                  text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """One DiT call; ``branch`` names it ("cond", "uncond", "cfg") for per-branch cache state."""
