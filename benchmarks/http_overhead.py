@@ -122,7 +122,10 @@ def main() -> None:
                         acc.append(time.perf_counter() - t)
                 d50, h50 = _p50(d_s), _p50(h_s)
                 print(json.dumps({
-                    "case": case["name"], "iters": args.iters, "direct_p50_ms": round(d50, 3),
+                    "benchmark": "http_overhead", "case": case["name"], "arm_a": "http", "arm_b": "direct_engine",
+                    "a_median_s": round(h50 / 1000.0, 6), "b_median_s": round(d50 / 1000.0, 6),
+                    "ratio": round(h50 / d50, 3), "goal": "overhead_p50_ms <= 10", "met": h50 - d50 <= 10.0,
+                    "iters": args.iters, "direct_p50_ms": round(d50, 3),
                     "http_p50_ms": round(h50, 3), "overhead_p50_ms": round(h50 - d50, 3),
                     "ratio_http_over_direct": round(h50 / d50, 3), "goal_overhead_ms": 10.0,
                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
