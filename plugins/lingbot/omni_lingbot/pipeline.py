@@ -62,7 +62,6 @@ class LingBotPipeline(BasePipeline):
         self.device = device
         self.dtype = dtype
         self.path = path
-        self.forward_calls = 0  # DiT forwards since load (tests and metrics read it)
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -139,7 +138,9 @@ class LingBotPipeline(BasePipeline):
             raise ValueError("requests in one batch must share a batch key")
         first = reqs[0]
         p, mode = first.params, first.extra["mode"]
-        latent_shape = (1, self.vae.z_dim, (p.num_frames - 1) // 4 + 1, p.height // 8, p.width // 8)
+        vae = self.vae
+        latent_shape = (1, vae.z_dim, (p.num_frames - 1) // vae.temporal_ratio + 1, p.height // vae.spatial_ratio,
+                        p.width // vae.spatial_ratio)
         use_cfg = p.guidance_scale > 1.0
         generators = [torch.Generator(device=self.device).manual_seed(r.params.seed) for r in reqs]
 
@@ -221,7 +222,6 @@ class LingBotPipeline(BasePipeline):
                  text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """One DiT call; ``branch`` names it ("cond", "uncond", "cfg") for per-branch cache state."""
         embeds, mask = text
-        self.forward_calls += 1
         with hook_context(branch):
             out = self.transformer(
                 hidden_states=latents.to(self.dtype),

@@ -21,7 +21,7 @@ CAPABILITIES = ModelCapabilities(
     supports_batching=True,
     max_outputs_per_request=1,
     cache_methods=("first_block_cache",),  # teacache needs per-model coefficients LingBot does not publish
-    needs_packed_varlen=False,
+    needs_packed_varlen=True,  # the DiT's attention takes cu_seqlens documents (batch CFG, batched requests)
 )
 
 DEFAULTS = RequestDefaults(

@@ -18,7 +18,6 @@ from omnicore.errors import InvalidRequest
 
 from .prompts import compact_json, default_negative_prompt
 
-MODES = ("t2i", "t2v", "ti2v")
 DEFAULT_NUM_FRAMES = 81
 DEFAULT_FPS = 24.0
 DEFAULT_HEIGHT = 480
@@ -155,20 +154,25 @@ def frames_from_duration(duration: Any, fps: Any, *, field: str = "duration") ->
     return round_up_frames(math.ceil(raw - 1e-9))
 
 
-def pick_duration(*levels: tuple[str, Mapping[str, Any]]) -> tuple[str, Any] | None:
-    """The first duration found, scanning ``(source, mapping)`` levels in priority order.
+def pick_duration(
+    prompt: Mapping[str, Any], extra: Mapping[str, Any], params_duration: Any = None
+) -> tuple[str, Any] | None:
+    """``(field, value)`` of the duration to use, or ``None``: the prompt mapping's beats the request's.
 
-    ``seconds`` is an alias of ``duration``; one level giving both is ambiguous and rejected.
+    ``seconds`` (the video API's name, which the server stores as ``params.duration``) and ``duration`` are the
+    same thing, so one level naming it twice — ``extra.seconds`` with ``extra.duration`` or ``params.duration``,
+    or both keys in the prompt mapping — is ambiguous and rejected.
     """
-    for source, mapping in levels:
-        has_d = mapping.get("duration") is not None
-        has_s = mapping.get("seconds") is not None
-        if has_d and has_s:
-            raise InvalidRequest(f"{source}seconds", "give either seconds or duration, not both")
-        if has_d:
-            return f"{source}duration", mapping["duration"]
-        if has_s:
-            return f"{source}seconds", mapping["seconds"]
+    prompt_level = [(f"prompt.{k}", prompt[k]) for k in ("duration", "seconds") if prompt.get(k) is not None]
+    request_level = [(f"extra.{k}", extra[k]) for k in ("duration", "seconds") if extra.get(k) is not None]
+    if params_duration is not None:
+        request_level.append(("params.duration", params_duration))
+    for found in (prompt_level, request_level):
+        if len(found) > 1:
+            raise InvalidRequest(found[1][0], f"give either seconds or duration, not both "
+                                              f"({' and '.join(field for field, _ in found)})")
+        if found:
+            return found[0]
     return None
 
 
@@ -341,10 +345,6 @@ class ResolvedRequest:
     null_cond_clone_zero: bool
     low_noise: LowNoiseOptions
 
-    @property
-    def latent_frames(self) -> int:
-        return (self.num_frames - 1) // 4 + 1
-
 
 def resolve_request(
     *,
@@ -370,8 +370,7 @@ def resolve_request(
     fps = DEFAULT_FPS if fps_src is None else _positive_number(fps_src, "fps", "fps")
     explicit = (("prompt.num_frames", pdict["num_frames"]) if pdict.get("num_frames") is not None
                 else ("params.num_frames", params.num_frames) if params.num_frames is not None else None)
-    duration = pick_duration(("prompt.", pdict), ("extra.", extra),
-                             ("params.", {"duration": params.duration}))
+    duration = pick_duration(pdict, extra, params.duration)
     num_frames = resolve_num_frames(mode, explicit, duration, fps)
 
     from_prompt = resolve_size(width=pdict.get("width"), height=pdict.get("height"), size=pdict.get("size"),

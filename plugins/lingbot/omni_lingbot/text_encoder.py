@@ -49,10 +49,6 @@ class LingBotTextEncoder:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.text_config.hidden_size)
-
     @torch.no_grad()
     def encode(self, caption: str, image: torch.Tensor | None = None) -> torch.Tensor:
         """One caption → ``[L, D]`` float32 embeddings of the user turn (template prefix cropped).

@@ -15,8 +15,8 @@ import torch
 class LingBotVAE:
     """Encode an aligned reference frame to a clean latent; decode latents to [0, 1] frames."""
 
-    spatial_ratio = 8
-    temporal_ratio = 4
+    spatial_ratio = 8  # pixels per latent cell (Wan 2.1 VAE)
+    temporal_ratio = 4  # frames per latent frame after the first (causal: F = 4k + 1 -> k + 1)
 
     def __init__(self, vae: Any) -> None:
         self.vae = vae

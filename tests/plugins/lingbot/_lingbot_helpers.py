@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from omnicore.attention.reference import sdpa_attention
 from omnicore.engine.protocol import LoadOptions
 from omnicore.engine.request import GenerationRequest, SamplingParams
 from omnicore.platforms.cpu import CpuPlatform
@@ -36,3 +37,20 @@ def run(pipe: Any, *requests: GenerationRequest) -> tuple[Any, list[Any]]:
     for step in range(state.num_steps):
         state = pipe.denoise_step(state, step)
     return state, pipe.decode(state)
+
+
+#: Every call :func:`recording_attention` saw (cleared by the tests that read it).
+ATTENTION_CALLS: list[dict[str, Any]] = []
+
+
+def recording_attention(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    """An attention backend (lazy path ``_lingbot_helpers:recording_attention``) that records how it is called
+    and answers with the core's SDPA reference."""
+    ATTENTION_CALLS.append({"rows": q.shape[0], "keywords": sorted(kwargs),
+                            "cu_seqlens": None if kwargs.get("cu_seqlens_q") is None
+                            else kwargs["cu_seqlens_q"].tolist()})
+    return sdpa_attention(q, k, v, **kwargs)
+
+
+def unusable_attention(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a backend that cannot serve packed documents was handed to the LingBot DiT")

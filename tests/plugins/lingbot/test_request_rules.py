@@ -102,10 +102,24 @@ def test_frame_priority():
     assert rr.resolve_num_frames("t2v", None, None, 24.0) == 81
 
 
-def test_seconds_and_duration_conflict():
-    with pytest.raises(InvalidRequest, match="seconds.*duration"):
-        rr.pick_duration(("extra.", {"seconds": 4, "duration": 4}))
-    assert rr.pick_duration(("prompt.", {}), ("extra.", {"seconds": 3})) == ("extra.seconds", 3)
+@pytest.mark.parametrize(("prompt", "extra", "params_duration", "field"), [
+    ({}, {"seconds": 4, "duration": 4}, None, "extra.seconds"),
+    ({}, {"seconds": 4}, 4.0, "params.duration"),  # the server stores the API's `seconds` as params.duration
+    ({}, {"duration": 4}, 4.0, "params.duration"),
+    ({"seconds": 4, "duration": 4}, {}, None, "prompt.seconds"),
+])
+def test_seconds_and_duration_conflict(prompt, extra, params_duration, field):
+    with pytest.raises(InvalidRequest, match="seconds.*duration") as info:
+        rr.pick_duration(prompt, extra, params_duration)
+    assert info.value.field == field
+
+
+def test_duration_sources_and_priority():
+    assert rr.pick_duration({}, {}, None) is None
+    assert rr.pick_duration({}, {"seconds": 3}) == ("extra.seconds", 3)
+    assert rr.pick_duration({}, {}, 2.0) == ("params.duration", 2.0)
+    # the prompt mapping beats the request, and naming it at both levels is not a conflict
+    assert rr.pick_duration({"seconds": 1}, {"duration": 4}, 2.0) == ("prompt.seconds", 1)
 
 
 def test_text_to_image_frame_rules():
@@ -200,7 +214,7 @@ def test_resolve_request_defaults():
     assert (r.mode, r.height, r.width, r.num_frames, r.fps, r.shift) == ("t2v", 480, 480, 81, 24.0, 3.0)
     assert (r.batch_cfg, r.null_cond_clone_zero, r.low_noise.threshold) == (False, False, None)
     assert r.negative_prompt == DEFAULT_NEGATIVE_PROMPT_VIDEO
-    assert _resolve(num_frames=9).latent_frames == 3
+    assert _resolve(num_frames=9).num_frames == 9
 
 
 def test_resolve_request_priorities():
@@ -223,6 +237,7 @@ def test_resolve_request_priorities():
 
 @pytest.mark.parametrize(("kwargs", "gist", "field"), [
     ({"extra": {"seconds": 4, "duration": 4}}, "seconds.*duration", "extra.seconds"),
+    ({"extra": {"seconds": 4}, "duration": 2.0}, "seconds.*duration", "params.duration"),
     ({"extra": {"size": "320x192"}, "width": 320, "height": 192}, "mutually exclusive", "size"),
     ({"num_outputs": 2}, "one output per prompt", "params.num_outputs"),
     ({"extra": {"run_refiner": True}}, "unknown LingBot field", "extra.run_refiner"),

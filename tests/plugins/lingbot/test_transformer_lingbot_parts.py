@@ -1,4 +1,4 @@
-"""LingBot DiT pieces against explicit formulas: patchify order, RoPE, time embedding, one block's math (§2.4)."""
+"""LingBot DiT pieces against explicit formulas: patchify order, RoPE, time embedding, one block, the whole forward."""
 
 from __future__ import annotations
 
@@ -158,3 +158,52 @@ def test_block_matches_handwritten_formulas():
                            cfg.num_attention_heads, cfg.norm_eps)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------- whole model
+def _reference_model(model: LingBotVideoTransformer3DModel, x, t, text):
+    """The §2.4 forward of one sample in float64, from the spec text: patchify (permute 0,2,4,6,3,5,7,1), timestep
+    and text embedders, ``[video ; text]`` through the reference blocks, final LayerNorm modulated by
+    ``(shift, scale)``, the video rows unpatchified (permute 0,7,1,4,2,5,3,6)."""
+    from diffusers.models.embeddings import Timesteps
+
+    cfg = model.config
+    p = {k: v.detach().double() for k, v in model.state_dict().items()}
+    silu = torch.nn.functional.silu
+    _, c, f, h, w = x.shape
+    pf, ph, pw = cfg.patch_size
+    grid = (f // pf, h // ph, w // pw)
+    tokens = x.double().reshape(1, c, grid[0], pf, grid[1], ph, grid[2], pw).permute(0, 2, 4, 6, 3, 5, 7, 1)
+    video = tokens.reshape(-1, pf * ph * pw * c) @ p["patch_embedder.weight"].t() + p["patch_embedder.bias"]
+    t_freq = Timesteps(cfg.freq_dim, flip_sin_to_cos=True, downscale_freq_shift=0)(t).double()
+    t_emb = silu(t_freq @ p["time_embedder.linear_1.weight"].t() + p["time_embedder.linear_1.bias"])
+    t_emb = t_emb @ p["time_embedder.linear_2.weight"].t() + p["time_embedder.linear_2.bias"]
+    temb6 = silu(t_emb) @ p["time_modulation.1.weight"].t() + p["time_modulation.1.bias"]
+    e = _rms(text[0].double(), p["text_embedder.norm.weight"], cfg.norm_eps)
+    e = silu(e @ p["text_embedder.linear_1.weight"].t() + p["text_embedder.linear_1.bias"])
+    e = e @ p["text_embedder.linear_2.weight"].t() + p["text_embedder.linear_2.bias"]
+    hidden = torch.cat([video, e])
+    pos = sample_positions(grid, text.shape[1]).tolist()
+    for blk in model.blocks:
+        hidden = _reference_block(blk, hidden, temb6, pos, cfg.axes_dims, cfg.rope_theta, cfg.num_attention_heads,
+                                  cfg.norm_eps)
+    shift, scale = (silu(t_emb) @ p["norm_out_modulation.1.weight"].t() + p["norm_out_modulation.1.bias"]).chunk(2, -1)
+    vid = hidden[: video.shape[0]]
+    vid = (vid - vid.mean(-1, keepdim=True)) / torch.sqrt(vid.var(-1, unbiased=False, keepdim=True) + cfg.norm_eps)
+    out = (vid * (1 + scale) + shift) @ p["proj_out.weight"].t() + p["proj_out.bias"]
+    out = out.reshape(1, *grid, pf, ph, pw, cfg.out_channels).permute(0, 7, 1, 4, 2, 5, 3, 6)
+    return out.reshape(1, cfg.out_channels, f, h, w)
+
+
+def test_whole_dense_model_matches_the_spec_forward():
+    cfg = LingBotTransformerConfig.from_dict(TINY)
+    torch.manual_seed(4)
+    model = LingBotVideoTransformer3DModel(cfg)
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            prm.normal_(1.0 if name.split(".")[-2].startswith("norm") else 0.0, 0.2)
+    g = torch.Generator().manual_seed(0)
+    x, text, t = torch.randn(1, 4, 2, 4, 6, generator=g), torch.randn(1, 5, 32, generator=g), torch.tensor([640.0])
+    with torch.no_grad():
+        got = model(x, t, text)
+    torch.testing.assert_close(got.double(), _reference_model(model, x, t, text), rtol=1e-4, atol=1e-4)
