@@ -275,3 +275,17 @@ def test_enabled_through_the_cache_hook_and_conflicts_rejected(host):
     state = _run(host, pipe, pipe.state())
     assert handle.stats(state).reused == [4]
     handle.remove()
+
+
+@pytest.mark.parametrize("name", ["teacache", "first_block_cache", "adaln_schedule"])
+def test_dict_configs_name_unknown_options_and_bad_types(host, name):
+    from omnicore.cache._step import coerce_config
+
+    spec = host.cache_methods.get(name)
+    apply = spec.load_impl()
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['rel_l1_thres'\]") as info:
+        apply(Toy(host), {"rel_l1_thres": 0.1})
+    assert info.value.name == name
+    with pytest.raises(ConfigError, match="a dict or None"):
+        apply(Toy(host), [("rel_l1_thresh", 0.1)])
+    assert coerce_config(TeaCacheConfig, None, "teacache") == TeaCacheConfig()

@@ -21,7 +21,10 @@ def cli_host(monkeypatch, tmp_path):
     hosts = []
 
     def make_host(settings):
+        from toy import TOY_ADALN_SPEC, ToyPlugin
+
         hosts.append(toy_host(settings))
+        hosts[-1].add_plugin(ToyPlugin(TOY_ADALN_SPEC), "toy-adaln")
         return hosts[-1]
 
     monkeypatch.setattr(generate_cmd, "make_host", make_host)
@@ -88,3 +91,43 @@ def test_serve_auto_prefers_lingbot_then_first_preset(toy_host):
                            presets=(attrs.evolve(TOY_SPEC.presets[0], name="lingbot"),))
     toy_host.add_plugin(ToyPlugin(lingbot), "lingbot")
     assert serve_cmd.resolve_auto(toy_host) == "tiny:lingbot"
+
+
+def test_generate_with_reference_image_offload_and_cache_flags(cli_host, tmp_path, capsys):
+    ref_path = tmp_path / "ref.png"
+    Image.new("RGB", (24, 16), (200, 40, 90)).save(ref_path)
+    out = tmp_path / "edit.png"
+    rc = main(["generate", "tiny:toy-adaln", "a lamp", "--image", str(ref_path), "-o", str(out), "--seed", "9",
+               "--steps", "3", "--offload", "layerwise", "--cache", "adaln_schedule", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    png = np.asarray(Image.open(out).convert("RGB"))
+    with Engine("tiny:toy-adaln", host=cli_host[0], settings=Settings(cache_dir=str(tmp_path / "cache"))) as engine:
+        [ref] = engine.generate("a lamp", images=[str(ref_path)], seed=9, num_inference_steps=3)
+        [plain] = engine.generate("a lamp", seed=9, num_inference_steps=3)
+    assert np.array_equal(png, ref.frames[0])  # offload + exact cache change nothing
+    assert not np.array_equal(png, plain.frames[0])  # the reference image was used
+
+
+def test_unsupported_output_suffix_fails_before_loading(cli_host, tmp_path, capsys):
+    rc = main(["generate", "tiny:toy", "x", "-o", str(tmp_path / "out.gif")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "output" in err and ".png" in err and ".mp4" in err
+    assert cli_host == []  # no host was made, nothing was loaded
+    assert not (tmp_path / "out.gif").exists()
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "-1"])
+def test_request_batch_max_wait_flag_rejects_non_finite_and_negative(bad, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "tiny:toy", "x", "-o", "a.png", "--request-batch-max-wait-ms", bad])
+    assert info.value.code == 2
+    assert "--request-batch-max-wait-ms" in capsys.readouterr().err
+
+
+def test_request_batch_max_wait_flag_is_a_float_in_the_settings():
+    from omnicore.cli.main import build_parser
+
+    args = build_parser().parse_args(["generate", "tiny:toy", "x", "-o", "a.png", "--request-batch-max-wait-ms", "250"])
+    assert args.request_batch_max_wait_ms == 250.0 and type(args.request_batch_max_wait_ms) is float
+    assert generate_cmd.settings_from_args(args).request_batch_max_wait_ms == 250.0

@@ -395,3 +395,42 @@ def test_context_manager_closes(toy_host, tmp_path):
     with Engine("tiny:toy", host=toy_host, settings=Settings(cache_dir=str(tmp_path))) as engine:
         engine.generate("x", seed=0)
     assert engine.closed and not engine._worker.is_alive()
+
+
+def test_runner_refuses_a_batch_that_mixes_quality_levels(make_engine):
+    """Defence in depth behind the scheduler: a mixed batch handed to the runner fails every job in it."""
+    from omnicore.engine.jobs import Job
+    from omnicore.engine.runner import BatchRunner, EngineStats
+
+    engine = make_engine()
+    jobs = [Job(engine.pipeline.preprocess(req(quality=q))) for q in ("draft", "high")]
+    for job in jobs:
+        job.mark_running()
+    BatchRunner(engine.host, engine.pipeline, engine.platform, EngineStats()).run(jobs)
+    for job in jobs:
+        assert job.status == "failed" and "cannot mix request quality levels" in str(job.error)
+
+
+class CloseDuringPreprocess:
+    """Closes the engine while a request is being preprocessed (after the submit-time closed check)."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    @hookimpl(wrapper=True)
+    def omnicore_preprocess(self, request, pipeline):
+        prepared = yield
+        assert self.engine is not None and self.engine.close(timeout=30)
+        return prepared
+
+
+def test_a_prepared_request_is_refused_by_an_engine_closed_meanwhile(make_engine, toy_host):
+    closer = CloseDuringPreprocess()
+    toy_host.add_plugin(closer, "closer")
+    engine = make_engine()
+    closer.engine = engine
+    events = []
+    with pytest.raises(EngineClosed):
+        engine.submit(req(), on_event=events.append)
+    assert list(engine.pipeline.preprocess_calls.values()) == [1]  # it was prepared once, then refused
+    assert engine.stats()["queued"] == 0 and [e.phase for e in events] == ["preprocess", "failed"]

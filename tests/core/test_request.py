@@ -88,3 +88,12 @@ def test_batch_key_separates_shapes_schedule_and_quality():
                   base.evolve(quality="high"),
                   base.evolve(images=("x.png",))):
         assert other.batch_key() != base.batch_key()
+
+
+def test_output_seeds_must_stay_in_range():
+    from omnicore.engine.request import MAX_SEED
+
+    assert SamplingParams(seed=MAX_SEED - 2, num_outputs=3).seed == MAX_SEED - 2
+    with pytest.raises(InvalidRequest) as info:
+        SamplingParams(seed=MAX_SEED - 1, num_outputs=3)
+    assert info.value.field == "params.seed" and "seed + num_outputs - 1" in info.value.rule

@@ -11,6 +11,7 @@ from typing import Any
 
 from omnicore.config import Settings
 
+from .adaln import TOY_ADALN_SPEC, ToyAdaLNConfig, ToyAdaLNPipeline
 from .model import ToyConfig, ToyDenoiser
 from .plugin import TOY_SPEC, ToyPlugin
 from .pipeline import ToyFailure, ToyPipeline, build_toy_checkpoint
@@ -34,5 +35,5 @@ def toy_engine(cache_dir: str | Path, model: str = "tiny:toy", *, host: Any = No
     return Engine(model, host=host, settings=s)
 
 
-__all__ = ["TOY_SPEC", "ToyConfig", "ToyDenoiser", "ToyFailure", "ToyPipeline", "ToyPlugin",
+__all__ = ["TOY_ADALN_SPEC", "TOY_SPEC", "ToyAdaLNConfig", "ToyAdaLNPipeline", "ToyConfig", "ToyDenoiser", "ToyFailure", "ToyPipeline", "ToyPlugin",
            "build_toy_checkpoint", "toy_engine", "toy_host"]

@@ -1,7 +1,8 @@
 """``ToyPipeline``: the test-only pipeline (flow-matching Euler sampler over :class:`ToyDenoiser`).
 
 Supports batching, text-to-image (``num_frames == 1``) and short video (``num_frames > 1``, returns fps),
-classifier-free guidance when ``guidance_scale > 1``, and partial-batch shrinking on cancellation.
+classifier-free guidance when ``guidance_scale > 1``, partial-batch shrinking on cancellation, and reference
+images up to the spec's ``max_reference_images`` (loaded in preprocess; their brightness shifts the conditioning).
 Model-specific ``extra`` fields: ``tag`` (str, only changes the batch key) and ``fail_at`` (one of
 ``preprocess``, ``encode``, ``denoise``, ``decode``: raise there, to test failure handling).
 """
@@ -110,7 +111,32 @@ class ToyPipeline(BasePipeline):
         if params.num_outputs > limit:
             raise InvalidRequest("params.num_outputs", f"must be <= {limit} for model 'toy'")
         negative = request.negative_prompt if request.negative_prompt is not None else defaults.negative_prompt
-        return request.evolve(params=params, negative_prompt=negative, prepared=True)
+        return request.evolve(params=params, negative_prompt=negative, images=self._load_images(request.images),
+                              prepared=True)
+
+    def _load_images(self, images: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+        """Reference images (paths, bytes, PIL images or uint8 arrays) -> uint8 ``[H, W, 3]`` arrays."""
+        from omnicore.outputs.readers import read_image
+
+        limit = self.spec.capabilities.max_reference_images
+        if len(images) > limit:
+            raise InvalidRequest("images", f"model {self.spec.name!r} takes at most {limit} reference images, "
+                                           f"got {len(images)}")
+        loaded = []
+        for i, image in enumerate(images):
+            if isinstance(image, np.ndarray):
+                array = image
+            elif hasattr(image, "convert"):  # PIL
+                array = np.asarray(image.convert("RGB"))
+            else:
+                try:
+                    array = read_image(image)
+                except (OSError, ValueError) as exc:
+                    raise InvalidRequest(f"images[{i}]", f"could not be read as an image: {exc}") from exc
+            if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
+                raise InvalidRequest(f"images[{i}]", f"must be uint8 [H, W, 3], got {array.dtype} {array.shape}")
+            loaded.append(array)
+        return tuple(loaded)
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
         return (request.batch_key(), tuple(sorted(request.extra.items())))
@@ -134,21 +160,29 @@ class ToyPipeline(BasePipeline):
         shift = first.flow_shift or 1.0
         sigmas = torch.linspace(1.0, 0.0, first.num_inference_steps + 1)
         sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+        text = self.model.encode_text(prompts)
+        for row, ri in enumerate(owners):  # a reference image shifts the conditioning by its mean brightness
+            for image in requests[ri].images:
+                text[row] += float(image.astype(np.float32).mean()) / 127.5 - 1.0
         return DenoiseState(
             requests=list(requests),
             num_steps=first.num_inference_steps,
             latents=torch.stack(noise),
             timesteps=sigmas,
             extras={
-                "text": self.model.encode_text(prompts),
+                "text": text,
                 "negative": self.model.encode_text(negatives),
                 "owners": owners,
                 "guidance": float(first.guidance_scale or 1.0),
             },
         )
 
-    def _velocity(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        return self.model(x if x.shape[2] > 1 else x[:, :, 0], t, text).reshape(x.shape)
+    def _velocity(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, **model_kwargs: Any) -> torch.Tensor:
+        return self.model(x if x.shape[2] > 1 else x[:, :, 0], t, text, **model_kwargs).reshape(x.shape)
+
+    def model_kwargs(self, state: DenoiseState, step: int) -> dict[str, Any]:
+        """Extra keyword arguments of the model call at ``step`` (none here; subclasses add cache inputs)."""
+        return {}
 
     @torch.no_grad()
     def predict(self, state: DenoiseState, step: int) -> torch.Tensor:
@@ -158,10 +192,11 @@ class ToyPipeline(BasePipeline):
         x, n = state.latents, state.latents.shape[0]
         t = torch.full((n,), float(state.timesteps[step]) * 1000.0)
         g = state.extras["guidance"]
+        kwargs = self.model_kwargs(state, step)
         if g <= 1.0:
-            return self._velocity(x, t, state.extras["text"])
+            return self._velocity(x, t, state.extras["text"], **kwargs)
         both = self._velocity(torch.cat([x, x]), torch.cat([t, t]),
-                              torch.cat([state.extras["text"], state.extras["negative"]]))
+                              torch.cat([state.extras["text"], state.extras["negative"]]), **kwargs)
         cond, uncond = both[:n], both[n:]
         return uncond + g * (cond - uncond)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -109,6 +109,25 @@ class _StateTable:
     def clear(self) -> None:
         self._weak = weakref.WeakKeyDictionary()
         self._latest = None
+
+
+C = TypeVar("C")
+
+
+def coerce_config(cls: type[C], config: Any, method: str) -> C:
+    """A cache method's config from ``None`` (defaults), an instance, or a dict of its fields; anything else,
+    or an unknown field, is a :class:`ConfigError` naming the method and the known fields."""
+    if config is None:
+        return cls()
+    if isinstance(config, cls):
+        return config
+    if isinstance(config, dict):
+        known = [a.name for a in attrs.fields(cls)]
+        unknown = sorted(set(config) - set(known))
+        if unknown:
+            raise ConfigError(method, f"unknown option(s) {unknown}; known: {', '.join(known)}")
+        return cls(**config)
+    raise ConfigError(method, f"expected {cls.__name__}, a dict or None, got {type(config).__name__}")
 
 
 def resolve_host(pipeline: Any, config: StepCacheConfig | Any, method: str) -> Any:

@@ -25,7 +25,7 @@ import attrs
 
 from ..errors import ConfigError, UnsupportedFeature
 from ..hooks import ModelHook, StateManager, current_context, register_hook, remove_hook
-from ._step import RequestState, StepCache, StepCacheConfig
+from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
 from .teacache import relative_l1
 
 METHOD_NAME = "first_block_cache"
@@ -236,20 +236,10 @@ class FirstBlockCache(StepCache):
         self._hit_this_step = True
 
 
-def _config(config: Any) -> FirstBlockCacheConfig:
-    if config is None:
-        return FirstBlockCacheConfig()
-    if isinstance(config, FirstBlockCacheConfig):
-        return config
-    if isinstance(config, dict):
-        return FirstBlockCacheConfig(**config)
-    raise ConfigError(METHOD_NAME, f"expected FirstBlockCacheConfig, a dict or None, got {type(config).__name__}")
-
-
 def apply_first_block_cache(pipeline: Any, config: FirstBlockCacheConfig | dict[str, Any] | None = None
                             ) -> FirstBlockCache:
     """Enable the first-block cache on ``pipeline``'s declared block loop; ``handle.remove()`` undoes it."""
-    return FirstBlockCache(pipeline, _config(config)).register()
+    return FirstBlockCache(pipeline, coerce_config(FirstBlockCacheConfig, config, METHOD_NAME)).register()
 
 
 def remove_first_block_cache(handle: FirstBlockCache) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError, UnsupportedFeature
-from ._step import RequestState, StepCache, StepCacheConfig
+from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
 
 METHOD_NAME = "teacache"
 GLOBAL_DEFAULT_THRESHOLD = 0.2
@@ -145,19 +145,9 @@ class TeaCache(StepCache):
         return False
 
 
-def _config(config: Any) -> TeaCacheConfig:
-    if config is None:
-        return TeaCacheConfig()
-    if isinstance(config, TeaCacheConfig):
-        return config
-    if isinstance(config, dict):
-        return TeaCacheConfig(**config)
-    raise ConfigError(METHOD_NAME, f"expected TeaCacheConfig, a dict or None, got {type(config).__name__}")
-
-
 def apply_teacache(pipeline: Any, config: TeaCacheConfig | dict[str, Any] | None = None) -> TeaCache:
     """Enable TeaCache on ``pipeline``; ``handle.remove()`` disables it. Nothing is registered on error."""
-    return TeaCache(pipeline, _config(config)).register()
+    return TeaCache(pipeline, coerce_config(TeaCacheConfig, config, METHOD_NAME)).register()
 
 
 def remove_teacache(handle: TeaCache) -> None:

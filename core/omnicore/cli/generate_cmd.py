@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..config import Settings, resolve_settings
@@ -43,9 +44,12 @@ def parse_extra(items: list[str]) -> dict[str, Any]:
 
 
 def output_type_for(path: str) -> str:
-    """The output kind the file suffix asks for (models that make both images and video decide by it)."""
-    suffix = path.rsplit(".", 1)[-1].lower() if "." in path else ""
-    return "image" if suffix in ("png", "webp", "jpg", "jpeg") else "video" if suffix == "mp4" else "auto"
+    """The output kind the file suffix asks for (models that make both images and video decide by it).
+
+    An unsupported suffix is an ``InvalidRequest`` on ``output``, raised before any model is loaded."""
+    from ..outputs.writers import format_for
+
+    return "video" if format_for(Path(path).suffix, field="output") == "mp4" else "image"
 
 
 class ProgressBar:
@@ -77,10 +81,10 @@ class ProgressBar:
 def run(args: argparse.Namespace) -> int:
     from ..engine.api import Engine, make_request
 
-    settings = settings_from_args(args)
-    host = make_host(settings)
     sampling = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name, None) is not None}
     sampling["output_type"] = output_type_for(args.output)
+    settings = settings_from_args(args)
+    host = make_host(settings)
     request = make_request(args.prompt, images=tuple(args.image), negative_prompt=args.negative_prompt,
                            extra=parse_extra(args.extra), **sampling)
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError
 from .jobs import Job, Listener
 from .loading import ResolvedModel, load_pipeline, resolve_model
-from .offloading import apply_offload
+from .offloading import OFFLOAD_MODES, apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
 from .protocol import LoadOptions
 from .request import GenerationRequest, SamplingParams
@@ -61,7 +61,8 @@ class Engine:
     :param settings: engine settings (default: the host's).
     :param platform: a platform name or instance (default: the host's selection).
     :param cache_methods: cache method names, or ``(name, config)`` pairs, enabled after loading.
-    :param offload: ``"none"``, ``"model"`` or ``"layerwise"`` (passed to the pipeline's loader).
+    :param offload: ``"none"``, ``"model"`` or ``"layerwise"``: told to the pipeline's loader, then applied to
+        what the pipeline declares (see :mod:`omnicore.engine.offloading`).
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """
@@ -75,10 +76,10 @@ class Engine:
             host = default_host()
         self.host = host
         self.settings = settings if settings is not None else host.settings
-        if offload not in ("none", "model", "layerwise"):
-            raise InvalidRequest("offload", f"must be one of ['none', 'model', 'layerwise'], got {offload!r}")
+        if offload not in OFFLOAD_MODES:
+            raise InvalidRequest("offload", f"must be one of {list(OFFLOAD_MODES)}, got {offload!r}")
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
-        host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any build
+        host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
         self.platform = _instantiate_platform(host, platform)
         self.resolved: ResolvedModel = resolve_model(model, host, self.settings)
         if self.resolved.spec.provider:
@@ -89,9 +90,16 @@ class Engine:
         self.pipeline = load_pipeline(self.resolved, options)
         if getattr(self.pipeline, "host", None) is None:
             self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
-        self.offload_handles = apply_offload(self.pipeline, offload, self.platform.device())
-        self.cache_handles = [host.enable_cache(self.pipeline, spec, cfg)
-                              for spec, (_, cfg) in zip(method_specs, methods)]
+        self.offload_handles: list[Any] = []
+        self.cache_handles: list[Any] = []
+        try:
+            self.offload_handles = apply_offload(self.pipeline, offload, self.platform.device(),
+                                                 cache_methods=[s.name for s in method_specs])
+            for spec, (_, cfg) in zip(method_specs, methods):
+                self.cache_handles.append(host.enable_cache(self.pipeline, spec, cfg))
+        except BaseException:  # leave the host's hooks and the weights as they were
+            self._remove_handles()
+            raise
         caps = self.spec.capabilities
         self.scheduler: Scheduler[Job] = Scheduler(
             max_num_seqs=self.settings.max_num_seqs, max_queue=self.settings.max_queue,
@@ -113,6 +121,11 @@ class Engine:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def worker_alive(self) -> bool:
+        """Whether the worker thread runs (the server reports ``unhealthy`` and fails jobs when it died)."""
+        return self._worker.is_alive()
 
     def _attention(self, requirement: Any) -> Any:
         return self.host.select_attention(requirement).load_impl()
@@ -242,13 +255,17 @@ class Engine:
             self._worker.join(timeout)
         stopped = not self._worker.is_alive()
         if stopped:  # cache methods leave the host's hooks with the engine that enabled them
-            handles, self.cache_handles = self.cache_handles + self.offload_handles, []
-            self.offload_handles = []
-            for handle in handles:
-                remove = getattr(handle, "remove", None)
-                if callable(remove):
-                    remove()
+            self._remove_handles()
         return stopped
+
+    def _remove_handles(self) -> None:
+        """Undo cache methods (newest first, restoring weights they offloaded), then weight offload."""
+        handles = [*reversed(self.cache_handles), *reversed(self.offload_handles)]
+        self.cache_handles, self.offload_handles = [], []
+        for handle in handles:
+            remove = getattr(handle, "remove", None)
+            if callable(remove):
+                remove()
 
     def __enter__(self) -> Engine:
         return self

@@ -5,11 +5,15 @@
 - ``"model"``: each module of ``pipeline.offload_modules`` (a mapping name -> module whose ``forward`` is its
   entry point) visits the device for its forward and leaves afterwards.
 
-Parameters named by ``pipeline.offload_excluded_prefixes`` (e.g. weights a cache owns) stay resident.
+Parameters that stay resident, outside the transfer set: those named by ``pipeline.offload_excluded_prefixes``
+and, when the ``adaln_schedule`` cache method is enabled, the ``linear`` of every projection its controller
+owns (the cache may offload those weights itself; seed-contracts §1.7). Prefixes are relative to each
+offloaded module (a block, or a whole model).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import UnsupportedFeature
@@ -17,11 +21,32 @@ from ..errors import UnsupportedFeature
 OFFLOAD_MODES = ("none", "model", "layerwise")
 
 
-def apply_offload(pipeline: Any, mode: str, device: Any) -> list[Any]:
+def cache_owned_prefixes(pipeline: Any, roots: Sequence[Any], cache_methods: Iterable[str]) -> tuple[str, ...]:
+    """Parameter-name prefixes (relative to each of ``roots``) that enabled cache methods own."""
+    if "adaln_schedule" not in set(cache_methods):
+        return ()
+    from ..cache.adaln_schedule import AdaLNScheduleController
+
+    controller = getattr(pipeline, "adaln_schedule", None)
+    if not isinstance(controller, AdaLNScheduleController):
+        return ()
+    owned = {id(p) for p in controller.projections}
+    prefixes: list[str] = []
+    for root in roots:
+        for name, module in root.named_modules():
+            if id(module) in owned:
+                prefix = f"{name}.linear." if name else "linear."
+                if prefix not in prefixes:
+                    prefixes.append(prefix)
+    return tuple(prefixes)
+
+
+def apply_offload(pipeline: Any, mode: str, device: Any, cache_methods: Iterable[str] = ()) -> list[Any]:
     """Offload per ``mode``; returns handles whose ``remove()`` puts everything back on the device."""
     if mode == "none":
         return []
-    excluded = tuple(getattr(pipeline, "offload_excluded_prefixes", ()) or ())
+    declared = tuple(getattr(pipeline, "offload_excluded_prefixes", ()) or ())
+    methods = tuple(cache_methods)
     name = getattr(getattr(pipeline, "spec", None), "name", type(pipeline).__name__)
     if mode == "layerwise":
         from ..cache.first_block_cache import BlockLoop
@@ -31,7 +56,9 @@ def apply_offload(pipeline: Any, mode: str, device: Any) -> list[Any]:
         if not isinstance(loop, BlockLoop):
             raise UnsupportedFeature("offload", f"model {name!r} declares no block loop (pipeline.block_loop); "
                                                 "layer-wise offload needs one")
-        return [apply_layerwise_offload(loop.resolve(pipeline), device=device, excluded_prefixes=excluded)]
+        blocks = loop.resolve(pipeline)
+        excluded = declared + cache_owned_prefixes(pipeline, blocks, methods)
+        return [apply_layerwise_offload(blocks, device=device, excluded_prefixes=excluded)]
     if mode == "model":
         from ..offload import apply_model_offload
 
@@ -42,6 +69,7 @@ def apply_offload(pipeline: Any, mode: str, device: Any) -> list[Any]:
         handles = []
         try:
             for module in dict(modules).values():
+                excluded = declared + cache_owned_prefixes(pipeline, [module], methods)
                 handles.append(apply_model_offload(module, device=device, excluded_prefixes=excluded))
         except Exception:
             for handle in handles:

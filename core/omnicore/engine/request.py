@@ -77,6 +77,11 @@ class SamplingParams:
         if value not in OUTPUT_TYPES:
             raise InvalidRequest("params.output_type", f"must be one of {list(OUTPUT_TYPES)}, got {value!r}")
 
+    def __attrs_post_init__(self) -> None:
+        if self.seed is not None and self.seed + self.num_outputs - 1 > MAX_SEED:  # outputs use seed + i
+            raise InvalidRequest("params.seed", f"must leave room for {self.num_outputs} output seeds "
+                                                f"(seed + num_outputs - 1 <= {MAX_SEED}), got {self.seed}")
+
     def with_defaults(self, defaults: RequestDefaults, **overrides: Any) -> SamplingParams:
         """Fill every unset field from the model's defaults (explicit ``overrides`` win over both)."""
         filled = {

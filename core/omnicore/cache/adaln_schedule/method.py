@@ -7,8 +7,9 @@ The pipeline declares two things:
   device) and the schedule key (see :func:`~omnicore.cache.adaln_schedule.keys.schedule_key`).
 
 The handle joins the ``omnicore_denoise`` hook (``tryfirst``, always returning ``None``): at the first step
-of a new state it prepares the controller (``offload_weights`` from the config) and stores the result in
-``state.extras["adaln_schedule"]``; on every step it sets ``state.extras["adaln_step_index"]`` to the step
+of a new state it loads the weights of a model-offloaded module holding the projections (the reference's
+"prepare for request caches"), prepares the controller (``offload_weights`` from the config) and stores
+the result in ``state.extras["adaln_schedule"]``; on every step it sets ``state.extras["adaln_step_index"]`` to the step
 while a schedule is active (removing the key otherwise) — the pipeline's ``predict`` passes it to the model
 as ``adaln_step_index``. ``handle.remove()`` leaves the hook and clears the controller (weights restored).
 """
@@ -22,7 +23,7 @@ import attrs
 
 from ...errors import ConfigError, UnsupportedFeature
 from ...hookspecs import hookimpl
-from .._step import resolve_host
+from .._step import coerce_config, resolve_host
 from .controller import AdaLNScheduleController
 
 METHOD_NAME = "adaln_schedule"
@@ -65,6 +66,7 @@ class AdaLNScheduleHandle:
         extras = state.extras
         if state not in self._seen or STATE_CACHE_KEY not in extras:
             self._seen.add(state)
+            self._materialize()
             plan, key = pipeline.adaln_schedule_plan(state)
             # prepare runs under no_grad (not inference_mode): the cursor and restored weights must stay
             # writable/usable by an engine that runs steps under plain no_grad.
@@ -76,6 +78,19 @@ class AdaLNScheduleHandle:
             extras.pop(STATE_STEP_KEY, None)
         return None
 
+    def _materialize(self) -> None:
+        """Load the weights of model-offloaded modules holding the projections, so that building the tables
+        (time embedder + projections) sees real weights; the module's next forward releases them again."""
+        modules = getattr(self.pipeline, "offload_modules", None)
+        if not modules:
+            return
+        from ...offload import materialize
+
+        owned = {id(p) for p in self.controller.projections}
+        for module in dict(modules).values():
+            if any(id(m) in owned for m in module.modules()):
+                materialize(module)
+
     def remove(self) -> None:
         if self.host.pm.get_plugin(self._name) is self:
             self.host.pm.unregister(self, name=self._name)
@@ -84,10 +99,4 @@ class AdaLNScheduleHandle:
 
 def apply_adaln_schedule(pipeline: Any, config: AdaLNScheduleConfig | dict[str, Any] | None = None
                          ) -> AdaLNScheduleHandle:
-    if config is None:
-        config = AdaLNScheduleConfig()
-    elif isinstance(config, dict):
-        config = AdaLNScheduleConfig(**config)
-    elif not isinstance(config, AdaLNScheduleConfig):
-        raise ConfigError(METHOD_NAME, f"expected AdaLNScheduleConfig, a dict or None, got {type(config).__name__}")
-    return AdaLNScheduleHandle(pipeline, config)
+    return AdaLNScheduleHandle(pipeline, coerce_config(AdaLNScheduleConfig, config, METHOD_NAME))
