@@ -77,9 +77,11 @@ def _default_cache() -> str:
 
 OPTIONS: tuple[Option, ...] = (
     Option("plugins", "OMNICORE_PLUGINS", None, lambda n, v: _parse_names(n, v),
-           "Allow-list of plugin entry-point names to load (comma-separated); empty loads none.", flag=""),
+           "Allow-list of plugins to load, by entry-point or distribution name (comma-separated); "
+           "empty loads none.", flag=""),
     Option("disable_plugins", "OMNICORE_DISABLE_PLUGINS", (), lambda n, v: _parse_names(n, v) or (),
-           "Deny-list of plugin names never imported; `*` disables every third-party plugin.", flag=""),
+           "Deny-list of plugins never imported (entry-point or distribution names); "
+           "`*` disables every third-party plugin.", flag=""),
     Option("trace_plugins", "OMNICORE_TRACE_PLUGINS", False, lambda n, v: _parse_bool(n, str(v)),
            "Log every hook call with the plugins it ran and its duration.", flag=""),
     Option("platform", "OMNICORE_PLATFORM", None, lambda n, v: (str(v).strip() or None) if v is not None else None,

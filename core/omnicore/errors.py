@@ -50,12 +50,12 @@ class DuplicateRegistration(PluginError):
 class UnknownName(OmnicoreError, LookupError):
     """A registry lookup failed. The message lists what is known and who provides it."""
 
-    def __init__(self, kind: str, name: str, known: dict[str, str]) -> None:
+    def __init__(self, kind: str, name: str, known: dict[str, str], hint: str = "") -> None:
         self.kind = kind
         self.name = name
         self.known = dict(known)
         listing = ", ".join(f"{k} (from {v})" for k, v in sorted(known.items())) or "none registered"
-        super().__init__(f"unknown {kind} {name!r}; known: {listing}")
+        super().__init__(f"unknown {kind} {name!r}; known: {listing}" + (f"; {hint}" if hint else ""))
 
     def __str__(self) -> str:  # LookupError would otherwise repr() the message
         return self.args[0]

@@ -138,7 +138,7 @@ def omnicore_cache(pipeline: Any, method: CacheMethodSpec, config: Any) -> Any:
 
     Stops at the first non-``None`` result. The core's ``trylast`` implementation calls the method's
     ``impl`` (``apply(pipeline, config)``). A model plugin may implement it ``tryfirst`` to provide a
-    model-specific variant.
+    model-specific variant. Wrappers may observe or decorate the returned handle (``handle = yield``).
 
     Use in plugins: cache-method plugins and model plugins with model-specific caches.
     """
@@ -155,7 +155,8 @@ def omnicore_attention_backend(
         priority first.
 
     Stops at the first non-``None`` result. The core's ``trylast`` implementation returns the first
-    candidate. A backend plugin may implement it ``tryfirst`` to prefer its kernel for some shapes.
+    candidate. A backend plugin may implement it ``tryfirst`` to prefer its kernel for some shapes. Wrappers
+    see the choice (``chosen = yield``) and may log it; returning another spec must keep to ``candidates``.
 
     Use in plugins: hardware backend plugins.
     """

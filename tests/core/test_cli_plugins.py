@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -104,16 +105,21 @@ def test_broken_plugin_is_failed_and_the_others_still_load(site):
     assert "ImportError: this plugin needs libmissing" in broken["error"]
     assert "Traceback" in broken["traceback"]
     assert plugins["alpha"]["status"] == plugins["beta"]["status"] == "loaded"
-    assert [line for line in stderr if "broken" in line] == [f"error: plugin 'broken' FAILED: {broken['error']}"]
+    assert [line for line in stderr if "'broken'" in line] == [f"error: plugin 'broken' FAILED: {broken['error']}"]
 
 
-def test_table_marks_failed_plugins(site):
+def test_table_marks_failed_plugins_and_reports_the_error_once_on_stderr(site):
     proc = run_cli(site, "plugins")
     assert proc.returncode == 0, proc.stderr
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line and not line.startswith(" ")}
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line}
     assert rows["NAME"].split()[:4] == ["NAME", "DISTRIBUTION", "VERSION", "STATUS"]
     assert "FAILED" in rows["broken"] and "model: alpha-model" in rows["alpha"]
-    assert any("broken:" in line and "libmissing" in line for line in proc.stdout.splitlines())
+    payload, _ = plugins_json(site)
+    assert set(rows) == {"NAME"} | set(by_name(payload))  # one row per plugin and nothing else on stdout
+    assert "libmissing" not in proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if "'broken'" in line]  # other installed plugins aside
+    assert errors == ["error: plugin 'broken' FAILED: import of "
+                      f"'omnitest_broken_{(site / 'tag').read_text()}' failed: ImportError: this plugin needs libmissing"]
 
 
 def test_allow_list_env_var(site):
@@ -201,7 +207,8 @@ def test_plugins_command_in_process_never_imports_torch(site):
 
 
 @pytest.mark.parametrize("module", ["omnicore", "omnicore.cli", "omnicore.cli.main", "omnicore.hookspecs",
-                                    "omnicore.plugins", "omnicore.testing", "omnicore.testing.pytest_plugin"])
+                                    "omnicore.plugins", "omnicore.testing", "omnicore.testing.pytest_plugin",
+                                    "omnicore.testing.platform", "omnicore.testing.cache"])
 def test_importtime_shows_no_heavy_import(module):
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
                           env=_clean_env(), capture_output=True, text=True, timeout=60)
@@ -209,3 +216,119 @@ def test_importtime_shows_no_heavy_import(module):
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
     assert module in imported  # the probe measured what it claims to
     assert [m for m in imported if m.split(".")[0] in HEAVY] == []
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+def _fake_site(root: Path, dists: list[dict]) -> Path:
+    """Write fake installed distributions: ``{"dist", "eps": {name: target}, "modules": {name: source},
+    "requires": [...]}`` each."""
+    root.mkdir()
+    for d in dists:
+        info = root / f"{d['dist'].replace('-', '_')}-0.1.dist-info"
+        info.mkdir()
+        meta = f"Metadata-Version: 2.1\nName: {d['dist']}\nVersion: 0.1\n"
+        meta += "".join(f"Requires-Dist: {r}\n" for r in d.get("requires", ()))
+        (info / "METADATA").write_text(meta)
+        (info / "entry_points.txt").write_text(
+            "[omnicore]\n" + "".join(f"{n} = {t}\n" for n, t in d["eps"].items()))
+        for module, source in d.get("modules", {}).items():
+            (root / f"{module}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+def _model_dist(tag: str, dist: str, ep: str, model: str, info: str = ">=1.0,<2", **extra) -> dict:
+    module = f"omnitest_{ep}_{tag}"
+    source = MODEL_PLUGIN.format(model=model, module=module).replace(">=1.0,<2", info)
+    return {"dist": f"omnitest-{dist}-{tag}", "eps": {ep: module}, "modules": {module: source}, **extra}
+
+
+RAISES_IF_IMPORTED = "raise RuntimeError('this module must never be imported')\n"
+
+# case -> (distributions besides the good "ok" plugin, env, regex of the ONE stderr line)
+BAD_INPUT = {
+    "unknown name in allow-list": (
+        [], {"OMNICORE_PLUGINS": "ok,ghost"},
+        r"error: OMNICORE_PLUGINS names unknown plugin 'ghost' \(installed: ([\w, ]+, )?ok(, [\w, ]+)?\)"),
+    "unknown name in deny-list": (
+        [], {"OMNICORE_DISABLE_PLUGINS": "ghost", "OMNICORE_PLUGINS": "ok"},
+        r"error: OMNICORE_DISABLE_PLUGINS names unknown plugin 'ghost' \(installed: ([\w, ]+, )?ok(, [\w, ]+)?\)"),
+    "malformed entry point": (
+        [{"dist": "omnitest-mal-{tag}", "eps": {"mal": "not a valid target!"}}], {},
+        r"error: plugin 'mal' FAILED: entry point value 'not a valid target!' is malformed \(expected 'package.module' or 'package.module:attr'\)"),
+    "entry point naming a missing attribute": (
+        [{"dist": "omnitest-attr-{tag}", "eps": {"noattr": "json:no_such_function"}}], {},
+        r"error: plugin 'noattr' FAILED: import of 'json:no_such_function' failed: AttributeError: .*no_such_function.*"),
+    "duplicate registration": (
+        ["dupreg"], {},
+        r"error: plugin '(first|second)' FAILED: DuplicateRegistration: model 'shared' is already registered "
+        r"by plugin '(first|second)'"),
+    "duplicate entry point name": (
+        [{"dist": "omnitest-twin-a-{tag}", "eps": {"twin": "json"}},
+         {"dist": "omnitest-twin-b-{tag}", "eps": {"twin": "json"}}], {},
+        r"error: entry point name 'twin' is used by both omnitest-twin-(a|b)-\w+ and omnitest-twin-(a|b)-\w+; "
+        r"skipping the one from omnitest-twin-(a|b)-\w+"),
+    "Requires-Dist excludes this core": (
+        [{"dist": "omnitest-old-{tag}", "eps": {"old": "omnitest_old_{tag}"}, "requires": ["omnicore<0.0.1"],
+          "modules": {"omnitest_old_{tag}": RAISES_IF_IMPORTED}}], {},
+        r"error: plugin 'old' INCOMPATIBLE: omnitest-old-\w+ 0\.1 requires omnicore<0\.0\.1 but this core is "
+        r"omnicore [\w.]+; not imported"),
+    "plugin API range excludes this core": (
+        ["api"], {},
+        r"error: plugin 'future' INCOMPATIBLE: plugin_info\(\)\['api'\] = '>=2,<3' does not admit this core's "
+        r"plugin API [\d.]+"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_gives_one_clear_error_line_naming_the_culprit(case, tmp_path):
+    extra, env, pattern = BAD_INPUT[case]
+    tag = uuid.uuid4().hex[:8]
+    dists = [_model_dist(tag, "ok", "ok", "ok-model")]
+    for d in extra:
+        if d == "dupreg":
+            dists += [_model_dist(tag, "first", "first", "shared"), _model_dist(tag, "second", "second", "shared")]
+        elif d == "api":
+            dists.append(_model_dist(tag, "future", "future", "future-model", info=">=2,<3"))
+        else:
+            fill = lambda v: v.replace("{tag}", tag)  # noqa: E731
+            dists.append({"dist": fill(d["dist"]), "eps": {k: fill(v) for k, v in d["eps"].items()},
+                          "requires": d.get("requires", []),
+                          "modules": {fill(k): v for k, v in d.get("modules", {}).items()}})
+    site = _fake_site(tmp_path / "site", dists)
+    # only this site's plugins are allowed, so whatever else the venv has installed cannot add lines
+    env = {"OMNICORE_PLUGINS": ",".join(n for d in dists for n in d["eps"]), **env}
+    for args in (("plugins",), ("plugins", "--json")):
+        proc = run_cli(site, *args, **env)
+        assert proc.returncode == 0, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, lines
+        assert re.fullmatch(pattern, lines[0]), lines[0]
+        if args[-1] == "--json":
+            payload = json.loads(proc.stdout)
+            assert payload["problems"] == [lines[0].removeprefix("error: ")]
+            assert by_name(payload)["ok"]["status"] == "loaded"  # the rest still load
+            assert payload["registries"]["model"]["ok-model"] == "ok"
+        else:
+            assert "error" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_replacement_is_listed_as_an_override(tmp_path):
+    source = """
+        from omnicore import hookimpl
+        from omnicore.specs import AttentionBackendSpec
+
+        @hookimpl
+        def omnicore_register_attention_backends(register):
+            register(AttentionBackendSpec(name="sdpa", impl="omnicore.attention.reference:sdpa_attention"),
+                     replace=True)
+    """
+    tag = uuid.uuid4().hex[:8]
+    site = _fake_site(tmp_path / "site", [{"dist": f"omnitest-over-{tag}", "eps": {"over": f"omnitest_over_{tag}"},
+                                           "modules": {f"omnitest_over_{tag}": source}}])
+    payload, stderr = plugins_json(site)
+    assert stderr == []
+    assert payload["overrides"] == [{"kind": "attention_backend", "name": "sdpa", "replaced": "omnicore", "by": "over"}]
+    assert payload["registries"]["attention_backend"]["sdpa"] == "over"
+    proc = run_cli(site, "plugins")
+    assert "override: attention_backend 'sdpa' from 'omnicore' replaced by 'over'" in proc.stdout.splitlines()

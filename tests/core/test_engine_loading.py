@@ -150,3 +150,20 @@ def test_explicit_platform_by_name(toy_host, toy_settings):
     with Engine("tiny:toy", host=toy_host, settings=toy_settings) as engine:
         [b] = engine.generate("x", seed=5)
     assert np.array_equal(a.frames, b.frames)
+
+
+def test_a_change_anywhere_in_the_builders_package_rebuilds_the_preset(tmp_path, monkeypatch):
+    """The fingerprint covers the builder's whole package (e.g. the model's layer definitions), not one file."""
+    from omnicore.engine.loading import builder_fingerprint
+
+    pkg = tmp_path / "src" / "fp_pkg_demo"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "presets.py").write_text("def build(target):\n    pass\n")
+    (pkg / "layers.py").write_text("WIDTH = 4\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    preset = PresetSpec(name="demo", builder="fp_pkg_demo.presets:build")
+    first = builder_fingerprint(preset)
+    assert builder_fingerprint(preset) == first
+    (pkg / "layers.py").write_text("WIDTH = 8\n")  # not the builder's module, same package
+    assert builder_fingerprint(preset) != first

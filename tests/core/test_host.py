@@ -30,16 +30,17 @@ def host(**env: str) -> PluginHost:
 
 
 class FakeDist:
-    def __init__(self, name: str, version: str = "1.0") -> None:
-        self.name, self.version = name, version
+    def __init__(self, name: str, version: str = "1.0", requires: list[str] | None = None) -> None:
+        self.name, self.version, self.requires = name, version, requires
 
 
 class FakeEP:
     """Duck-typed entry point: name, value, dist and load() are all the host uses."""
 
-    def __init__(self, name: str, obj: Any = None, *, dist: str | None = None, error: Exception | None = None):
+    def __init__(self, name: str, obj: Any = None, *, dist: str | None = None, error: Exception | None = None,
+                 requires: list[str] | None = None):
         self.name, self.value = name, f"fake_{name}.plugin"
-        self.dist = FakeDist(dist or f"dist-{name}")
+        self.dist = FakeDist(dist or f"dist-{name}", requires=requires)
         self._obj, self._error, self.loaded = obj, error, False
 
     def load(self) -> Any:
@@ -140,7 +141,8 @@ def test_unknown_name_in_env_list_gives_one_line_naming_it(var):
 @pytest.mark.parametrize("target, fragment", [
     ("omnitest_no_such_module_xyz.plugin", "ModuleNotFoundError"),
     ("json:no_such_attribute", "AttributeError"),
-    ("not a valid target!", ""),
+    ("not a valid target!", "is malformed (expected 'package.module' or 'package.module:attr')"),
+    ("json:", "is malformed"),
 ])
 def test_malformed_entry_point_is_failed_with_one_error_line(target, fragment):
     good = FakeEP("good", model_plugin("fine"))
@@ -150,10 +152,90 @@ def test_malformed_entry_point_is_failed_with_one_error_line(target, fragment):
     rec = h.records["broken"]
     assert rec.status == FAILED
     assert "\n" not in rec.error and target in rec.error and fragment in rec.error
-    assert rec.traceback and "Traceback" in rec.traceback
+    if "malformed" not in fragment:  # an import was attempted: its traceback is kept
+        assert rec.traceback and "Traceback" in rec.traceback
     assert h.records["good"].status == LOADED  # the rest still load
     assert [p for p in h.problems if "broken" in p] == [f"plugin 'broken' FAILED: {rec.error}"]
     assert len(h.problems) == 1
+
+
+def test_lists_also_accept_normalised_distribution_names():
+    eps = [FakeEP("a", model_plugin("ma"), dist="Omni-Plugin-A"), FakeEP("b", model_plugin("mb"), dist="omni-plugin-b")]
+    h = host(OMNICORE_PLUGINS="omni_plugin_a,omni.plugin.b")
+    h.load_entry_points(eps)
+    assert (h.records["a"].status, h.records["b"].status) == (LOADED, LOADED) and h.problems == []
+
+    eps = [FakeEP("a", model_plugin("ma"), dist="Omni-Plugin-A"), FakeEP("b", model_plugin("mb"), dist="omni-plugin-b")]
+    h = host(OMNICORE_DISABLE_PLUGINS="OMNI_PLUGIN_A")
+    h.load_entry_points(eps)
+    assert (h.records["a"].status, h.records["b"].status) == (DISABLED, LOADED) and not eps[0].loaded
+
+
+@pytest.mark.parametrize("requires, status", [
+    (["omnicore>=0.1,<99"], LOADED),
+    (["omnicore<0.0.1"], INCOMPATIBLE),
+    (["Omnicore (>=99)"], INCOMPATIBLE),  # old-style parentheses, other spelling of the name
+    (["omnicore<0.0.1; extra == 'legacy'"], LOADED),  # only with an extra: does not apply
+    (["omnicore-extras<0.0.1", "torch>=2"], LOADED),  # other distributions are not our business
+    (["omnicore >= nonsense"], INCOMPATIBLE),
+    (None, LOADED),
+])
+def test_requires_dist_on_omnicore_is_checked_before_import(requires, status):
+    ep = FakeEP("p", model_plugin("mp"), dist="omni-plugin-p", requires=requires)
+    h = host()
+    h.load_entry_points([ep])
+    rec = h.records["p"]
+    assert rec.status == status, rec.error
+    assert ep.loaded == (status == LOADED)  # an incompatible plugin is never imported
+    if status == INCOMPATIBLE:
+        assert h.problems == [f"plugin 'p' INCOMPATIBLE: {rec.error}"]
+        assert "omni-plugin-p 1.0" in rec.error and "\n" not in rec.error
+        assert "mp" not in h.models
+
+
+@pytest.mark.parametrize("api, status, fragment", [
+    (">=1.0,<2", LOADED, None),
+    (">=2,<3", INCOMPATIBLE, "does not admit this core's plugin API"),
+    ("one point oh", INCOMPATIBLE, "is not a version range"),
+])
+def test_plugin_api_range_is_checked_after_import(api, status, fragment):
+    class Plugin:
+        @staticmethod
+        def plugin_info():
+            return {"kind": "model", "api": api}
+
+        @hookimpl
+        def omnicore_register_models(self, register):
+            register(ModelSpec(name="api-model", impl="a.b:C"))
+
+    h = host()
+    rec = h.add_plugin(Plugin(), "apiplug")
+    assert rec.status == status
+    assert ("api-model" in h.models) == (status == LOADED)
+    if fragment:
+        assert fragment in rec.error and h.pm.get_plugin("apiplug") is None
+
+
+def test_registration_hooks_reject_wrappers():
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def omnicore_register_models(self, register):
+            register(ModelSpec(name="wrapped", impl="a.b:C"))
+            return (yield)
+
+    h = host()
+    rec = h.add_plugin(Wrapper(), "wrapper")
+    assert rec.status == FAILED
+    assert rec.error == "registration hooks take no wrappers: omnicore_register_models"
+    assert "wrapped" not in h.models and h.pm.get_plugin("wrapper") is None
+
+
+def test_empty_entry_point_group_is_silent(caplog):
+    h = host()
+    with caplog.at_level("DEBUG", logger="omnicore.plugins"):
+        h.load_entry_points([])
+    assert h.problems == []
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]
 
 
 def test_import_that_raises_or_exits_is_captured_but_keyboard_interrupt_propagates():

@@ -120,6 +120,27 @@ def test_explicitly_selected_platform_whose_probe_raises_aborts_naming_the_plugi
     assert info.value.plugin == "flakyhw" and "driver crashed" in str(info.value)
 
 
+def test_explicit_platform_whose_plugin_failed_to_import_names_that_plugin():
+    class FakeDist:
+        name, version, requires = "omni-plugin-gpu", "0.3", None
+
+    class BrokenEP:
+        name, value, dist = "gpu", "omni_gpu.plugin", FakeDist()
+
+        def load(self):
+            raise ImportError("libcudart.so.12: cannot open shared object file")
+
+    h = host(OMNICORE_PLATFORM="cuda")
+    h.load_entry_points([BrokenEP()])
+    with pytest.raises(UnknownName) as info:
+        h.select_platform()
+    assert str(info.value) == (
+        "unknown platform 'cuda'; known: cpu (from omnicore); plugins that did not load: gpu (omni-plugin-gpu 0.3) "
+        "failed: import of 'omni_gpu.plugin' failed: ImportError: libcudart.so.12: cannot open shared object file")
+    with pytest.raises(UnknownName, match=r"^unknown platform 'cuda'; known: cpu \(from omnicore\)$"):
+        host(OMNICORE_PLATFORM="cuda").select_platform()  # nothing failed: no hint
+
+
 def test_cpu_platform_impl_resolves_lazily():
     spec = host().select_platform()
     platform = spec.load_impl()()
@@ -188,6 +209,20 @@ def test_omnicore_attention_backend_hook_lets_a_plugin_prefer_its_kernel():
     h.add_plugin(Chooser(), "chooser")
     assert h.select_attention(AttentionRequirement(head_dim=64)).name == "lowprio"
     assert h.select_attention(AttentionRequirement(head_dim=32)).name == "sdpa"
+
+
+def test_a_hook_choosing_a_backend_that_cannot_serve_is_rejected_naming_it():
+    class BadChooser:
+        @hookimpl(tryfirst=True)
+        def omnicore_attention_backend(self, requirement, candidates):
+            return FP16_ONLY  # ignores the candidates: cannot do float32
+
+    h = host()
+    h.add_plugin(backend_plugin(FP16_ONLY), "fast")
+    h.add_plugin(BadChooser(), "chooser")
+    with pytest.raises(UnsupportedFeature, match=r"'fastattn' \(chosen by the omnicore_attention_backend hook\).*"
+                                                 r"dtype float32"):
+        h.select_attention(AttentionRequirement(dtype="float32", head_dim=64))
 
 
 def test_requirement_unmet_by_is_empty_exactly_when_every_constraint_holds():

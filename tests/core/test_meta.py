@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +45,7 @@ def test_hook_is_documented(hook):
     assert re.search(r"^Use in plugins:", doc, re.M), f"{hook}: no 'Use in plugins' paragraph"
     assert re.search(r"first non-``None`` result|Return value is ignored", doc), (
         f"{hook}: the docstring must say how results combine")
+    assert re.search(r"[Ww]rapper", doc), f"{hook}: the docstring must say whether wrappers are allowed"
     assert inspect.signature(func).return_annotation is not inspect.Signature.empty, f"{hook}: no return annotation"
 
 
@@ -51,6 +57,34 @@ def _test_sources() -> dict[Path, str]:
 def test_hook_has_a_test(hook):
     users = [p.relative_to(REPO) for p, text in _test_sources().items() if re.search(rf"\b{hook}\b", text)]
     assert users, f"no test under tests/ uses {hook}"
+
+
+def test_public_surface_is_exactly_all_and_every_name_resolves():
+    from omnicore import testing
+
+    assert set(omnicore.__all__) == {"PLUGIN_API_VERSION", "__version__", "hookimpl", "Engine", "AsyncEngine",
+                                     "GenerationRequest", "SamplingParams", "Output"}
+    for module in (omnicore, testing):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        omnicore.Nope  # noqa: B018
+
+
+KIT_FOR_KIND = {"model": "ModelPluginConformance", "platform": "PlatformConformance",
+                "attention_backend": "AttentionBackendConformance", "cache_method": "CacheMethodConformance"}
+
+
+def test_every_registry_record_type_is_exercised_by_the_conformance_kit():
+    from omnicore import testing
+    from omnicore.specs import SPEC_KINDS
+
+    assert set(KIT_FOR_KIND) == set(SPEC_KINDS)
+    kit_tests = (TESTS / "core" / "test_testing_kit.py").read_text()
+    for kind, kit in KIT_FOR_KIND.items():
+        assert kit in testing.__all__ and getattr(testing, kit) is not None, f"no conformance kit for {kind}"
+        assert re.search(rf"^class Test\w+\({kit}\):", kit_tests, re.M), (
+            f"tests/core/test_testing_kit.py runs no {kit} subclass against a real {kind} record")
 
 
 # ------------------------------------------------------------------------------------------- settings
@@ -103,3 +137,139 @@ def test_every_documented_flag_exists_on_the_cli():
     accepted |= {s for a in parser._actions for s in a.option_strings}
     missing = [o.cli_flag for o in OPTIONS if o.cli_flag and o.cli_flag not in accepted]
     assert not missing, f"documented flags the CLI does not accept: {missing}"
+
+
+# ------------------------------------------------------------------------------------------- layout (DESIGN §2)
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+PLUGIN_DIRS = sorted(p.parent for p in (REPO / "plugins").glob("*/pyproject.toml"))
+CORE_DEPS = {"pluggy", "attrs", "importlib-metadata", "torch", "safetensors", "huggingface-hub", "numpy", "pillow", "av"}
+
+
+def _toml(path: Path) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+def _req_names(reqs: list[str]) -> dict[str, str]:
+    from packaging.requirements import Requirement
+
+    return {Requirement(r).name.lower(): str(Requirement(r).specifier) for r in reqs}
+
+
+def test_root_is_a_workspace_with_the_pytest_markers():
+    root = _toml(REPO / "pyproject.toml")
+    assert "build-system" not in root, "the root pyproject is tooling only, never built"
+    markers = {m.split(":")[0] for m in root["tool"]["pytest"]["ini_options"]["markers"]}
+    assert {"slow", "gpu", "npu", "benchmark"} <= markers
+    for path in ("Makefile", ".ci/run", "core/pyproject.toml", "tests/core", "benchmarks"):
+        assert (REPO / path).exists(), path
+    assert (REPO / ".ci/run").stat().st_mode & 0o111, ".ci/run must be executable"
+
+
+def test_core_distribution_metadata():
+    project = _toml(REPO / "core/pyproject.toml")["project"]
+    assert project["name"] == "omnicore" and project["version"] == omnicore.__version__
+    assert project["scripts"] == {"omnicore": "omnicore.cli.main:main"}
+    assert project["entry-points"]["pytest11"] == {"omnicore": "omnicore.testing.pytest_plugin"}
+    deps = _req_names(project["dependencies"])
+    assert CORE_DEPS <= set(deps)
+    assert set(_req_names(project["optional-dependencies"]["serve"])) >= {
+        "fastapi", "uvicorn", "prometheus-client", "python-multipart"}
+    assert set(_req_names(project["optional-dependencies"]["test"])) >= {"pytest", "httpx", "openai", "schemathesis"}
+    every = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    assert not [r for r in every if "==" in r], "distributions declare ranges, never pins"
+    assert (REPO / "core/omnicore/py.typed").exists() and (REPO / "core" / project["readme"]).exists()
+
+
+@pytest.mark.parametrize("plugin_dir", PLUGIN_DIRS, ids=lambda p: p.name)
+def test_plugin_distribution_follows_the_naming_rule(plugin_dir):
+    from packaging.requirements import Requirement
+
+    name = plugin_dir.name
+    project = _toml(plugin_dir / "pyproject.toml")["project"]
+    assert project["name"] == "omni-plugin-" + name.replace("_", "-")
+    package = plugin_dir / f"omni_{name}"
+    assert (package / "__init__.py").exists() and (package / "py.typed").exists()
+    assert project["entry-points"]["omnicore"] == {name: f"omni_{name}.plugin"}
+    assert (plugin_dir / project["readme"]).exists()
+    reqs = {Requirement(r).name.lower(): Requirement(r) for r in project["dependencies"]}
+    core = reqs["omnicore"].specifier
+    assert omnicore.__version__ in core and any(s.operator == "<" for s in core), (
+        f"{project['name']} must require omnicore>=X,<Y admitting {omnicore.__version__}, got {core}")
+    assert not [r for r in project["dependencies"] if "==" in r], "plugins never pin (torch least of all)"
+
+
+def test_readme_quickstart_is_exactly_make_serve_and_make_test():
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    commands = [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make serve", "make test"]
+
+
+# ------------------------------------------------------------------------------------------- Makefile and CI
+
+
+def _make(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def ready_venv(tmp_path) -> Path:
+    """A venv stand-in whose install stamp is up to date: `make test` goes straight to pytest."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    stamp = venv / ".omnicore-installed"
+    stamp.touch()
+    later = time.time() + 3600
+    os.utime(stamp, (later, later))
+    return venv
+
+
+pytestmark_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+@pytestmark_make
+@pytest.mark.parametrize("target", ["test", "serve"])
+def test_make_creates_the_venv_then_installs_torch_then_every_distribution(target, tmp_path):
+    venv = tmp_path / "fresh"
+    plan = _make("-n", target, f"VENV={venv}").stdout.splitlines()
+    steps = [next(i for i, line in enumerate(plan) if needle in line)
+             for needle in ("-m venv", '"torch==2.13.0"', '-e "core[serve,test]"')]
+    assert steps == sorted(steps), plan
+    install = plan[steps[2]]
+    editable = re.findall(r"-e (\S+)", install)
+    assert editable[0] == '"core[serve,test]"', install
+    assert sorted(editable[1:]) == [f"plugins/{p.name}" for p in PLUGIN_DIRS], install
+    assert '"torch>=2.6"' in _make("-n", target, f"VENV={venv}", "TORCH_SPEC=torch>=2.6").stdout
+
+
+@pytestmark_make
+def test_make_test_fails_clearly_when_pytest_collects_nothing(ready_venv):
+    args = ["test", f"VENV={ready_venv}", "PYTEST_ARGS=-q -p no:cacheprovider tests/core/test_config.py -k zzz_none"]
+    proc = _make(*args)
+    assert proc.returncode != 0
+    assert "pytest collected no tests (exit 5)" in proc.stderr
+    proc = _make(*args, "ALLOW_NO_TESTS=1")
+    assert proc.returncode == 0 and "no tests selected (pytest exit 5); allowed" in proc.stderr
+
+
+@pytestmark_make
+def test_ci_run_goes_through_make_test(ready_venv):
+    env = {"VENV": str(ready_venv), "CI_PYTEST_ARGS": "tests/core/test_config.py -k flag_beats_env"}
+    proc = subprocess.run(["bash", str(REPO / ".ci/run")], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\b1 passed\b", proc.stdout)
+    env["CI_PYTEST_ARGS"] = "tests/core/test_config.py -k zzz_none"  # a narrowed run may select nothing
+    proc = subprocess.run(["bash", str(REPO / ".ci/run")], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0 and "make test: no tests selected" in proc.stderr

@@ -7,7 +7,14 @@ import textwrap
 
 import pytest
 
-from omnicore.testing import AttentionBackendConformance, ModelPluginConformance, PluginConformance
+from omnicore.cache.teacache import TeaCacheConfig
+from omnicore.testing import (
+    AttentionBackendConformance,
+    CacheMethodConformance,
+    ModelPluginConformance,
+    PlatformConformance,
+    PluginConformance,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -32,6 +39,18 @@ class TestToyModelConforms(ModelPluginConformance):
     plugin_module = "toy.plugin:ToyPlugin"
     plugin_name = "toy"
     params = {"num_inference_steps": 2, "height": 32, "width": 48}
+
+
+class TestCpuPlatformConforms(PlatformConformance):
+    platform = "cpu"
+
+
+class TestTeaCacheOnToyConforms(CacheMethodConformance):
+    cache_method = "teacache"
+    model = "tiny:toy"
+    plugin_module = "toy.plugin:ToyPlugin"
+    cache_config = TeaCacheConfig(force_hits=frozenset({2, 3}))  # the method really skips steps
+    params = {"num_inference_steps": 5, "height": 32, "width": 32}
 
 
 def test_omnicore_host_fixture_is_isolated(omnicore_host):
@@ -87,11 +106,22 @@ BAD_PLUGINS = {
         from omnicore.specs import ModelSpec
 
         def plugin_info():
-            return {"kind": "model", "api": ">=2,<3", "models": ["real", "imaginary"]}
+            return {"kind": "model", "api": ">=1.0,<2", "models": ["real", "imaginary"]}
 
         @hookimpl
         def omnicore_register_models(register):
             register(ModelSpec(name="real", impl="decimal:Decimal"))
+    """,
+    "plug_future_api": """
+        from omnicore import hookimpl
+        from omnicore.specs import ModelSpec
+
+        def plugin_info():
+            return {"kind": "model", "api": ">=2,<3", "models": ["future"]}
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="future", impl="decimal:Decimal"))
     """,
     "plug_dangling": """
         from omnicore import hookimpl
@@ -140,6 +170,9 @@ BAD_PLUGIN_TESTS = """
     class TestInfoLies(PluginConformance):
         plugin_module = "plug_info_lies"
 
+    class TestFutureApi(PluginConformance):
+        plugin_module = "plug_future_api"
+
     class TestDangling(PluginConformance):
         plugin_module = "plug_dangling"
 
@@ -162,6 +195,8 @@ def test_plugin_conformance_fails_each_broken_plugin(pytester):
     assert failing(out, "test_inner.py::TestMisspelled") == {
         "test_loads_and_registers_cleanly", "test_every_hook_function_is_marked_and_has_a_spec"}
     assert failing(out, "test_inner.py::TestInfoLies") == {"test_plugin_info_matches_registrations"}
+    assert failing(out, "test_inner.py::TestFutureApi") == {  # the host refuses it: status incompatible
+        "test_loads_and_registers_cleanly", "test_plugin_info_matches_registrations", "test_registration_is_repeatable"}
     assert failing(out, "test_inner.py::TestDangling") == {"test_every_lazy_path_resolves"}
     assert failing(out, "test_inner.py::TestOnce") == {"test_registration_is_repeatable"}
     assert failing(out, "test_inner.py::TestGood") == set()
@@ -243,3 +278,63 @@ def test_model_conformance_catches_nondeterministic_outputs(pytester):
     assert failed == {"test_same_seed_gives_identical_bytes", "test_weight_round_trip_gives_identical_outputs"}
     assert out["test_inner.py::TestNoisyToy::test_output_shape_and_type"] == "passed"
     assert out["test_inner.py::TestNoisyToy::test_invalid_requests_name_the_field"] == "passed"
+
+
+BAD_PLATFORM_AND_CACHE = {
+    "plug_bad_platform": """
+        import os
+        from omnicore import hookimpl
+        from omnicore.specs import PlatformSpec
+
+        def probe():
+            os.environ["OMNITEST_PROBED"] = "1"  # a side effect
+            return None
+
+        @hookimpl
+        def omnicore_register_platforms(register):
+            register(PlatformSpec(name="sloppy", impl="omnicore.platforms.cpu:CpuPlatform", probe="plug_bad_platform:probe",
+                                  attention_preference=("no_such_backend",)))
+    """,
+    "plug_bad_cache": """
+        from omnicore import hookimpl
+        from omnicore.specs import CacheMethodSpec
+
+        class Handle:
+            def remove(self):
+                pass  # forgets to undo what apply did
+
+        def apply(pipeline, config):
+            import torch
+            with torch.no_grad():
+                for p in pipeline.model.parameters():
+                    p.mul_(1.01)
+            return Handle()
+
+        @hookimpl
+        def omnicore_register_cache_methods(register):
+            register(CacheMethodSpec(name="teacache", impl="plug_bad_cache:apply"), replace=True)
+    """,
+}
+
+BAD_PLATFORM_AND_CACHE_TESTS = """
+    from omnicore.testing import CacheMethodConformance, PlatformConformance
+
+    class TestSloppyPlatform(PlatformConformance):
+        platform = "sloppy"
+        plugin_module = "plug_bad_platform"
+
+    class TestLeakyCache(CacheMethodConformance):
+        cache_method = "teacache"
+        model = "tiny:toy"
+        plugin_module = "toy.plugin:ToyPlugin"
+        cache_plugin_module = "plug_bad_cache"
+        params = {"num_inference_steps": 2, "height": 32, "width": 32}
+"""
+
+
+def test_platform_and_cache_kits_catch_broken_plugins(pytester, monkeypatch):
+    monkeypatch.setenv("OMNITEST_PROBED", "")  # restored (to unset) afterwards, whatever the probe does
+    out = run_inner(pytester, BAD_PLATFORM_AND_CACHE, BAD_PLATFORM_AND_CACHE_TESTS)
+    assert failing(out, "test_inner.py::TestSloppyPlatform") == {
+        "test_spec_is_well_formed", "test_probe_is_fast_stable_and_side_effect_free"}
+    assert failing(out, "test_inner.py::TestLeakyCache") == {"test_apply_then_remove_leaves_the_pipeline_unchanged"}

@@ -178,3 +178,35 @@ def test_the_authors_conformance_suite_passes(installed, tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
     assert "failed" not in summary and " passed" in summary
+
+
+# ------------------------------------------------------------------------------------------- our own wheels
+
+REPO = Path(__file__).resolve().parents[2]
+DISTRIBUTIONS = [REPO / "core", *sorted(p.parent for p in (REPO / "plugins").glob("*/pyproject.toml"))]
+
+
+@pytest.mark.parametrize("project", DISTRIBUTIONS, ids=lambda p: str(p.relative_to(REPO)))
+def test_each_distribution_builds_a_complete_wheel_on_its_own(project, tmp_path):
+    """DESIGN §2: every distribution builds alone (no workspace tooling), and the wheel carries what an
+    installed copy needs: the package, ``py.typed``, the entry points and the ``omnicore`` requirement."""
+    import zipfile
+
+    proc = _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path), str(project))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [wheel] = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(f"{dist_info}/METADATA").decode()
+        entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
+    package = "omnicore" if project.name == "core" else f"omni_{project.name}"
+    sources = {str(p.relative_to(project)) for p in (project / package).rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"  # py.typed, README.md ...
+    assert f"{package}/py.typed" in names
+    if project.name == "core":
+        assert "omnicore = omnicore.cli.main:main" in entry_points and "[pytest11]" in entry_points
+    else:
+        assert f"[omnicore]\n{project.name} = omni_{project.name}.plugin" in entry_points
+        assert any(line.startswith("Requires-Dist: omnicore") and "<" in line for line in metadata.splitlines())

@@ -1,4 +1,9 @@
-"""``omnicore plugins``: what is installed, its status and what it registered — without importing torch."""
+"""``omnicore plugins``: what is installed, its status and what it registered — without importing torch.
+
+Every problem (a failed or incompatible plugin, an unknown name in ``OMNICORE_PLUGINS`` /
+``OMNICORE_DISABLE_PLUGINS``, a duplicate) is printed exactly once, as one ``error:`` line on stderr; stdout
+carries only the listing (a table, ``--json``, or ``--requirements`` lines), so it stays machine-readable.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from ..plugins import LOADED, PluginHost
 
@@ -26,10 +32,12 @@ def run(args: argparse.Namespace) -> int:
             if rec.dist and rec.version and rec.dist != "omnicore":
                 print(f"{rec.dist}=={rec.version}")
         return 0
+    overrides = _overrides(host)
     if args.json:
         payload = {
             "plugins": [r.to_json() for r in records],
             "registries": {kind: reg.providers() for kind, reg in host.registries.items()},
+            "overrides": overrides,
             "problems": host.problems,
         }
         print(json.dumps(payload, indent=2, sort_keys=True))
@@ -44,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
-    for rec in records:
-        if rec.error:
-            print(f"  {rec.name}: {rec.error}")
+    for o in overrides:
+        print(f"override: {o['kind']} {o['name']!r} from {o['replaced']!r} replaced by {o['by']!r}")
     return 0
+
+
+def _overrides(host: PluginHost) -> list[dict[str, Any]]:
+    """Every ``register(..., replace=True)`` that took effect, oldest first."""
+    return [{"kind": kind, "name": name, "replaced": old, "by": new}
+            for kind, reg in host.registries.items() for name, old, new in reg.overrides]

@@ -69,14 +69,27 @@ def find_preset(host: PluginHost, ref: str) -> tuple[ModelSpec, PresetSpec]:
 
 
 def builder_fingerprint(preset: PresetSpec) -> str:
-    """Hash of the preset's builder: its path plus the source of the module defining it."""
+    """Hash of the preset's builder path plus every Python source of the package that defines it.
+
+    Hashing the whole package (not only the builder's module) means a change to, say, the model's layer
+    definitions or config schema also rebuilds the preset, so a cached checkpoint never goes stale.
+    """
     digest = hashlib.sha256(preset.builder.encode())
     fn = resolve(preset.builder)
     try:
         source_file = inspect.getsourcefile(fn)
-        digest.update(Path(source_file).read_bytes() if source_file else inspect.getsource(fn).encode())
-    except (OSError, TypeError):
+    except TypeError:
+        source_file = None
+    if not source_file:
         digest.update(repr(fn).encode())
+        return digest.hexdigest()
+    top = preset.builder.partition(":")[0].split(".")[0]
+    module_path = Path(source_file).resolve()
+    root = next((p for p in module_path.parents if p.name == top and (p / "__init__.py").is_file()), None)
+    files = sorted(root.rglob("*.py")) if root is not None else [module_path]
+    for path in files:
+        digest.update(str(path.relative_to(root) if root is not None else path.name).encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

@@ -21,15 +21,25 @@ from ..errors import (
     OmnicoreError,
     PlatformUnavailable,
     PluginError,
+    UnknownName,
     UnsupportedFeature,
 )
 from ..registry import Registry
 from ..specs import (
+    SPEC_KINDS,
     AttentionBackendSpec,
     AttentionRequirement,
     CacheMethodSpec,
     ModelSpec,
     PlatformSpec,
+)
+from ._compat import (
+    EP_VALUE,
+    api_mismatch,
+    core_requirement_conflict,
+    core_version,
+    dist_name_version,
+    normalise,
 )
 from ._trace import install_tracing, log_call
 from .records import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginRecord
@@ -39,12 +49,10 @@ logger = logging.getLogger("omnicore.plugins")
 ENTRY_POINT_GROUP = "omnicore"
 BUILTIN_NAME = "omnicore"
 
-_REGISTRATION_HOOKS: tuple[tuple[str, str, type], ...] = (
-    ("omnicore_register_models", "model", ModelSpec),
-    ("omnicore_register_platforms", "platform", PlatformSpec),
-    ("omnicore_register_attention_backends", "attention_backend", AttentionBackendSpec),
-    ("omnicore_register_cache_methods", "cache_method", CacheMethodSpec),
-)
+#: registration hook -> (registry kind, record type); e.g. omnicore_register_models -> ("model", ModelSpec)
+_REGISTRATION_KINDS: dict[str, tuple[str, type]] = {
+    f"omnicore_register_{kind}s": (kind, spec_type) for kind, spec_type in SPEC_KINDS.items()
+}
 
 
 def _one_line(exc: BaseException, limit: int = 400) -> str:
@@ -74,18 +82,13 @@ class PluginHost:
         self.records: dict[str, PluginRecord] = {}
         self.problems: list[str] = []  # one clear line each: unknown names in env lists, duplicates ...
         self.probe_failures: dict[str, str] = {}  # platform name -> traceback of its raising probe
-        self.registries: dict[str, Registry[Any]] = {
-            "model": Registry("model"),
-            "platform": Registry("platform"),
-            "attention_backend": Registry("attention_backend"),
-            "cache_method": Registry("cache_method"),
-        }
+        self.registries: dict[str, Registry[Any]] = {kind: Registry(kind) for kind in SPEC_KINDS}
         if self.settings.trace_plugins:
             install_tracing(self.pm)
         if builtins:
             from .. import _builtin
 
-            self.add_plugin(_builtin, BUILTIN_NAME, dist="omnicore", version=_core_version())
+            self.add_plugin(_builtin, BUILTIN_NAME, dist="omnicore", version=core_version())
         if autoload:
             self.load_entry_points()
 
@@ -108,46 +111,73 @@ class PluginHost:
 
     # ------------------------------------------------------------------ loading
     def load_entry_points(self, entry_points: Iterable[Any] | None = None) -> None:
-        """Discover, filter and import entry points of group ``omnicore``, each failure captured on its own."""
+        """Discover, filter and import entry points of group ``omnicore``, each failure captured on its own.
+
+        Per entry point (plugin-patterns §5): a duplicate name is rejected naming both distributions; the
+        allow/deny lists are applied (blocked plugins are never imported); the distribution's ``Requires-Dist``
+        on ``omnicore`` must admit this core (else ``incompatible``, not imported); then it is imported, with
+        ``Exception`` and ``SystemExit`` captured as ``failed``, and registered.
+        """
         eps = list(entry_points) if entry_points is not None else list(
             importlib_metadata.entry_points(group=ENTRY_POINT_GROUP)
         )
-        allow = self.settings.plugins
-        deny = self.settings.disable_plugins
-        names = {ep.name for ep in eps}
-        for listed, var in ((allow or (), "OMNICORE_PLUGINS"), (deny, "OMNICORE_DISABLE_PLUGINS")):
-            for unknown in sorted(set(listed) - names - {"*"}):
-                self._problem(
-                    f"{var} names unknown plugin {unknown!r} (installed: {', '.join(sorted(names)) or 'none'})"
-                )
-        seen: dict[str, str] = {}
+        if not eps:
+            logger.debug("no plugins installed in entry-point group %r", ENTRY_POINT_GROUP)
+            return
+        self._report_unknown_list_names(eps)
+        seen: dict[str, str] = {BUILTIN_NAME: "omnicore (built-in)"}
         for ep in eps:
-            dist = ep.dist.name if getattr(ep, "dist", None) is not None else None
-            version = ep.dist.version if getattr(ep, "dist", None) is not None else None
-            if ep.name in seen or ep.name == BUILTIN_NAME:
-                other = seen.get(ep.name, "omnicore (built-in)")
-                msg = f"entry point name {ep.name!r} is used by both {other} and {dist}; skipping the one from {dist}"
-                self._problem(msg)
-                self._record_failure(f"{ep.name}@{dist}", dist, version, ep.value, msg, None, 0.0)
+            dist, version = dist_name_version(ep)
+            if ep.name in seen:
+                self._problem(f"entry point name {ep.name!r} is used by both {seen[ep.name]} and {dist}; "
+                              f"skipping the one from {dist}")
+                self.records[f"{ep.name}@{dist}"] = PluginRecord(
+                    name=f"{ep.name}@{dist}", dist=dist, version=version, value=ep.value, status=FAILED,
+                    error=f"entry point name {ep.name!r} is already used by {seen[ep.name]}")
                 continue
             seen[ep.name] = str(dist)
-            if "*" in deny or ep.name in deny or (allow is not None and ep.name not in allow):
-                self.records[ep.name] = PluginRecord(
-                    name=ep.name, dist=dist, version=version, value=ep.value, status=DISABLED
-                )
+            record = PluginRecord(name=ep.name, dist=dist, version=version, value=ep.value)
+            self.records[ep.name] = record
+            if not self._allowed(ep.name, dist):
+                record.status = DISABLED
+                continue
+            conflict = core_requirement_conflict(getattr(ep, "dist", None))
+            if conflict is not None:
+                self._reject(record, INCOMPATIBLE, conflict, None)
+                continue
+            if not EP_VALUE.match(ep.value or ""):
+                self._reject(record, FAILED, f"entry point value {ep.value!r} is malformed (expected 'package.module' "
+                             "or 'package.module:attr')", None)
                 continue
             start = time.perf_counter()
             try:
                 obj = ep.load()
             except (Exception, SystemExit) as exc:  # KeyboardInterrupt propagates
-                self._record_failure(
-                    ep.name, dist, version, ep.value,
-                    f"import of {ep.value!r} failed: {_one_line(exc)}",
-                    traceback.format_exc(), time.perf_counter() - start,
-                )
+                record.import_s = time.perf_counter() - start
+                self._reject(record, FAILED, f"import of {ep.value!r} failed: {_one_line(exc)}",
+                             traceback.format_exc())
                 continue
             self.add_plugin(obj, ep.name, dist=dist, version=version, value=ep.value,
                             import_s=time.perf_counter() - start)
+
+    def _allowed(self, name: str, dist: str | None) -> bool:
+        """Deny-list first (``*`` = every third-party plugin), then the allow-list; both accept entry-point
+        or distribution names."""
+        keys = {normalise(name)} | ({normalise(dist)} if dist else set())
+        deny = {normalise(n) for n in self.settings.disable_plugins}
+        if "*" in deny or keys & deny:
+            return False
+        allow = self.settings.plugins
+        return allow is None or bool(keys & {normalise(n) for n in allow})
+
+    def _report_unknown_list_names(self, eps: Sequence[Any]) -> None:
+        installed = sorted({ep.name for ep in eps})
+        known = {normalise(ep.name) for ep in eps} | {
+            normalise(d) for d in (dist_name_version(ep)[0] for ep in eps) if d}
+        for listed, var in ((self.settings.plugins or (), "OMNICORE_PLUGINS"),
+                            (self.settings.disable_plugins, "OMNICORE_DISABLE_PLUGINS")):
+            for unknown in sorted(n for n in set(listed) if n != "*" and normalise(n) not in known):
+                self._problem(f"{var} names unknown plugin {unknown!r} (installed: {', '.join(installed)})")
 
     def add_plugin(
         self,
@@ -165,31 +195,37 @@ class PluginHost:
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:  # pluggy validates impl signatures against the specs here
-            self._fail(record, f"hook validation failed: {_one_line(exc)}", traceback.format_exc())
+            self._reject(record, FAILED, f"hook validation failed: {_one_line(exc)}", traceback.format_exc())
             return record
-        unknown = [
-            hc.name for hc in (self.pm.get_hookcallers(plugin) or []) if not hc.has_spec()
-            and not all(impl.optionalhook for impl in hc.get_hookimpls() if impl.plugin is plugin)
-        ]
+        callers = self.pm.get_hookcallers(plugin) or []
+        unknown = [hc.name for hc in callers if not hc.has_spec()
+                   and not all(impl.optionalhook for impl in hc.get_hookimpls() if impl.plugin is plugin)]
         if unknown:
-            self.pm.unregister(plugin)
-            record.status = INCOMPATIBLE
-            record.error = f"implements hooks this core does not know: {', '.join(sorted(unknown))}"
-            self._problem(f"plugin {name!r}: {record.error}")
+            self._reject(record, INCOMPATIBLE,
+                         f"implements hooks this core does not know: {', '.join(sorted(unknown))}", None)
             return record
-        record.hooks = sorted(hc.name for hc in (self.pm.get_hookcallers(plugin) or []))
+        wrapped = [hc.name for hc in callers if hc.name in _REGISTRATION_KINDS and any(
+            impl.wrapper or impl.hookwrapper for impl in hc.get_hookimpls() if impl.plugin is plugin)]
+        if wrapped:
+            self._reject(record, FAILED, f"registration hooks take no wrappers: {', '.join(sorted(wrapped))}", None)
+            return record
+        record.hooks = sorted(hc.name for hc in callers)
         info = getattr(plugin, "plugin_info", None)
         if callable(info):
             try:
                 record.info = dict(info())
             except Exception as exc:
-                self._fail(record, f"plugin_info() raised {_one_line(exc)}", traceback.format_exc())
+                self._reject(record, FAILED, f"plugin_info() raised {_one_line(exc)}", traceback.format_exc())
+                return record
+            mismatch = api_mismatch(record.info.get("api"))
+            if mismatch is not None:
+                self._reject(record, INCOMPATIBLE, mismatch, None)
                 return record
         self._run_registration(plugin, record)
         return record
 
     def _run_registration(self, plugin: object, record: PluginRecord) -> None:
-        for hook_name, kind, spec_type in _REGISTRATION_HOOKS:
+        for hook_name, (kind, spec_type) in _REGISTRATION_KINDS.items():
             caller = getattr(self.pm.hook, hook_name)
             for impl in caller.get_hookimpls():
                 if impl.plugin is not plugin:
@@ -206,7 +242,7 @@ class PluginHost:
                         error = _one_line(exc)
                     else:
                         error = f"{hook_name} raised {_one_line(exc)}"
-                    self._fail(record, error, traceback.format_exc())
+                    self._reject(record, FAILED, error, traceback.format_exc())
                     return
                 if self.settings.trace_plugins:
                     log_call(hook_name, record.name, time.perf_counter() - start, None)
@@ -223,28 +259,28 @@ class PluginHost:
 
         return register
 
-    def _fail(self, record: PluginRecord, error: str, tb: str | None) -> None:
+    def _reject(self, record: PluginRecord, status: str, error: str, tb: str | None) -> None:
+        """Mark ``record`` failed/incompatible: undo whatever it registered and report one problem line."""
         for registry in self.registries.values():
             registry.unregister_provider(record.name)
         record.registered.clear()
         plugin = self.pm.get_plugin(record.name)
         if plugin is not None:
             self.pm.unregister(plugin)
-        record.status = FAILED
+        record.status = status
         record.error = error
         record.traceback = tb
-        self._problem(f"plugin {record.name!r} FAILED: {error}")
-
-    def _record_failure(self, name: str, dist: str | None, version: str | None, value: str | None,
-                        error: str, tb: str | None, import_s: float) -> None:
-        self.records[name] = PluginRecord(name=name, dist=dist, version=version, value=value,
-                                          status=FAILED, error=error, traceback=tb, import_s=import_s)
-        if not error.startswith("entry point name"):
-            self._problem(f"plugin {name!r} FAILED: {error}")
+        self._problem(f"plugin {record.name!r} {status.upper()}: {error}")
 
     def _problem(self, line: str) -> None:
         self.problems.append(line)
         logger.warning("%s", line)
+
+    def not_loaded_summary(self) -> str:
+        """One line naming every plugin that failed or is incompatible (appended to "unknown name" errors,
+        since what a broken plugin would have registered is exactly what is missing)."""
+        broken = [r for r in self.records.values() if r.status in (FAILED, INCOMPATIBLE)]
+        return "; ".join(f"{r.name} ({r.dist or '?'} {r.version or '?'}) {r.status}: {r.error}" for r in broken)
 
     def require_loaded(self, name: str) -> None:
         """Raise the captured error when plugin ``name`` (e.g. the one providing the served model) failed."""
@@ -257,6 +293,10 @@ class PluginHost:
         """The explicit platform (failing loudly if unavailable) or the best available one."""
         name = name or self.settings.platform
         if name:
+            if name not in self.platforms:
+                raise UnknownName("platform", name, self.platforms.providers(),
+                                  hint=f"plugins that did not load: {self.not_loaded_summary()}"
+                                  if self.not_loaded_summary() else "")
             spec = self.platforms.get(name)
             rec = self.records.get(spec.provider)
             if rec is not None and rec.status != LOADED:
@@ -301,6 +341,10 @@ class PluginHost:
                 f"{s.name}: {', '.join(requirement.unmet_by(s.capabilities))}" for s in self.attention_backends
             )
             raise UnsupportedFeature("attention", f"no backend meets {requirement} ({detail or 'none registered'})")
+        unmet = requirement.unmet_by(chosen.capabilities)
+        if unmet:  # a tryfirst/wrapper implementation picked a backend outside the candidates
+            raise UnsupportedFeature(f"attention backend {chosen.name!r} (chosen by the omnicore_attention_backend "
+                                     f"hook)", "; ".join(unmet))
         return chosen
 
     def check_cache_methods(self, names: Sequence[str], model: ModelSpec | None = None) -> list[CacheMethodSpec]:
@@ -330,12 +374,6 @@ class PluginHost:
 
     def postprocess(self, request: Any, output: Any) -> Any:
         return self.pm.hook.omnicore_postprocess(request=request, output=output)
-
-
-def _core_version() -> str:
-    from .._version import __version__
-
-    return __version__
 
 
 _default: dict[str, PluginHost] = {}

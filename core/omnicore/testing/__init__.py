@@ -12,6 +12,8 @@ _LAZY = {
     "PluginConformance": "omnicore.testing.plugin:PluginConformance",
     "AttentionBackendConformance": "omnicore.testing.attention:AttentionBackendConformance",
     "ModelPluginConformance": "omnicore.testing.model:ModelPluginConformance",
+    "PlatformConformance": "omnicore.testing.platform:PlatformConformance",
+    "CacheMethodConformance": "omnicore.testing.cache:CacheMethodConformance",
     "isolated_host": "omnicore.testing.plugin:isolated_host",
 }
 

@@ -1,0 +1,90 @@
+"""Checks for platform (hardware backend) registrations: :class:`PlatformConformance`."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from ..errors import PlatformUnavailable
+from ..plugins.host import PluginHost
+from ..specs import PlatformSpec
+from .plugin import add_to_host, isolated_host
+
+
+class PlatformConformance:
+    """Conformance checks for one registered platform (plugin-patterns §12 ``BackendPluginTests``).
+
+    Attributes to set:
+      ``platform``: the registered platform name. Required.
+      ``plugin_module``: entry-point target of the plugin registering it (``None`` for core built-ins).
+      ``probe_budget_s``: the most a probe may take (it runs at every start-up), default 2 s.
+    """
+
+    platform: str = ""
+    plugin_module: str | None = None
+    plugin_name: str | None = None
+    probe_budget_s: float = 2.0
+
+    @pytest.fixture
+    def platform_host(self) -> PluginHost:
+        if not self.platform:
+            pytest.fail(f"{type(self).__name__}: set `platform` to the registered platform name")
+        host = isolated_host()
+        if self.plugin_module:
+            name = self.plugin_name or self.plugin_module.split(":")[0].split(".")[0]
+            record = add_to_host(host, self.plugin_module, name)
+            assert record.status == "loaded", record.error
+        return host
+
+    @pytest.fixture
+    def platform_spec(self, platform_host: PluginHost) -> PlatformSpec:
+        return platform_host.platforms.get(self.platform)
+
+    def test_spec_is_well_formed(self, platform_host: PluginHost, platform_spec: PlatformSpec) -> None:
+        assert isinstance(platform_spec.priority, int)
+        assert platform_spec.device_type, "device_type must name the torch device type (cpu, cuda, npu ...)"
+        impl = platform_spec.load_impl()
+        assert isinstance(impl, type), f"impl {platform_spec.impl!r} must name a platform class"
+        unknown = [b for b in platform_spec.attention_preference if b not in platform_host.attention_backends]
+        assert not unknown, f"attention_preference names unregistered backends {unknown}"
+
+    def test_probe_is_fast_stable_and_side_effect_free(self, platform_spec: PlatformSpec) -> None:
+        env_before = dict(os.environ)
+        start = time.perf_counter()
+        first = platform_spec.unavailable_reason()
+        elapsed = time.perf_counter() - start
+        second = platform_spec.unavailable_reason()
+        assert first is None or (isinstance(first, str) and first.strip()), (
+            f"probe must return None (usable) or a non-empty reason, got {first!r}")
+        assert first == second, f"probe is not stable: {first!r} then {second!r}"
+        assert elapsed <= self.probe_budget_s, f"probe took {elapsed:.2f} s (budget {self.probe_budget_s} s)"
+        assert dict(os.environ) == env_before, "probe changed os.environ"
+
+    def test_selection_honours_availability(self, platform_host: PluginHost, platform_spec: PlatformSpec) -> None:
+        reason = platform_spec.unavailable_reason()
+        if reason is None:
+            assert platform_host.select_platform(self.platform).name == platform_spec.name
+        else:  # explicit selection of an unavailable platform fails loudly with the probe's reason
+            with pytest.raises(PlatformUnavailable, match=reason[:40].replace("(", r"\(").replace(")", r"\)")):
+                platform_host.select_platform(self.platform)
+
+    def test_device_api_behaves(self, platform_spec: PlatformSpec) -> None:
+        if platform_spec.unavailable_reason() is not None:
+            pytest.skip(f"platform {self.platform!r} is unavailable here: {platform_spec.unavailable_reason()}")
+        import torch
+
+        plat: Any = platform_spec.load_impl()()
+        device = plat.device()
+        assert isinstance(device, torch.device) and device.type == platform_spec.device_type
+        x = torch.ones(256, 256, device=device)
+        plat.synchronize()
+        plat.reset_peak_memory()
+        for name in ("memory_allocated", "max_memory_allocated"):
+            value = getattr(plat, name)()
+            assert isinstance(value, int) and value >= 0, f"{name}() returned {value!r}"
+        plat.empty_cache()
+        assert isinstance(plat.default_dtype(), torch.dtype)
+        assert float((x @ x).sum()) == 256.0 ** 3
