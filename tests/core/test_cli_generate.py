@@ -131,3 +131,41 @@ def test_request_batch_max_wait_flag_is_a_float_in_the_settings():
     args = build_parser().parse_args(["generate", "tiny:toy", "x", "-o", "a.png", "--request-batch-max-wait-ms", "250"])
     assert args.request_batch_max_wait_ms == 250.0 and type(args.request_batch_max_wait_ms) is float
     assert generate_cmd.settings_from_args(args).request_batch_max_wait_ms == 250.0
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("teacache", "teacache"),
+    ("teacache:rel_l1_thresh=0.3", ("teacache", {"rel_l1_thresh": 0.3})),
+    ("adaln_schedule:offload_weights=true", ("adaln_schedule", {"offload_weights": True})),
+    ("teacache:force_hits=[2,3],warmup_steps=1", ("teacache", {"force_hits": [2, 3], "warmup_steps": 1})),
+    ("x:label=plain text", ("x", {"label": "plain text"})),
+])
+def test_cache_flag_parses_method_options(text, expected):
+    from omnicore.cli.main import parse_cache_arg
+
+    assert parse_cache_arg(text) == expected
+
+
+@pytest.mark.parametrize("bad", [":a=1", "teacache:novalue", "teacache:=3"])
+def test_malformed_cache_flag_is_an_argparse_error(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "tiny:toy", "x", "-o", "out.png", "--cache", bad])
+    assert exc.value.code == 2
+    assert "--cache" in capsys.readouterr().err
+
+
+def test_cache_options_reach_the_method(cli_host, tmp_path, capsys):
+    """AdaLN weight offload switched on from the command line still gives the exact bytes; an unknown option
+    is a clear error naming the method."""
+    out = tmp_path / "adaln.png"
+    rc = main(["generate", "tiny:toy-adaln", "a lamp", "-o", str(out), "--seed", "4", "--steps", "3",
+               "--cache", "adaln_schedule:offload_weights=true", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    with Engine("tiny:toy-adaln", host=cli_host[0], settings=Settings(cache_dir=str(tmp_path / "cache"))) as engine:
+        [ref] = engine.generate("a lamp", seed=4, num_inference_steps=3)
+    assert np.array_equal(np.asarray(Image.open(out).convert("RGB")), ref.frames[0])
+    rc = main(["generate", "tiny:toy-adaln", "a lamp", "-o", str(tmp_path / "bad.png"), "--steps", "2",
+               "--cache", "adaln_schedule:no_such_option=1", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "adaln_schedule" in err and "no_such_option" in err

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .._version import PLUGIN_API_VERSION, __version__
 from ..config import finite_non_negative
@@ -27,6 +29,40 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_cache_arg(text: str) -> str | tuple[str, dict[str, Any]]:
+    """``--cache NAME`` or ``--cache NAME:KEY=VALUE[,KEY=VALUE...]``; values are JSON when they parse as JSON
+    (``0.3``, ``true``, ``[2,3]``), else plain strings. Options are checked by the cache method itself."""
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not name:
+        raise argparse.ArgumentTypeError(f"--cache needs a method name, got {text!r}")
+    if not sep:
+        return name
+    options: dict[str, Any] = {}
+    for item in _split_top_level(rest):
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            raise argparse.ArgumentTypeError(f"--cache {name}: expected KEY=VALUE, got {item!r}")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return name, options
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets, so ``force_hits=[2,3],warmup_steps=1`` gives two items."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "[{("
+        depth -= ch in "]})"
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item for item in items if item.strip()]
+
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--platform", help="platform to run on (default: best available; env OMNICORE_PLATFORM)")
@@ -35,8 +71,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue", type=int, help="bounded queue length (env OMNICORE_MAX_QUEUE)")
     g.add_argument("--request-batch-max-wait-ms", type=_non_negative_float,
                    help="admission wait in ms, finite and >= 0 (env OMNICORE_REQUEST_BATCH_MAX_WAIT_MS)")
-    g.add_argument("--cache", action="append", default=[], metavar="METHOD",
-                   help="enable a cache method (repeatable): teacache, first_block_cache, adaln_schedule ...")
+    g.add_argument("--cache", action="append", default=[], metavar="METHOD[:KEY=VALUE,...]", type=parse_cache_arg,
+                   help="enable a cache method (repeatable): teacache, first_block_cache, adaln_schedule ...; "
+                        "options after a colon, e.g. teacache:rel_l1_thresh=0.3 or adaln_schedule:offload_weights=true")
     g.add_argument("--offload", choices=("none", "model", "layerwise"), default="none",
                    help="CPU offload of weights between uses")
 
