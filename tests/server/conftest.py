@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,10 +37,12 @@ class LiveServer:
     def __init__(self, app: Any) -> None:
         import uvicorn
 
+        from omnicore.server.lifecycle import DrainingServer
+
         self.app = app
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=10)
-        self.server = uvicorn.Server(config)
+        self.server = DrainingServer(config, app.state.ctx)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.port = 0
         self.url = ""
@@ -55,7 +59,8 @@ class LiveServer:
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        """What SIGTERM does: drain first, then uvicorn's shutdown and the app's lifespan shutdown."""
+        self.server.handle_exit(signal.SIGTERM, None)
         self.thread.join(30)
         assert not self.thread.is_alive(), "uvicorn did not stop"
 
@@ -110,3 +115,21 @@ def client_for() -> Iterator[Callable[[LiveServer], httpx.Client]]:
     yield make
     for c in clients:
         c.close()
+
+
+def read_events(resp: httpx.Response, stop: Callable[[dict], bool] | None = None) -> list[dict]:
+    """Parse an SSE response into ``{"id", "event", "data"}`` dicts until ``stop(event)`` or the stream ends."""
+    events: list[dict] = []
+    cur: dict = {}
+    for line in resp.iter_lines():
+        if line:
+            key, _, value = line.partition(": ")
+            cur[key] = value
+            continue
+        if cur:
+            ev = {"id": int(cur["id"]), "event": cur["event"], "data": json.loads(cur["data"])}
+            events.append(ev)
+            cur = {}
+            if stop is not None and stop(ev):
+                break
+    return events

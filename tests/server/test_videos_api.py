@@ -39,7 +39,7 @@ def test_openai_sdk_videos_create_retrieve_download(make_server):
         warnings.simplefilter("ignore", DeprecationWarning)  # the SDK marks the Sora API deprecated
         video = client.videos.create(prompt="a dog on a beach", seconds="1", size="32x32",
                                      extra_body={"seed": 99, "num_inference_steps": 3, "fps": 8})
-        assert video.status in ("queued", "in_progress") and video.id.startswith("video_")
+        assert video.status == "queued" and video.id.startswith("video_")  # created, not yet started (§9)
         for _ in range(600):
             video = client.videos.retrieve(video.id)
             if video.status in ("completed", "failed"):
@@ -230,3 +230,23 @@ def test_sync_video_and_reference_image_gating(make_server, client_for):
     assert r.status_code == 400 and r.json()["error"]["param"] == "seconds"
     r = c.post("/v1/videos", content=b"prompt", headers={"content-type": "text/plain"})
     assert r.status_code == 415
+
+
+def test_cancel_and_delete_answer_202_until_the_worker_stops(make_server, client_for):
+    srv = make_server(step_delay_s=0.6, cancel_wait_s=0.05)
+    c = client_for(srv)
+    vid = c.post("/v1/videos", json={"prompt": "stubborn", "num_frames": 2, "num_inference_steps": 50}).json()["id"]
+    deadline = time.monotonic() + 30
+    while (c.get(f"/v1/videos/{vid}").json().get("step") or 0) < 1:  # now inside a slow step, past its check
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = c.post(f"/v1/videos/{vid}/cancel")
+    assert r.status_code == 202
+    assert r.json()["status"] == "in_progress" and r.json()["cancel_requested"] is True
+    r = c.delete(f"/v1/videos/{vid}")  # a second cancel is idempotent; the deletion waits for the worker
+    assert r.status_code == 202 and r.json()["deleted"] is False and r.json()["job"]["id"] == vid
+    deadline = time.monotonic() + 10
+    while c.get(f"/v1/videos/{vid}").status_code != 404:  # deleted once the current step ended
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert srv.ctx.engine.stats()["steps_executed"] < 50

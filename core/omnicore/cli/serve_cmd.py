@@ -103,6 +103,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
 
     from ..engine.api import Engine
     from ..server.app import create_app
+    from ..server.lifecycle import DrainingServer
     from ..server.settings import server_settings_from
 
     ss = server_settings_from(settings)
@@ -117,7 +118,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     app = create_app(settings=ss, loader=loader, model_arg=model)
     config = uvicorn.Config(app, host=ss.host, port=ss.port, log_level="info", lifespan="on",
                             timeout_graceful_shutdown=int(ss.shutdown_grace_s) + 5)
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.ctx)
     base = f"http://{ss.host if ':' not in ss.host else f'[{ss.host}]'}:{ss.port}"
 
     def announce() -> None:

@@ -59,14 +59,28 @@ class ServerContext:
         """Adopt a loaded engine: recover the store (restart table), re-enqueue queued jobs, become ready."""
         self.engine = engine
         self.served = ServedModel.from_spec(engine.spec, self.model_arg, created=int(time.time()))
-        self.jobs = JobManager(engine, self.store, self.settings, self.metrics, self.hub)
+        self.jobs = JobManager(engine, self.store, self.settings, self.metrics, self.hub,
+                               on_worker_died=self._worker_died)
         requeue = self.store.recover(self.served.names)
         self.store.expire(self.settings.job_ttl_s)
         self.metrics.on_scrape(self._refresh_gauges)
+        for record in getattr(getattr(engine, "host", None), "records", {}).values():
+            self.metrics.plugins.labels(plugin=record.name, status=str(record.status)).set(1)
         self.readiness.set("ok")
         self.metrics.ready.set(1)
         for job_id in requeue:
             self._requeue(job_id)
+
+    def begin_drain(self) -> None:
+        """Shutdown step one (SIGTERM): ``/health`` says ``draining``, new work gets 503, queued jobs are held."""
+        self.readiness.set("draining")
+        self.metrics.ready.set(0)
+        if self.jobs is not None:
+            self.jobs.begin_drain()
+
+    def _worker_died(self, reason: str) -> None:
+        self.readiness.set("unhealthy", error=reason)
+        self.metrics.ready.set(0)
 
     def _requeue(self, job_id: str) -> None:
         from .routes_videos import rebuild_request
@@ -222,8 +236,8 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
 
 
 def _shutdown(ctx: ServerContext, owns_engine: bool) -> None:
-    ctx.readiness.set("draining")
-    ctx.metrics.ready.set(0)
+    """Graceful shutdown (§11): drain, let running work finish within the grace, stop the rest, flush the store."""
+    ctx.begin_drain()
     try:
         if ctx.jobs is not None:
             ctx.jobs.shutdown(ctx.settings.shutdown_grace_s)

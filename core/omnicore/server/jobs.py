@@ -15,6 +15,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,17 +24,17 @@ import attrs
 from .. import errors as core_errors
 from ..outputs.options import EncodeOptions
 from .errors import ApiError, from_core, job_error_code
-from .metrics import Metrics
+from .metrics import Metrics, observe_stages
+from .progress import api_phase, phase_fraction, weighted_progress
 from .settings import ServerSettings
 from .sse import EventHub
 from .store import JobStore
 
 logger = logging.getLogger("omnicore.server")
 
+PROGRESS_KEYS = ("status", "phase", "phase_progress", "step", "total_steps", "progress", "updated_at")
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
-# engine phase -> API phase (serving-api.md §9: one closed enumeration)
-_PHASES = {"queued": "queued", "preprocess": "preprocess", "encode": "encode", "denoise": "denoise",
-           "decode": "decode", "postprocess": "encode_output"}
+_STARTED = ("encode", "denoise", "decode", "postprocess")  # engine phases that mean the worker has the job
 
 
 def new_id(prefix: str) -> str:
@@ -56,6 +57,7 @@ class LiveJob:
     engine_job: Any = None
     status: str = "queued"  # API status
     phase: str | None = "queued"
+    phase_progress: float | None = None
     step: int | None = None
     total_steps: int | None = None
     progress: int = 0
@@ -75,21 +77,31 @@ class LiveJob:
 
 
 class JobManager:
-    def __init__(self, engine: Any, store: JobStore | None, settings: ServerSettings, metrics: Metrics,
-                 hub: EventHub) -> None:
+    """Admits jobs into the engine, tracks them, and records how each one ends.
+
+    A monitor thread ticks every ``heartbeat_interval_s``: it advances the heartbeat of running jobs, checks
+    that the engine worker is alive (a dead one fails every active job with ``worker_died`` and calls
+    ``on_worker_died``), and removes finished jobs whose TTL ran out.
+    """
+
+    def __init__(self, engine: Any, store: JobStore, settings: ServerSettings, metrics: Metrics,
+                 hub: EventHub, on_worker_died: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self.store = store
         self.settings = settings
         self.metrics = metrics
         self.hub = hub
+        self.on_worker_died = on_worker_died
+        self.worker_error: str | None = None
         self._lock = threading.Lock()
         self._live: dict[str, LiveJob] = {}
         self._durations: deque[float] = deque(maxlen=32)
         self._stopping = False
+        self._drain_t0 = 0.0
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="omnicore-finish")
-        self._heartbeat_stop = threading.Event()
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="omnicore-heartbeat", daemon=True)
-        self._heartbeat.start()
+        self._monitor_stop = threading.Event()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="omnicore-monitor", daemon=True)
+        self._monitor.start()
 
     # ------------------------------------------------------------------ admission
     @property
@@ -123,6 +135,9 @@ class JobManager:
         model rejects the request, 503 when the engine is closed).
         """
         with self._lock:
+            if self.worker_error is not None:
+                raise ApiError(503, "worker_unavailable", f"the engine worker died: {self.worker_error}",
+                               headers={"Retry-After": "30"})
             if self._stopping:
                 raise ApiError(503, "draining", "the server is shutting down", headers={"Retry-After": "5"})
             active = sum(1 for j in self._live.values() if not j.done.is_set())
@@ -153,56 +168,85 @@ class JobManager:
 
     # ------------------------------------------------------------------ progress (engine threads)
     def _on_event(self, live: LiveJob, ev: Any) -> None:
-        if ev.phase in ("done", "failed", "cancelled"):
-            return  # the watcher records terminal states after the results are written
+        if ev.terminal:
+            return  # the finisher records terminal states after the results are written
         job = live.engine_job
-        if live.status == "queued" and (job is not None and job.status == "running" or
-                                        ev.phase in ("encode", "denoise", "decode", "postprocess")):
+        if live.status == "queued" and (ev.phase in _STARTED or (job is not None and job.status == "running")):
             live.status = "in_progress"
             live.started = time.time()
-        phase = _PHASES.get(ev.phase, ev.phase)
-        if live.status == "queued":
-            phase = "queued" if ev.phase == "queued" else phase
-        prev_step = live.step
-        live.phase = phase
+        phase = api_phase(ev.phase) if live.status == "in_progress" else "queued"
+        prev_step = live.step or 0
         if ev.total_steps:
             live.step, live.total_steps = ev.step, ev.total_steps
-        live.progress = max(live.progress, min(99, int(ev.progress * 100)))
-        if ev.phase == "encode":
+        if phase == "encode":
             live.step_clock = time.perf_counter()
-        if phase == "denoise" and ev.step and ev.step > (prev_step or 0):
-            n = ev.step - (prev_step or 0)
-            now_t = time.perf_counter()
+        if phase == "denoise" and ev.step > prev_step:
+            n, now_t = ev.step - prev_step, time.perf_counter()
             self.metrics.steps.labels(result="computed").inc(n)
             if live.step_clock is not None:
                 for _ in range(n):
                     self.metrics.step.observe((now_t - live.step_clock) / n)
             live.step_clock = now_t
+        self._set_phase(live, phase, phase_fraction(phase, ev.step, ev.total_steps))
+
+    def _set_phase(self, live: LiveJob, phase: str, fraction: float | None) -> None:
+        """Record a phase change or step: in memory, in the store and on the job's event stream."""
+        live.phase, live.phase_progress = phase, fraction
+        live.progress = max(live.progress, weighted_progress(phase, fraction))
         if not live.persisted:
             return
         now = int(time.time())
-        changes: dict[str, Any] = {"status": live.status, "phase": phase, "step": live.step,
-                                   "total_steps": live.total_steps, "progress": live.progress, "updated_at": now,
-                                   "queue_position": None}
+        changes: dict[str, Any] = {"status": live.status, "phase": phase, "phase_progress": fraction,
+                                   "step": live.step, "total_steps": live.total_steps, "progress": live.progress,
+                                   "updated_at": now, "queue_position": None}
         if live.status == "in_progress" and live.started is not None:
             changes["started_at"] = int(live.started)
         self.store.update(live.id, **changes)
-        self.hub.publish(live.id, "video.progress", {
-            "id": live.id, "status": live.status, "phase": phase, "phase_progress": None, "step": live.step,
-            "total_steps": live.total_steps, "progress": live.progress, "updated_at": now})
+        self.hub.publish(live.id, "video.progress", {"id": live.id, **{k: changes[k] for k in PROGRESS_KEYS}})
 
-    def _heartbeat_loop(self) -> None:
-        while not self._heartbeat_stop.wait(self.settings.heartbeat_interval_s):
-            now = int(time.time())
-            with self._lock:
-                jobs = [j for j in self._live.values() if j.persisted and not j.done.is_set()]
-            for j in jobs:
+    # ------------------------------------------------------------------ monitor (heartbeat, liveness, TTL)
+    def _monitor_loop(self) -> None:
+        while not self._monitor_stop.wait(self.settings.heartbeat_interval_s):
+            for task in (self._check_worker, self._heartbeat, self._expire):
                 try:
-                    if j.status == "in_progress":
-                        self.store.update(j.id, updated_at=now)
-                    self.hub.publish(j.id, "video.heartbeat", {"id": j.id, "phase": j.phase, "updated_at": now})
-                except Exception:  # never let the heartbeat die
-                    logger.exception("heartbeat for %s failed", j.id)
+                    task()
+                except Exception:  # the monitor must never die
+                    logger.exception("job monitor: %s failed", task.__name__)
+
+    def _heartbeat(self) -> None:
+        now = int(time.time())
+        with self._lock:
+            jobs = [j for j in self._live.values() if j.persisted and not j.done.is_set()]
+        for j in jobs:
+            if j.status == "in_progress":
+                self.store.update(j.id, updated_at=now)
+            self.hub.publish(j.id, "video.heartbeat", {"id": j.id, "phase": j.phase, "updated_at": now})
+
+    def _expire(self) -> None:
+        for job_id in self.store.expire(self.settings.job_ttl_s):
+            self.hub.forget(job_id)
+
+    def _check_worker(self) -> None:
+        """A dead engine worker fails its jobs with ``worker_died`` and makes the server unhealthy (§10)."""
+        if self.worker_error is not None or self._stopping or getattr(self.engine, "worker_alive", True):
+            return  # (while draining, the engine's worker stops on purpose)
+        self.worker_error = "the engine worker thread is no longer running"
+        logger.error("engine worker died; failing active jobs")
+        with self._lock:
+            jobs = [j for j in self._live.values() if not j.done.is_set() and not j.finishing]
+            for j in jobs:
+                j.finishing = True  # the engine will never report these jobs' ends
+        for j in jobs:
+            j.status, j.error_code = "failed", "worker_died"
+            j.error = RuntimeError(self.worker_error)
+            if j.engine_job is not None:
+                j.engine_job.cancel()
+            if j.persisted:
+                self._record_terminal(j, "failed", {"code": "worker_died", "message": self.worker_error})
+            self.metrics.jobs.labels(task=j.task, status="failed").inc()
+            self._release(j)
+        if self.on_worker_died is not None:
+            self.on_worker_died(self.worker_error)
 
     # ------------------------------------------------------------------ completion (watcher threads)
     def _on_terminal(self, live: LiveJob, ev: Any) -> None:
@@ -260,59 +304,68 @@ class JobManager:
                                                        "message": f"{type(job.error).__name__}: {job.error}"})
         self.metrics.jobs.labels(task=live.task, status=live.status).inc()
         if job.started_at and job.finished_at:
-            self.metrics.stage.labels(stage="queued").observe(max(0.0, job.started_at - job.created_at))
+            queued_s = max(0.0, job.started_at - job.created_at)
+            self.metrics.stage.labels(stage="queued").observe(queued_s)
             self._durations.append(job.finished_at - job.started_at)
+            if live.outputs:
+                timings = {**(job.metrics or {}), **live.outputs[0].metrics}
+                observe_stages(self.metrics, timings, max(0.0, time.time() - live.created - queued_s))
+                peak = timings.get("peak_memory_bytes")
+                if isinstance(peak, (int, float)):
+                    device = getattr(getattr(self.engine, "platform", None), "name", None) or "device"
+                    self.metrics.device_peak.labels(device=str(device)).set(peak)
 
-    def _timings(self, live: LiveJob, job: Any, completed: float) -> dict[str, float]:
-        timings: dict[str, float] = {}
-        if job.started_at:
-            timings["queued_s"] = round(max(0.0, job.started_at - job.created_at), 4)
-        metrics = dict(getattr(job, "metrics", {}) or {})
-        if live.outputs:
-            metrics.update({k: v for k, v in live.outputs[0].metrics.items() if isinstance(v, (int, float))})
-        for key, value in metrics.items():
-            if key.endswith("_s") and key not in timings:
-                timings[key] = round(float(value), 4)
-        timings["total_s"] = round(completed - live.created, 4)
-        return timings
+    def _timings(self, live: LiveJob, job: Any, completed: float, save_s: float) -> dict[str, float]:
+        """The Job ``timings`` object (§8): seconds per contract stage, from the engine's and our own clocks."""
+        metrics = {**(job.metrics or {}), **(live.outputs[0].metrics if live.outputs else {})}
+
+        def sec(key: str) -> float:
+            value = metrics.get(key)
+            return float(value) if isinstance(value, (int, float)) else 0.0
+
+        timings = {"queued_s": max(0.0, (job.started_at or job.created_at) - job.created_at),
+                   "preprocess_s": sec("preprocess_s"), "encode_s": sec("encode_s"), "denoise_s": sec("denoise_s"),
+                   "decode_s": sec("decode_s"), "encode_output_s": sec("postprocess_s") + save_s,
+                   "finalize_s": max(0.0, time.time() - completed), "total_s": completed - live.created}
+        return {k: round(v, 4) for k, v in timings.items()}
 
     def _complete_video(self, live: LiveJob, job: Any) -> None:
         out = live.outputs[0]
         if out.fps is None:  # a one-frame clip from a model that only stamps fps on multi-frame output
             out = attrs.evolve(out, kind="video", fps=job.request.params.fps)
-        live.phase = "encode_output"
-        self.store.update(live.id, phase="encode_output", progress=99, updated_at=int(time.time()))
-        self.hub.publish(live.id, "video.progress", {"id": live.id, "status": "in_progress", "phase": "encode_output",
-                                                     "phase_progress": None, "step": live.step,
-                                                     "total_steps": live.total_steps, "progress": 99,
-                                                     "updated_at": int(time.time())})
+        self._set_phase(live, "encode_output", 0.0)
         t0 = time.perf_counter()
         path = out.save(self.store.result_path(live.id, "mp4"), EncodeOptions(durable=True))  # temp, fsync, rename
-        self.metrics.stage.labels(stage="encode_output").observe(time.perf_counter() - t0)
+        save_s = time.perf_counter() - t0
+        self.metrics.stage.labels(stage="encode_output").observe(save_s)
+        self._set_phase(live, "finalize", 0.0)
+        t_final = time.perf_counter()
         completed = time.time()
         ttl = self.settings.job_ttl_s
         params = job.request.params
         record = self.store.update(
-            live.id, result_path=path, status="completed", phase=None, progress=100, completed_at=int(completed),
+            live.id, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
+            completed_at=int(completed),
             updated_at=int(completed), expires_at=int(completed + ttl) if ttl > 0 else None, cancel_requested=False,
             seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
             fps=out.fps if out.fps is not None else params.fps, size=f"{out.width}x{out.height}",
-            step=live.total_steps, total_steps=live.total_steps, timings=self._timings(live, job, completed),
+            step=live.total_steps, total_steps=live.total_steps, timings=self._timings(live, job, completed, save_s),
             usage={"denoise_steps_computed": live.total_steps or 0,
                    "denoise_steps_cached": int(out.metrics.get("denoise_steps_cached", 0) or 0),
                    "peak_device_memory_bytes": out.metrics.get("peak_memory_bytes")},
         )
+        self.metrics.stage.labels(stage="finalize").observe(time.perf_counter() - t_final)
         if record is not None:
-            self.hub.publish(live.id, "video.completed", record)
+            self.hub.publish(live.id, "video.completed", record, final=True)
 
     def _record_terminal(self, live: LiveJob, status: str, error: dict[str, str]) -> None:
         now = int(time.time())
         ttl = self.settings.job_ttl_s
         record = self.store.update(live.id, status=status, error=error, updated_at=now, completed_at=None,
                                    expires_at=now + int(ttl) if ttl > 0 else None, queue_position=None,
-                                   cancel_requested=False)
+                                   cancel_requested=False, phase=None, phase_progress=None)
         if record is not None:
-            self.hub.publish(live.id, f"video.{status}", record)
+            self.hub.publish(live.id, f"video.{status}", record, final=True)
 
     def _release(self, live: LiveJob) -> None:
         if live.persisted and self.store.delete_pending(live.id):
@@ -358,28 +411,38 @@ class JobManager:
             return False
 
     # ------------------------------------------------------------------ shutdown
-    def shutdown(self, grace_s: float) -> None:
-        """Stop admitting, let running work finish within ``grace_s``, then stop it. Blocking."""
+    def begin_drain(self) -> None:
+        """Stop admitting, and take persisted queued jobs out of the engine's queue: they stay ``queued`` in
+        the store and run after a restart (§11). Running work carries on. Idempotent; any thread."""
         with self._lock:
+            if self._stopping:
+                return
             self._stopping = True
+            self._drain_t0 = time.monotonic()
+            held = [j for j in self._live.values() if j.persisted and j.status == "queued" and not j.done.is_set()]
+        for j in held:
+            j.cancel_requested, j.cancel_reason = True, "shutdown"  # in memory only: the record stays queued
+            if j.engine_job is not None:
+                j.engine_job.cancel()
+
+    def shutdown(self, grace_s: float) -> None:
+        """Drain (see :meth:`begin_drain`), let running work finish until ``grace_s`` after the drain began,
+        then stop it at the next step (it fails with ``interrupted``). Blocking."""
+        self.begin_drain()
+        end = self._drain_t0 + grace_s
+        with self._lock:
             jobs = list(self._live.values())
-        end = time.monotonic() + grace_s
         for j in jobs:
-            if j.status == "queued" and j.persisted:
-                continue  # stays queued in the store; re-enqueued on restart
-            left = end - time.monotonic()
-            if left > 0:
-                j.done.wait(left)
-        for j in jobs:
-            if not j.done.is_set() and j.status != "queued":
-                self.cancel(j.id, reason="shutdown")
-        for j in jobs:
-            if j.status != "queued" or not j.persisted:
-                j.done.wait(max(1.0, self.settings.cancel_wait_s))
+            j.done.wait(max(0.0, end - time.monotonic()))
+        late = [j for j in jobs if not j.done.is_set()]
+        for j in late:
+            self.cancel(j.id, reason="shutdown")
+        for j in late:
+            j.done.wait(max(1.0, self.settings.cancel_wait_s))
 
     def stop(self) -> None:
-        """After the engine closed: stop the heartbeat and wait for pending finishers (results written)."""
-        self._heartbeat_stop.set()
+        """After the engine closed: stop the monitor and wait for pending finishers (results written)."""
+        self._monitor_stop.set()
         self._finisher.shutdown(wait=True)
 
     @property

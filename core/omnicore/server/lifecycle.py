@@ -7,6 +7,9 @@ contract's shape (``not_ready`` or ``draining``) with ``Retry-After`` until the 
 from __future__ import annotations
 
 import threading
+from typing import Any
+
+import uvicorn
 
 from .errors import ApiError
 
@@ -48,3 +51,21 @@ class Readiness:
                            headers={"Retry-After": "30"})
         raise ApiError(503, "not_ready", f"the model is {state.replace('_', ' ')}; retry shortly",
                        headers={"Retry-After": "5"})
+
+
+class DrainingServer(uvicorn.Server):
+    """``uvicorn.Server`` that starts draining the app the moment a shutdown signal arrives (§11).
+
+    uvicorn closes its listener and waits for open connections before it runs the app's lifespan shutdown;
+    draining here first means in-flight connections already see ``draining`` and the shutdown grace counts
+    from the signal. The drain runs on its own thread: a signal handler must not take locks the interrupted
+    main thread may hold.
+    """
+
+    def __init__(self, config: uvicorn.Config, ctx: Any) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        threading.Thread(target=self.ctx.begin_drain, name="omnicore-drain", daemon=True).start()
+        super().handle_exit(sig, frame)

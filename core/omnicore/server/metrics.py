@@ -1,7 +1,8 @@
 """Prometheus metrics for one app (serving-api.md §5), on a private ``CollectorRegistry``.
 
 A per-app registry (not the process-global one) lets several apps live in one process: tests build many.
-Gauges that mirror engine state (queue depth, running) are refreshed at scrape time.
+Gauges that mirror engine state (queue depth, running) are refreshed at scrape time. Stage timers use the
+stage names of the job ``timings`` object, plus ``unaccounted`` for wall time outside the timed stages.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class Metrics:
                                         "Time from a cancel request to the worker's acknowledgement",
                                         buckets=_LATENCY_BUCKETS, registry=r)
         self.ready = Gauge("omnicore_ready", "1 when the server admits work", registry=r)
+        self.device_peak = Gauge("omnicore_device_memory_peak_bytes", "Peak device memory of the last job",
+                                 ("device",), registry=r)
+        self.plugins = Gauge("omnicore_plugins", "Discovered plugins by load status", ("plugin", "status"),
+                             registry=r)
         self._refreshers: list[Callable[[], None]] = []
 
     def on_scrape(self, fn: Callable[[], None]) -> None:
@@ -44,3 +49,19 @@ class Metrics:
         for fn in self._refreshers:
             fn()
         return generate_latest(self.registry)
+
+
+# Engine/server timing keys -> ``omnicore_job_stage_seconds`` stages (serving-api.md §5).
+STAGE_KEYS = {"preprocess_s": "preprocess", "encode_s": "encode", "denoise_s": "denoise", "decode_s": "decode",
+              "postprocess_s": "encode_output"}
+
+
+def observe_stages(metrics: Metrics, timings: dict[str, float], wall_s: float) -> None:
+    """Record each timed stage of one finished job, and the rest of its wall time as ``unaccounted``."""
+    timed = 0.0
+    for key, stage in STAGE_KEYS.items():
+        value = timings.get(key)
+        if isinstance(value, (int, float)):
+            metrics.stage.labels(stage=stage).observe(float(value))
+            timed += float(value)
+    metrics.stage.labels(stage="unaccounted").observe(max(0.0, wall_s - timed))

@@ -21,6 +21,7 @@ from .errors import ApiError, pydantic_to_api
 from .forms import read_multipart
 from .jobs import LiveJob, new_id
 from .media import decode_data_url, decode_image
+from .progress import api_phase, phase_fraction, weighted_progress
 from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, ImagesResponse
 from .sse import encode_event
 from .translate import image_request
@@ -58,8 +59,8 @@ def job_failure(live: LiveJob, request_id: str) -> ApiError:
     """A synchronous job that ended without outputs, as an HTTP error."""
     if live.error_code == "cancelled":
         return ApiError(409, "job_cancelled", f"the request was cancelled ({live.cancel_reason})")
-    if live.error_code == "timeout":
-        return ApiError(500, "timeout", "the request exceeded its timeout_s and was stopped")
+    if live.error_code == "timeout":  # the client's own deadline (timeout_s): not a server fault, so not 5xx
+        return ApiError(409, "timeout", "the request exceeded its timeout_s (or --max-job-seconds) and was stopped")
     detail = f"{type(live.error).__name__}: {live.error}" if live.error is not None else "unknown error"
     return ApiError(500, live.error_code or "internal_error", f"generation failed ({detail}); request id {request_id}")
 
@@ -109,18 +110,20 @@ async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, 
     live.engine_job.add_listener(on_event, replay=True)
 
     async def events() -> Any:
-        n = 0
+        n = progress = 0
         try:
             while True:
                 ev = await queue.get()
                 n += 1
-                if ev.phase in ("done", "failed", "cancelled"):
+                if ev.terminal:
                     break
+                phase = api_phase(ev.phase)
+                fraction = phase_fraction(phase, ev.step, ev.total_steps)
+                progress = max(progress, weighted_progress(phase, fraction))
                 yield encode_event(n, f"{prefix}.progress", {
-                    "status": "in_progress" if ev.phase != "queued" else "queued",
-                    "phase": {"postprocess": "encode_output"}.get(ev.phase, ev.phase), "phase_progress": None,
-                    "step": ev.step, "total_steps": ev.total_steps, "progress": min(99, int(ev.progress * 100)),
-                    "updated_at": int(time.time())})
+                    "status": "queued" if phase == "queued" else "in_progress", "phase": phase,
+                    "phase_progress": fraction, "step": ev.step, "total_steps": ev.total_steps,
+                    "progress": progress, "updated_at": int(time.time())})
             await jobs.wait(live)
             if live.status != "completed":
                 err = job_failure(live, "-")

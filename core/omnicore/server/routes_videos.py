@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from .errors import ApiError, pydantic_to_api
 from .forms import is_json, is_multipart, read_json, read_multipart
-from .jobs import LiveJob, new_id
+from .jobs import PROGRESS_KEYS, LiveJob, new_id
 from .media import decode_data_url, decode_image, sniff
 from .routes_images import job_failure, wait_or_disconnect
 from .schemas import ErrorResponse, VideoCreateRequest, VideoDeleted, VideoJob, VideoList, video_body_openapi
@@ -27,7 +27,6 @@ router = APIRouter(tags=["videos"])
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413,
                                                                                          415, 429, 503)}
 _BODY = video_body_openapi()
-_PROGRESS_KEYS = ("id", "status", "phase", "phase_progress", "step", "total_steps", "progress", "updated_at")
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -142,9 +141,9 @@ async def create_video(request: Request) -> Any:
             inputs.append(str(path))
     body = dto.model_dump(mode="json", exclude_none=True, exclude={"input_reference"})
     body["seed"] = greq.params.seed
+    created = _new_record(job_id, dto, greq, served.id)
     try:
-        ctx.store.insert(_new_record(job_id, dto, greq, served.id), {"body": body, "inputs": inputs},
-                         idempotency_key=idem, body_hash=digest)
+        ctx.store.insert(created, {"body": body, "inputs": inputs}, idempotency_key=idem, body_hash=digest)
     except sqlite3.IntegrityError:  # a concurrent request with the same Idempotency-Key won the race
         ctx.store.delete(job_id)
         found = ctx.store.find_idempotent(idem or "")
@@ -158,8 +157,13 @@ async def create_video(request: Request) -> Any:
     except BaseException:
         ctx.store.delete(job_id)  # never accepted: nothing to keep
         raise
-    record = ctx.store.update(job_id, **_effective(live.engine_job.request.params, dto)) or {}
-    return JSONResponse(_with_position(ctx, record), headers={"Location": f"/v1/videos/{job_id}"})
+    effective = _effective(live.engine_job.request.params, dto)  # after the model's preprocess filled defaults
+    ctx.store.update(job_id, **effective)
+    # §8.1/§9: creation answers with the job as created, `queued`; the worker may already have started it,
+    # which the next GET (or the event stream) reports. The status only ever moves forward from here.
+    position = jobs.queue_position(job_id)
+    response = dict(created, **effective, queue_position=position if position is not None else 0)
+    return JSONResponse(response, headers={"Location": f"/v1/videos/{job_id}"})
 
 
 @router.get("/v1/videos", response_model=VideoList, responses=_ERRORS)
@@ -207,33 +211,59 @@ async def video_content(video_id: str, request: Request, variant: str = Query(de
 @router.get("/v1/videos/{video_id}/events", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
             response_class=Response)
 async def video_events(video_id: str, request: Request) -> Any:
-    """Server-sent events: a snapshot, then progress per step and phase, heartbeats, and a terminal event."""
+    """Server-sent events (§9.1): a snapshot, then progress per step and phase, heartbeats, and a terminal event.
+
+    A client reconnecting with ``Last-Event-ID`` gets the events it missed when they are still buffered,
+    otherwise a fresh snapshot; either way ids keep increasing.
+    """
     ctx = request.app.state.ctx
+    last_id = _last_event_id(request)
     sub = ctx.hub.subscribe(video_id)  # before the snapshot, so nothing falls between the two
     record = ctx.store.get(video_id)
     if record is None:
         sub.close()
         raise ApiError(404, "job_not_found", f"no video job {video_id!r}", param="video_id")
-    idle_s = max(1.0, 3 * ctx.settings.heartbeat_interval_s)
+    tick_s = ctx.settings.heartbeat_interval_s
+
+    def held_by_drain() -> bool:  # a queued job that a draining server will not run: end the stream
+        return ctx.readiness.state == "draining" and (ctx.jobs is None or ctx.jobs.get_live(video_id) is None)
 
     async def stream() -> Any:
         try:
             snap = _with_position(ctx, record)
             if snap["status"] in TERMINAL:
-                yield encode_event(ctx.hub.next_id(video_id), f"video.{snap['status']}", snap)
+                yield encode_event(ctx.hub.next_id(video_id, last_id), f"video.{snap['status']}", snap)
                 return
-            yield encode_event(ctx.hub.next_id(video_id), "video.progress", {k: snap.get(k) for k in _PROGRESS_KEYS})
+            missed = ctx.hub.since(video_id, last_id) if last_id else None
+            if missed is None:
+                sent = ctx.hub.next_id(video_id, last_id)
+                yield encode_event(sent, "video.progress", {"id": video_id, **{k: snap.get(k) for k in PROGRESS_KEYS}})
+            else:
+                sent = last_id
+                for ev in missed:
+                    yield ev.encode()
+                    sent = ev.id
+            idle = 0.0
             while True:
-                ev = await sub.get(timeout=idle_s)
-                if ev is None:  # no event for a while: re-read the store (the job may be gone or done)
-                    now = ctx.store.get(video_id)
+                ev = await sub.get(timeout=tick_s)
+                if ev is None:  # quiet: re-read the store now and then (the job may be gone or done)
+                    idle += tick_s
+                    if held_by_drain():
+                        return
+                    if idle < 3 * tick_s:
+                        continue
+                    idle, now = 0.0, ctx.store.get(video_id)
                     if now is None:
                         return
                     if now["status"] in TERMINAL:
                         yield encode_event(ctx.hub.next_id(video_id), f"video.{now['status']}", now)
                         return
                     continue
+                idle = 0.0
+                if ev.id <= sent:  # already replayed from the buffer
+                    continue
                 yield ev.encode()
+                sent = ev.id
                 if ev.type in ("video.completed", "video.failed", "video.cancelled"):
                     return
         finally:
@@ -241,6 +271,11 @@ async def video_events(video_id: str, request: Request) -> Any:
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _last_event_id(request: Request) -> int:
+    text = request.headers.get("last-event-id", "").strip()
+    return int(text) if text.isdigit() and len(text) < 19 else 0
 
 
 async def _cancel_and_wait(ctx: Any, video_id: str, reason: str) -> bool:

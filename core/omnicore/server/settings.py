@@ -12,8 +12,14 @@ from typing import Any
 import attrs
 
 from ..config import Settings
+from ..errors import ConfigError
 
 _CORE = Settings()
+
+
+def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(attribute.name, f"must be > 0 (it paces heartbeats, liveness checks and expiry), got {value!r}")
 
 
 @attrs.frozen
@@ -30,7 +36,7 @@ class ServerSettings:
     max_upload_bytes: int = _CORE.max_upload_bytes
     max_request_bytes: int = _CORE.max_request_bytes
     max_prompt_chars: int = _CORE.max_prompt_chars
-    heartbeat_interval_s: float = _CORE.heartbeat_interval_s
+    heartbeat_interval_s: float = attrs.field(default=_CORE.heartbeat_interval_s, validator=_positive)
     cancel_wait_s: float = _CORE.cancel_wait_s
     shutdown_grace_s: float = _CORE.shutdown_grace_s
     max_job_seconds: float = _CORE.max_job_seconds  # 0 = no operator deadline (there is never a default one)
