@@ -74,6 +74,7 @@ class LiveJob:
     finishing: bool = False
     step_clock: float | None = None
     timer: threading.Timer | None = None
+    on_event: Callable[[Any], None] | None = None  # also sees every engine event, from submission on (streams)
 
 
 class JobManager:
@@ -168,6 +169,8 @@ class JobManager:
 
     # ------------------------------------------------------------------ progress (engine threads)
     def _on_event(self, live: LiveJob, ev: Any) -> None:
+        if live.on_event is not None:
+            live.on_event(ev)
         if ev.terminal:
             return  # the finisher records terminal states after the results are written
         job = live.engine_job

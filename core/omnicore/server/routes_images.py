@@ -106,8 +106,8 @@ async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, 
     def on_event(ev: Any) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, ev)
 
+    live.on_event = on_event  # registered before submission: a fast job cannot finish before we listen
     await anyio.to_thread.run_sync(jobs.submit, live, greq)
-    live.engine_job.add_listener(on_event, replay=True)
 
     async def events() -> Any:
         n = progress = 0

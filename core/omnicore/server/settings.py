@@ -19,7 +19,8 @@ _CORE = Settings()
 
 def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
     if not value > 0:
-        raise ConfigError(attribute.name, f"must be > 0 (it paces heartbeats, liveness checks and expiry), got {value!r}")
+        raise ConfigError(attribute.name, f"must be > 0 (it paces heartbeats, liveness checks and expiry), "
+                                          f"got {value!r}")
 
 
 @attrs.frozen
