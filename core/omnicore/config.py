@@ -34,6 +34,12 @@ def _parse_names(name: str, raw: str | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _parse_keys(raw: Any) -> tuple[str, ...] | None:
+    """API keys: a repeated flag gives a list, the environment one key; empty means none."""
+    keys = tuple(str(k) for k in (raw if isinstance(raw, (list, tuple)) else [raw]) if k)
+    return keys or None
+
+
 def finite_non_negative(name: str, raw: Any) -> float:
     """Coerce to float; NaN, infinities and negatives are rejected (ints are normalised to floats)."""
     try:
@@ -103,8 +109,8 @@ OPTIONS: tuple[Option, ...] = (
            "Python logging level for omnicore's loggers."),
     Option("host", "OMNICORE_HOST", "127.0.0.1", lambda n, v: str(v), "Address `omnicore serve` binds."),
     Option("port", "OMNICORE_PORT", 8000, _positive_int, "Port `omnicore serve` binds."),
-    Option("api_key", "OMNICORE_API_KEY", None, lambda n, v: str(v) if v else None,
-           "When set, the server requires `Authorization: Bearer <key>`."),
+    Option("api_key", "OMNICORE_API_KEY", None, lambda n, v: _parse_keys(v),
+           "When set, the server requires `Authorization: Bearer <key>` (the flag is repeatable for several keys)."),
     Option("api_key_file", "OMNICORE_API_KEY_FILE", None, lambda n, v: str(v) if v else None,
            "File with one accepted server API key per line (added to `OMNICORE_API_KEY`)."),
     Option("max_queued_jobs", "OMNICORE_MAX_QUEUED_JOBS", 64, _positive_int,
@@ -153,7 +159,7 @@ class Settings:
     log_level: str = "WARNING"
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    api_key: tuple[str, ...] | None = None
     api_key_file: str | None = None
     max_queued_jobs: int = 64
     max_image_pixels: int = 4096 * 4096

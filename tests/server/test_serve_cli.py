@@ -62,3 +62,19 @@ def test_serve_process_prints_curl_serves_and_exits_cleanly_on_sigterm(tmp_path)
     store.close()
     # the job was either finished within the grace or held queued for the next start; never lost or stuck
     assert record is not None and record["status"] in ("completed", "queued"), record
+
+
+def test_serve_accepts_repeated_api_keys_and_the_storage_dir_alias(tmp_path, monkeypatch):
+    """serving-api.md §3/§12: `--api-key` is repeatable and `--storage-dir` names the state directory."""
+    from omnicore.cli.main import build_parser
+    from omnicore.config import resolve_settings
+    from omnicore.server.settings import server_settings_from
+
+    monkeypatch.delenv("OMNICORE_API_KEY", raising=False)
+    args = build_parser().parse_args(["serve", "tiny:toy", "--api-key", "k1", "--api-key", "k2",
+                                      "--storage-dir", str(tmp_path / "data")])
+    settings = resolve_settings({"api_key": args.api_key, "state_dir": args.state_dir}, env={})
+    server = server_settings_from(settings)
+    assert server.api_keys == ("k1", "k2")
+    assert server.state_dir == tmp_path / "data"
+    assert server_settings_from(resolve_settings({}, env={"OMNICORE_API_KEY": "envkey"})).api_keys == ("envkey",)

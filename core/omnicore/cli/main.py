@@ -114,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
     s.add_argument("--host", help="bind address (env OMNICORE_HOST, default 127.0.0.1)")
     s.add_argument("--port", type=int, help="bind port (env OMNICORE_PORT, default 8000)")
-    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (env OMNICORE_API_KEY)")
-    s.add_argument("--state-dir", help="job database and results (env OMNICORE_STATE_DIR)")
+    s.add_argument("--api-key", action="append", default=None,
+                   help="require 'Authorization: Bearer KEY' (repeatable; env OMNICORE_API_KEY)")
+    s.add_argument("--state-dir", "--storage-dir", dest="state_dir",
+                   help="job database and results (env OMNICORE_STATE_DIR)")
     from .serve_cmd import add_arguments as _add_serve_flags  # light: imports argparse only
 
     _add_serve_flags(s)

@@ -47,7 +47,7 @@ class ServerSettings:
 
 def server_settings_from(core: Settings) -> ServerSettings:
     """The server's view of the resolved core settings (flags and ``OMNICORE_*`` were resolved by ``config``)."""
-    keys: list[str] = [core.api_key] if core.api_key else []
+    keys: list[str] = list(core.api_key or ())
     if core.api_key_file:
         keys.extend(line.strip() for line in Path(core.api_key_file).read_text().splitlines() if line.strip())
     values: dict[str, Any] = {"state_dir": core.state_path, "api_keys": tuple(dict.fromkeys(keys))}
