@@ -5,6 +5,12 @@ the initial noise (one generator per request, seeded with the request's seed), `
 classifier-free guidance (none, two sequential forwards, or one packed B=2N forward with ``batch_cfg``),
 ``update`` takes a FlowUniPC step, ``decode`` runs the VAE. For TI2V the clean first latent frame is written
 back before every DiT call and after every scheduler step, so it survives every CFG mode and step caches.
+
+Refiner (``extra.run_refiner``, checkpoints with a ``refiner/`` DiT): the engine's step count is the base steps
+plus the refiner's, so progress, cancellation and ETA cover both stages. The update of the last base step decodes
+the base video and builds the refiner's start latents (:mod:`omni_lingbot.refiner`); the following steps run the
+refiner DiT on its own low-noise schedule, text (the same prompt embedding; zeros or the negative prompt as the
+negative) and guidance. ``decode`` then yields the refined size and the refiner's frame rate.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
 from omnicore.engine.request import MAX_SEED, GenerationRequest
+from omnicore.errors import InvalidRequest
 from omnicore.hooks import hook_context
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
@@ -26,6 +33,7 @@ from omnicore.specs import AttentionRequirement
 from .image_condition import align_image, apply_clean_prefix, load_image
 from .loader import CheckpointError, load_transformer, read_json
 from .plugin import MODEL_SPEC
+from .refiner import refiner_sigmas, start_latents
 from .request_rules import resolve_request
 from .scheduler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
 from .text_encoder import LingBotTextEncoder
@@ -54,8 +62,9 @@ class LingBotPipeline(BasePipeline):
 
     def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
                  scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, refiner: Any = None) -> None:
         self.transformer = transformer
+        self.refiner = refiner  # the MoE package's refiner DiT, or None
         self.text_encoder = text_encoder
         self.vae = vae
         self.scheduler_config = scheduler_config
@@ -73,18 +82,33 @@ class LingBotPipeline(BasePipeline):
                 raise CheckpointError(root, f"missing the {part}/ folder")
         device = options.platform.device()
         dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
-        attention = None
-        if options.attention is not None:
-            cfg = read_json(root / "transformer" / "config.json")
-            head_dim = int(cfg.get("hidden_size", 2048)) // int(cfg.get("num_attention_heads", 16))
-            attention = options.attention(AttentionRequirement(
-                platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim, packed_varlen=True))
-        transformer = load_transformer(root / "transformer", device=device, dtype=dtype, attention=attention)
+
+        def dit(folder: Path) -> Any:
+            attention = None
+            if options.attention is not None:
+                cfg = read_json(folder / "config.json")
+                head_dim = int(cfg.get("hidden_size", 2048)) // int(cfg.get("num_attention_heads", 16))
+                attention = options.attention(AttentionRequirement(
+                    platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim,
+                    packed_varlen=True))
+            return load_transformer(folder, device=device, dtype=dtype, attention=attention)
+
+        transformer = dit(root / "transformer")
+        # loaded eagerly when present: the refiner is a second full DiT, so it adds its whole weight size to the
+        # resident memory (with offload="model" it waits on the CPU and visits the device for its forwards only)
+        refiner = dit(root / "refiner") if (root / "refiner").is_dir() else None
+        if refiner is not None:
+            for key in ("text_dim", "in_channels", "out_channels"):
+                mine, base = getattr(refiner.config, key), getattr(transformer.config, key)
+                if mine != base:
+                    raise CheckpointError(root / "refiner", f"refiner {key} {mine} differs from the transformer's "
+                                                            f"{base}; the two stages share text and latents")
         text_encoder = LingBotTextEncoder.from_pretrained(root / "text_encoder", root / "processor",
                                                           device=device, dtype=dtype)
         vae = LingBotVAE.from_pretrained(root / "vae", device=device)
         scheduler_config = read_scheduler_config(root / "scheduler" / "scheduler_config.json")
-        return cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root)
+        return cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
+                   refiner=refiner)
 
     # ------------------------------------------------------------------------------------------ admission
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:
@@ -96,6 +120,9 @@ class LingBotPipeline(BasePipeline):
             num_images=len(request.images), num_videos=len(request.videos), num_audios=len(request.audios),
             params=request.params, extra=request.extra,
         )
+        if resolved.refiner is not None and self.refiner is None:
+            raise InvalidRequest("extra.run_refiner", "this checkpoint has no refiner/ stage (the MoE package "
+                                                      "ships one); remove run_refiner")
         images = tuple(load_image(img, i) for i, img in enumerate(request.images))
         seed = request.params.seed if request.params.seed is not None else random.randint(0, MAX_SEED)
         params = request.params.with_defaults(
@@ -109,6 +136,8 @@ class LingBotPipeline(BasePipeline):
             "null_cond_clone_zero": resolved.null_cond_clone_zero,
             "t_thresh": resolved.low_noise.threshold,
             "base_sigma_tail_steps": resolved.low_noise.tail_steps,
+            "refiner": resolved.refiner,  # RefinerOptions or None
+            "vae_tiling": resolved.vae_tiling,  # VaeTiling or None; applied per request, so not in the batch key
         }
         return request.evolve(
             prompt=resolved.caption, negative_prompt=resolved.negative_prompt, images=images, params=params,
@@ -117,8 +146,11 @@ class LingBotPipeline(BasePipeline):
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
         ex = request.extra
+        refiner = ex.get("refiner")
+        # the refiner's clip length depends on the base fps, so refined requests batch only with equal fps
         return (request.batch_key(), ex.get("mode"), ex.get("batch_cfg"), ex.get("null_cond_clone_zero"),
-                ex.get("t_thresh"), ex.get("base_sigma_tail_steps"))
+                ex.get("t_thresh"), ex.get("base_sigma_tail_steps"), refiner,
+                request.params.fps if refiner is not None else None)
 
     # ------------------------------------------------------------------------------------------ encode
     def _sigmas(self, request: GenerationRequest) -> np.ndarray:
@@ -149,7 +181,11 @@ class LingBotPipeline(BasePipeline):
         if mode == "ti2v":
             pixels = [align_image(r.images[0], p.height, p.width) for r in reqs]
             # the posterior sample comes first from each request's generator (keeps the official RNG order)
-            clean = torch.cat([self.vae.encode(px, g) for px, g in zip(pixels, generators)]).to(self.device)
+            cleans = []
+            for r, px, g in zip(reqs, pixels, generators):
+                with self.vae.tiling(r.extra.get("vae_tiling")):
+                    cleans.append(self.vae.encode(px, g))
+            clean = torch.cat(cleans).to(self.device)
         noise = torch.cat([torch.randn(latent_shape, generator=g, device=self.device, dtype=torch.float32)
                            for g in generators])
         if clean is not None:
@@ -169,8 +205,20 @@ class LingBotPipeline(BasePipeline):
 
         scheduler = make_scheduler(self.scheduler_config, self._sigmas(first))
         extras["scheduler"] = scheduler
-        return DenoiseState(requests=reqs, num_steps=len(scheduler.timesteps), latents=noise,
-                            timesteps=scheduler.timesteps, extras=extras)
+        timesteps = scheduler.timesteps
+        refiner = first.extra.get("refiner")
+        if refiner is not None:
+            # one step index space for both stages: [base timesteps ; refiner timesteps]
+            refiner_scheduler = make_scheduler(self.scheduler_config, refiner_sigmas(refiner))
+            extras["refiner_scheduler"] = refiner_scheduler
+            extras["base_steps"] = len(timesteps)
+            timesteps = torch.cat([timesteps, refiner_scheduler.timesteps])
+            if refiner.guidance_scale > 1.0 and not refiner.null_cond_clone_zero:
+                base_negative = use_cfg and not first.extra["null_cond_clone_zero"]
+                extras["refiner_uncond_rows"] = uncond_rows if base_negative else [
+                    self.text_encoder.encode(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
+        return DenoiseState(requests=reqs, num_steps=len(timesteps), latents=noise, timesteps=timesteps,
+                            extras=extras)
 
     @staticmethod
     def _set_text(extras: dict[str, Any], cond_rows: list[torch.Tensor], uncond_rows: list[torch.Tensor]) -> None:
@@ -197,10 +245,15 @@ class LingBotPipeline(BasePipeline):
             ex["clean"] = ex["clean"][index]
         self._set_text(ex, [ex["cond_rows"][i] for i in idx], [ex["uncond_rows"][i] for i in idx] if
                        ex["uncond_rows"] else [])
-        scheduler = ex["scheduler"]
-        scheduler.model_outputs = [None if m is None else m[index] for m in scheduler.model_outputs]
-        if scheduler.last_sample is not None:
-            scheduler.last_sample = scheduler.last_sample[index]
+        if ex.get("refiner_uncond_rows"):
+            ex["refiner_uncond_rows"] = [ex["refiner_uncond_rows"][i] for i in idx]
+        for key in ("scheduler", "refiner_scheduler"):
+            scheduler = ex.get(key)
+            if scheduler is None:
+                continue
+            scheduler.model_outputs = [None if m is None else m[index] for m in scheduler.model_outputs]
+            if scheduler.last_sample is not None:
+                scheduler.last_sample = scheduler.last_sample[index]
         return state
 
     # ------------------------------------------------------------------------------------------ denoise
@@ -216,14 +269,19 @@ class LingBotPipeline(BasePipeline):
     def offload_modules(self) -> dict[str, Any]:
         """Modules entered through ``forward`` (model-level offload). The VAE is entered through encode/decode
         and stays resident."""
-        return {"transformer": self.transformer, "text_encoder": self.text_encoder.model}
+        modules = {"transformer": self.transformer, "text_encoder": self.text_encoder.model}
+        if self.refiner is not None:
+            modules["refiner"] = self.refiner
+        return modules
 
     def _forward(self, branch: str, latents: torch.Tensor, timestep: torch.Tensor,
-                 text: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """One DiT call; ``branch`` names it ("cond", "uncond", "cfg") for per-branch cache state."""
+                 text: tuple[torch.Tensor, torch.Tensor], refiner: bool = False) -> torch.Tensor:
+        """One DiT call; ``branch`` names it ("cond", "uncond", "cfg") for per-branch cache state. The refiner's
+        calls get their own names so that no cache state is shared between the stages."""
         embeds, mask = text
-        with hook_context(branch):
-            out = self.transformer(
+        model = self.refiner if refiner else self.transformer
+        with hook_context(f"refiner.{branch}" if refiner else branch):
+            out = model(
                 hidden_states=latents.to(self.dtype),
                 timestep=timestep,
                 encoder_hidden_states=embeds.to(self.device, self.dtype),
@@ -240,14 +298,15 @@ class LingBotPipeline(BasePipeline):
             apply_clean_prefix(latents, ex["clean"])
         n = latents.shape[0]
         t = model_timestep(state.timesteps[step]).to(self.device).expand(n)
+        refining = ex.get("phase") == "refiner"
         if not ex["use_cfg"]:
-            return self._forward("cond", latents, t, ex["cond"])
+            return self._forward("cond", latents, t, ex["cond"], refining)
         if ex["batch_cfg"]:
-            both = self._forward("cfg", torch.cat([latents, latents]), torch.cat([t, t]), ex["pair"])
+            both = self._forward("cfg", torch.cat([latents, latents]), torch.cat([t, t]), ex["pair"], refining)
             v_cond, v_uncond = both[:n], both[n:]
         else:
-            v_cond = self._forward("cond", latents, t, ex["cond"])
-            v_uncond = self._forward("uncond", latents, t, ex["uncond"])
+            v_cond = self._forward("cond", latents, t, ex["cond"], refining)
+            v_uncond = self._forward("uncond", latents, t, ex["uncond"], refining)
         return v_uncond + ex["guidance"] * (v_cond - v_uncond)
 
     @torch.no_grad()
@@ -257,19 +316,42 @@ class LingBotPipeline(BasePipeline):
         if ex["clean"] is not None:
             apply_clean_prefix(state.latents, ex["clean"])
         state.step_index = step + 1
+        if step + 1 == ex.get("base_steps"):
+            self._enter_refiner(state)
         return state
+
+    def _enter_refiner(self, state: DenoiseState) -> None:
+        """Switch a finished base batch to the refiner stage: start latents, clean prefix, scheduler, text, CFG."""
+        ex = state.extras
+        first = state.requests[0]
+        options = first.extra["refiner"]
+        state.latents, ex["clean"] = start_latents(self.vae, state.latents, state.requests, options, self.device)
+        ex["phase"] = "refiner"
+        ex["scheduler"] = ex.pop("refiner_scheduler")
+        ex["guidance"] = float(options.guidance_scale)
+        ex["use_cfg"] = options.guidance_scale > 1.0
+        ex["batch_cfg"] = bool(first.extra["batch_cfg"]) and ex["use_cfg"]
+        uncond: list[torch.Tensor] = []
+        if ex["use_cfg"]:
+            uncond = ([torch.zeros_like(row) for row in ex["cond_rows"]] if options.null_cond_clone_zero
+                      else ex.pop("refiner_uncond_rows"))
+        self._set_text(ex, ex["cond_rows"], uncond)
 
     # ------------------------------------------------------------------------------------------ decode
     @torch.no_grad()
     def decode(self, state: DenoiseState) -> list[Output]:
-        """One output per request: an image (one frame) for T2I, else a video at the request's fps."""
+        """One output per request: an image (one frame) for T2I, else a video at the request's fps (the refiner's
+        ``sample_fps`` after a refiner stage, whose frames also have the refiner's size)."""
         outputs = []
         image = state.extras["mode"] == "t2i"
         for i, request in enumerate(state.requests):
-            frames = self.vae.decode(state.latents[i: i + 1])[0]  # [F, H, W, 3] in [0, 1]
+            with self.vae.tiling(request.extra.get("vae_tiling")):
+                frames = self.vae.decode(state.latents[i: i + 1])[0]  # [F, H, W, 3] in [0, 1]
             pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+            refiner = request.extra.get("refiner")
+            fps = None if image else refiner.sample_fps if refiner is not None else request.params.fps
             outputs.append(Output(
-                kind="image" if image else "video", frames=pixels, fps=None if image else request.params.fps,
+                kind="image" if image else "video", frames=pixels, fps=fps,
                 request_id=request.request_id, index=0, seed=request.params.seed,
             ))
         return outputs

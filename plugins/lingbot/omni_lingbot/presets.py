@@ -3,8 +3,9 @@
 ``build_tiny_lingbot(dir)`` / ``build_tiny_lingbot_moe(dir)`` write model_index.json, transformer/ (config +
 safetensors), text_encoder/ (a tiny Qwen3-VL saved with ``save_pretrained``), processor/ (a byte-level tokenizer
 holding the Qwen special tokens, and the image processor config), vae/ (a tiny AutoencoderKLWan) and
-scheduler/. The same seed always gives the same bytes' worth of weights, and the result loads through the
-normal loader — the presets are end-to-end fixtures, not mocks.
+scheduler/; the MoE preset also writes refiner/ (a second tiny DiT in the transformer's format). The same seed
+always gives the same bytes' worth of weights, and the result loads through the normal loader — the presets are
+end-to-end fixtures, not mocks.
 """
 
 from __future__ import annotations
@@ -142,18 +143,21 @@ def build_transformer(transformer_dir: Path, config: dict[str, Any], seed: int) 
     save_transformer(model, transformer_dir)
 
 
-def build_tiny(target_dir: str | Path, dit_config: dict[str, Any], seed: int = SEED) -> Path:
-    """Write a complete tiny repository to ``target_dir`` and return it."""
+def build_tiny(target_dir: str | Path, dit_config: dict[str, Any], seed: int = SEED,
+               refiner_config: dict[str, Any] | None = None) -> Path:
+    """Write a complete tiny repository to ``target_dir`` (with ``refiner/`` when ``refiner_config`` is given)."""
     root = Path(target_dir)
     root.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):
         build_transformer(root / "transformer", dit_config, seed)
+        if refiner_config is not None:
+            build_transformer(root / "refiner", refiner_config, seed + 3)
         ids = build_tokenizer_files(root / "processor")
         build_image_processor(root / "processor")
         build_text_encoder(root / "text_encoder", ids, seed + 1)
         build_vae(root / "vae", seed + 2)
     _write_json(root / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
-    _write_json(root / "model_index.json", {
+    index: dict[str, Any] = {
         "_class_name": PIPELINE_CLASS,
         "_diffusers_version": "0.42.1",
         "transformer": ["omni_lingbot", TRANSFORMER_CLASS],
@@ -161,7 +165,10 @@ def build_tiny(target_dir: str | Path, dit_config: dict[str, Any], seed: int = S
         "processor": ["transformers", "Qwen3VLProcessor"],
         "vae": ["diffusers", "AutoencoderKLWan"],
         "scheduler": ["omni_lingbot", "FlowUniPCMultistepScheduler"],
-    })
+    }
+    if refiner_config is not None:
+        index["refiner"] = ["omni_lingbot", TRANSFORMER_CLASS]
+    _write_json(root / "model_index.json", index)
     return root
 
 
@@ -171,5 +178,6 @@ def build_tiny_lingbot(target_dir: str | Path) -> Path:
 
 
 def build_tiny_lingbot_moe(target_dir: str | Path) -> Path:
-    """``tiny:lingbot-moe``: block 0 dense, block 1 MoE (4 experts, top-2, grouped, one shared expert)."""
-    return build_tiny(target_dir, TINY_MOE)
+    """``tiny:lingbot-moe``: block 0 dense, block 1 MoE (4 experts, top-2, grouped, one shared expert), plus a
+    ``refiner/`` DiT of the same shape with its own weights (the MoE package's optional refiner stage)."""
+    return build_tiny(target_dir, TINY_MOE, refiner_config=TINY_MOE)

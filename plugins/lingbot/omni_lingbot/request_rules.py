@@ -17,6 +17,9 @@ import attrs
 from omnicore.errors import InvalidRequest
 
 from .prompts import compact_json, default_negative_prompt
+from .stage_options import (
+    REFINER_FIELDS, TILING_FIELDS, RefinerOptions, VaeTiling, resolve_refiner, resolve_vae_tiling,
+)
 
 DEFAULT_NUM_FRAMES = 81
 DEFAULT_FPS = 24.0
@@ -33,7 +36,7 @@ RUNTIME_PROMPT_KEYS = ("duration", "seconds", "fps", "height", "width", "size", 
 EXTRA_FIELDS = (
     "batch_cfg", "null_cond_clone_zero", "negative_prompt", "size", "resolution", "ratio", "seconds", "duration",
     "shift", "flow_shift", "t_thresh", "base_low_noise_threshold", "base_sigma_tail_steps",
-    "offload_vae_during_denoise",
+    "offload_vae_during_denoise", *REFINER_FIELDS, *TILING_FIELDS,
 )
 
 #: Resolution presets as (height, width), keyed by resolution then ratio label (read as the upstream runner
@@ -344,6 +347,8 @@ class ResolvedRequest:
     batch_cfg: bool
     null_cond_clone_zero: bool
     low_noise: LowNoiseOptions
+    refiner: RefinerOptions | None = None
+    vae_tiling: VaeTiling | None = None
 
 
 def resolve_request(
@@ -393,4 +398,6 @@ def resolve_request(
         batch_cfg=_bool(extra, "batch_cfg", False),
         null_cond_clone_zero=_bool(extra, "null_cond_clone_zero", False),
         low_noise=resolve_low_noise(extra),
+        refiner=resolve_refiner(extra, mode),
+        vae_tiling=resolve_vae_tiling(extra),
     )

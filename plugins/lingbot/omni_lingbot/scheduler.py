@@ -91,6 +91,9 @@ def make_scheduler(config: dict[str, Any], sigmas: np.ndarray) -> Any:
 
     scheduler = UniPCMultistepScheduler.from_config(config)
     scheduler.set_timesteps(sigmas=np.asarray(sigmas, dtype=np.float64).copy())
+    # we always start at index 0; without this diffusers finds the start by the first timestep's *value*, and
+    # picks its second occurrence when two truncated timesteps are equal (possible on low-noise grids)
+    scheduler.set_begin_index(0)
     return scheduler
 
 

@@ -2,10 +2,15 @@
 
 Latents the DiT sees are ``(z - mean) / std`` per channel; decoding undoes that. Pixels are [-1, 1] for the
 VAE and [0, 1] everywhere else in the plugin.
+
+Tiling (models.md §2.7) is a per-call setting: :meth:`LingBotVAE.tiling` switches diffusers' tiled encode/decode on
+for one request and restores the previous state afterwards, so one request's choice never leaks into the next.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,26 @@ class LingBotVAE:
     @property
     def device(self) -> torch.device:
         return next(self.vae.parameters()).device
+
+    @contextmanager
+    def tiling(self, tiling: Any) -> Iterator[None]:
+        """Run the body with ``tiling`` (a :class:`~omni_lingbot.stage_options.VaeTiling`, or ``None`` for untiled)
+        and put the VAE's previous tiling state back afterwards, even on error."""
+        names = ("use_tiling", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height",
+                 "tile_sample_stride_width")
+        saved = {n: getattr(self.vae, n) for n in names}
+        if tiling is None:
+            self.vae.use_tiling = False
+        else:  # set the attributes directly: enable_tiling() treats 0/None as "keep the previous value"
+            self.vae.use_tiling = True
+            self.vae.tile_sample_min_height, self.vae.tile_sample_min_width = tiling.min_height, tiling.min_width
+            self.vae.tile_sample_stride_height = tiling.stride_height
+            self.vae.tile_sample_stride_width = tiling.stride_width
+        try:
+            yield
+        finally:
+            for n, v in saved.items():
+                setattr(self.vae, n, v)
 
     @torch.no_grad()
     def encode(self, pixels: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -240,7 +240,7 @@ def test_resolve_request_priorities():
     ({"extra": {"seconds": 4}, "duration": 2.0}, "seconds.*duration", "params.duration"),
     ({"extra": {"size": "320x192"}, "width": 320, "height": 192}, "mutually exclusive", "size"),
     ({"num_outputs": 2}, "one output per prompt", "params.num_outputs"),
-    ({"extra": {"run_refiner": True}}, "unknown LingBot field", "extra.run_refiner"),
+    ({"extra": {"refiner": True}}, "unknown LingBot field", "extra.refiner"),
     ({"extra": {"batch_cfg": "yes"}}, "true or false", "extra.batch_cfg"),
     ({"extra": {"t_thresh": 1.5}}, r"\(0, 1\]", "extra.t_thresh"),
     ({"modalities": ("image",), "num_frames": 5}, "text-to-image requires", "params.num_frames"),

@@ -1,0 +1,110 @@
+"""The MoE package's refiner stage (models.md §2.3 step 7): from a decoded base video to the refiner's start latents.
+
+Per request: decode the base latents → pick frames at ``sample_fps`` → bicubic resize to the refiner size → VAE
+encode (posterior sampled) → for TI2V, the clean first latent frame from the original reference image → mix with
+noise at the refiner's starting sigma ``t``: ``x = (1 - t) * x_up + t * noise``. The refiner DiT then denoises
+along :func:`refiner_sigmas` (the low-noise schedule of §2.5).
+
+Randomness comes from a generator of its own per request, seeded with :func:`refiner_seed` of the request seed,
+and is drawn in a fixed order: the video posterior, then (TI2V) the image posterior, then the noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from omnicore.engine.request import MAX_SEED
+
+from .image_condition import apply_clean_prefix
+from .scheduler import low_noise_sigmas
+from .stage_options import RefinerOptions
+
+_MASK64 = (1 << 64) - 1
+
+
+def refiner_seed(seed: int) -> int:
+    """The refiner's seed: SplitMix64 of the base seed, cut to 63 bits.
+
+    A plain ``seed + 1`` would make request A's refiner noise equal request B's base noise when B's seed is
+    A's + 1; one SplitMix64 round is a bijection on 64 bits that spreads neighbouring seeds apart.
+    """
+    z = (int(seed) + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & MAX_SEED
+
+
+def refiner_sigmas(options: RefinerOptions) -> np.ndarray:
+    """The refiner's sigma grid: the low-noise schedule of ``refiner_steps`` shifted steps cut at ``t_thresh``."""
+    return low_noise_sigmas(options.steps, options.shift, options.t_thresh, options.sigma_tail_steps)
+
+
+def resample_indices(num_frames: int, fps: float, sample_fps: float) -> list[int]:
+    """Base-frame indices of the refiner's clip: ``raw = floor(num_frames * sample_fps / fps)`` frames (at least
+    one), rounded down to ``4k + 1`` for the causal VAE, spread evenly over the base clip (``linspace`` positions
+    rounded half up, so upsampling repeats frames evenly)."""
+    if num_frames < 1 or fps <= 0 or sample_fps <= 0:
+        raise ValueError(f"need num_frames >= 1 and positive rates, got {num_frames}, {fps}, {sample_fps}")
+    raw = max(1, math.floor(num_frames * sample_fps / fps + 1e-9))
+    count = ((raw - 1) // 4) * 4 + 1
+    if count == 1:
+        return [0]
+    span, gaps = num_frames - 1, count - 1  # position i * span / gaps, rounded half up in exact integers
+    return [(2 * i * span + gaps) // (2 * gaps) for i in range(count)]
+
+
+def resize_video(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Frames ``[F, H, W, 3]`` in [0, 1] → ``[1, 3, F, height, width]`` (bicubic, clamped to [0, 1])."""
+    x = frames.permute(0, 3, 1, 2).float()
+    if tuple(x.shape[-2:]) != (height, width):
+        x = F.interpolate(x, size=(height, width), mode="bicubic", align_corners=False).clamp(0.0, 1.0)
+    return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+
+
+def first_frame(image: Image.Image, base_height: int, base_width: int, height: int, width: int) -> torch.Tensor:
+    """The TI2V reference for the refiner: the original image centre-cropped to the *base* aspect ratio (the
+    largest such crop), then bicubic-resized to the refiner size like the video frames. ``[1, 3, 1, H, W]``."""
+    rgb = torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0)  # [h0, w0, 3]
+    h0, w0 = rgb.shape[:2]
+    aspect = base_width / base_height
+    if w0 / h0 > aspect:
+        ch, cw = h0, max(1, min(w0, round(h0 * aspect)))
+    else:
+        ch, cw = max(1, min(h0, round(w0 / aspect))), w0
+    top, left = round((h0 - ch) / 2), round((w0 - cw) / 2)
+    return resize_video(rgb[top:top + ch, left:left + cw][None], height, width)
+
+
+def start_latents(vae: Any, base_latents: torch.Tensor, requests: Sequence[Any], options: RefinerOptions,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The refiner's noisy start latents for a batch (and the TI2V clean prefixes, else ``None``).
+
+    Each request runs the VAE under its own tiling setting (``extra["vae_tiling"]``) and draws from its own
+    refiner generator, so a request's result does not depend on its batch.
+    """
+    starts, cleans = [], []
+    for i, request in enumerate(requests):
+        p = request.params
+        generator = torch.Generator(device=device).manual_seed(refiner_seed(p.seed))
+        with vae.tiling(request.extra.get("vae_tiling")):
+            frames = vae.decode(base_latents[i:i + 1])[0]  # [F, H, W, 3] in [0, 1]
+            index = resample_indices(frames.shape[0], float(p.fps or options.sample_fps), options.sample_fps)
+            video = resize_video(frames[index], options.height, options.width)
+            x_up = vae.encode(video, generator).to(device)
+            if request.extra["mode"] == "ti2v":
+                pixels = first_frame(request.images[0], p.height, p.width, options.height, options.width)
+                cleans.append(vae.encode(pixels, generator).to(device))
+        noise = torch.randn(x_up.shape, generator=generator, device=device, dtype=torch.float32)
+        starts.append((1.0 - options.t_thresh) * x_up + options.t_thresh * noise)
+    latents = torch.cat(starts)
+    clean = torch.cat(cleans) if cleans else None
+    if clean is not None:
+        apply_clean_prefix(latents, clean)
+    return latents, clean

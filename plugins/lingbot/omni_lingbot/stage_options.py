@@ -1,0 +1,139 @@
+"""Request options of the two optional stages: the MoE package's refiner and VAE tiling (models.md §2.2, §2.7).
+
+Pure functions over ``GenerationRequest.extra`` (no torch): each returns a frozen, hashable record or ``None``
+when the stage is off, or raises :class:`omnicore.errors.InvalidRequest` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from omnicore.errors import InvalidRequest
+
+#: Refiner fields (seed-contracts §8.1 and models.md §2.2); every one but ``run_refiner`` needs it to be true.
+REFINER_FIELDS = (
+    "run_refiner", "refiner_height", "refiner_width", "refiner_steps", "refiner_guidance_scale", "refiner_shift",
+    "refiner_t_thresh", "refiner_sigma_tail_steps", "refiner_sample_fps", "refiner_null_cond_clone_zero",
+)
+#: VAE tiling fields; a tile size without ``vae_tiling`` turns tiling on.
+TILING_FIELDS = (
+    "vae_tiling", "vae_tile_sample_min_height", "vae_tile_sample_min_width", "vae_tile_sample_stride_height",
+    "vae_tile_sample_stride_width",
+)
+REFINER_SIZE_MULTIPLE = 16  # VAE 8x and DiT patch 2x
+TILE_MULTIPLE = 8  # one latent cell of the Wan VAE
+
+
+@attrs.frozen
+class RefinerOptions:
+    """How to run the refiner stage (defaults of the upstream MoE package)."""
+
+    height: int = 1088
+    width: int = 1920
+    steps: int = 8
+    guidance_scale: float = 3.0
+    shift: float = 3.0
+    t_thresh: float = 0.85
+    sigma_tail_steps: int = 2
+    sample_fps: float = 24.0
+    null_cond_clone_zero: bool = True
+
+
+@attrs.frozen
+class VaeTiling:
+    """Spatial VAE tiling in pixels (diffusers ``AutoencoderKLWan.enable_tiling`` arguments, §2.7 defaults)."""
+
+    min_height: int = 256
+    min_width: int = 256
+    stride_height: int = 192
+    stride_width: int = 192
+
+
+def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"extra.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _int(extra: Mapping[str, Any], key: str, default: int, *, low: int, multiple: int = 1) -> int:
+    value = extra.get(key, default)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # JSON clients may send 1088.0
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidRequest(f"extra.{key}", f"must be an integer >= {low}, got {value!r}")
+    if value % multiple:
+        raise InvalidRequest(f"extra.{key}", f"must be a multiple of {multiple}, got {value}")
+    return value
+
+
+def _number(extra: Mapping[str, Any], key: str, default: float, *, low: float, high: float = math.inf,
+            low_open: bool = False, high_open: bool = False) -> float:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"extra.{key}", f"must be a finite number, got {value!r}")
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+        raise InvalidRequest(f"extra.{key}", f"must be in {bounds}, got {value!r}")
+    return float(value)
+
+
+def resolve_refiner(extra: Mapping[str, Any], mode: str) -> RefinerOptions | None:
+    """The refiner options when ``extra.run_refiner`` is true, else ``None``.
+
+    A ``refiner_*`` field without ``run_refiner: true`` is rejected rather than ignored (it would have no
+    effect), and so is ``refiner_sample_fps`` for text-to-image, which has no frame rate.
+    """
+    run = _bool(extra, "run_refiner", False)
+    given = [k for k in REFINER_FIELDS[1:] if k in extra]
+    if not run:
+        if given:
+            raise InvalidRequest(f"extra.{given[0]}", "refiner options need extra.run_refiner=true")
+        return None
+    if mode == "t2i" and "refiner_sample_fps" in extra:
+        raise InvalidRequest("extra.refiner_sample_fps", "text-to-image has no frame rate to resample")
+    d = RefinerOptions()
+    return RefinerOptions(
+        height=_int(extra, "refiner_height", d.height, low=REFINER_SIZE_MULTIPLE, multiple=REFINER_SIZE_MULTIPLE),
+        width=_int(extra, "refiner_width", d.width, low=REFINER_SIZE_MULTIPLE, multiple=REFINER_SIZE_MULTIPLE),
+        steps=_int(extra, "refiner_steps", d.steps, low=1),
+        guidance_scale=_number(extra, "refiner_guidance_scale", d.guidance_scale, low=0.0),
+        shift=_number(extra, "refiner_shift", d.shift, low=0.0, low_open=True),
+        t_thresh=_number(extra, "refiner_t_thresh", d.t_thresh, low=0.0, high=1.0, low_open=True),
+        sigma_tail_steps=_int(extra, "refiner_sigma_tail_steps", d.sigma_tail_steps, low=0),
+        sample_fps=_number(extra, "refiner_sample_fps", d.sample_fps, low=0.0, low_open=True),
+        null_cond_clone_zero=_bool(extra, "refiner_null_cond_clone_zero", d.null_cond_clone_zero),
+    )
+
+
+def resolve_vae_tiling(extra: Mapping[str, Any]) -> VaeTiling | None:
+    """Tiling for every VAE call of the request, or ``None`` (the default: untiled).
+
+    Tile sizes are pixels, multiples of 8, and a stride may not exceed its tile (tiles must touch or overlap).
+    Giving a size turns tiling on; giving one together with ``vae_tiling: false`` is a contradiction.
+    """
+    sizes = [k for k in TILING_FIELDS[1:] if k in extra]
+    enabled = extra.get("vae_tiling")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InvalidRequest("extra.vae_tiling", f"must be true or false, got {enabled!r}")
+    if enabled is False:
+        if sizes:
+            raise InvalidRequest(f"extra.{sizes[0]}", "tile sizes contradict extra.vae_tiling=false")
+        return None
+    if enabled is None and not sizes:
+        return None
+    d = VaeTiling()
+    tiling = VaeTiling(*(_int(extra, key, default, low=TILE_MULTIPLE, multiple=TILE_MULTIPLE)
+                         for key, default in zip(TILING_FIELDS[1:], attrs.astuple(d))))
+    for axis, tile, stride in (("height", tiling.min_height, tiling.stride_height),
+                               ("width", tiling.min_width, tiling.stride_width)):
+        if stride > tile:
+            raise InvalidRequest(f"extra.vae_tile_sample_stride_{axis}",
+                                 f"must not exceed vae_tile_sample_min_{axis} ({tile}), got {stride}")
+    return tiling
