@@ -31,7 +31,6 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Case, main, ratio_at_most, static_case  # noqa: E402
-
 from omnicore.cache.adaln_schedule import (  # noqa: E402
     ABSENT,
     AdaLNProjection,

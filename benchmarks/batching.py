@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT / "tests"))  # the test-only toy model plugin lives 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _harness import Case, main, ratio_at_most  # noqa: E402
-
 from omnicore.config import Settings  # noqa: E402
 from omnicore.engine.api import Engine  # noqa: E402
 from omnicore.engine.request import GenerationRequest, SamplingParams  # noqa: E402

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import av
 import numpy as np
-from PIL import Image
-
 from _harness import Case, Goal, main
 from omnicore.outputs.mp4 import x264_asm_flags
 from omnicore.outputs.output import Output
 from omnicore.outputs.writers import write_output
+from PIL import Image
 
 FRAMES, HEIGHT, WIDTH, FPS, RATE = 9, 192, 320, 24, 48000
 

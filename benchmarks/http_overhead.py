@@ -47,7 +47,6 @@ def serve(cache: str, state: str, port_file: str) -> None:
     import threading
 
     import uvicorn
-
     from omnicore.server import ServerSettings, create_app
 
     app = create_app(_engine(cache), ServerSettings(state_dir=state))
@@ -76,7 +75,6 @@ def main() -> None:
         return
 
     import httpx
-
     from omnicore.engine.request import GenerationRequest, SamplingParams
     from omnicore.outputs.writers import encode_output
 

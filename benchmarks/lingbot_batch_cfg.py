@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 
 import torch
-
 from omni_lingbot.transformer.config import LingBotTransformerConfig
 from omni_lingbot.transformer.model import LingBotVideoTransformer3DModel
 

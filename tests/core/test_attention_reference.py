@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-
 from omnicore.attention.packed import PackedSequence
 from omnicore.attention.reference import sdpa_attention
 

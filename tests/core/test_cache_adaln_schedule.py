@@ -9,8 +9,6 @@ import struct
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from omnicore.cache.adaln_schedule import (
     ABSENT,
     AdaLNProjection,
@@ -25,6 +23,7 @@ from omnicore.cache.adaln_schedule import projection as projection_module
 from omnicore.engine.protocol import BasePipeline, DenoiseState
 from omnicore.errors import UnsupportedFeature
 from omnicore.plugins.host import PluginHost
+from torch import nn
 
 T_DIM, H = 8, 4
 

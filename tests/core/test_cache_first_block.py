@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from omnicore.cache import BlockLoop, FirstBlockCacheConfig, apply_first_block_cache
 from omnicore.cache.teacache import relative_l1
 from omnicore.engine.protocol import BasePipeline, DenoiseState
 from omnicore.errors import UnsupportedFeature
 from omnicore.hooks import HookRegistry, hook_context
 from omnicore.plugins.host import PluginHost
+from torch import nn
 
 N = 10
 

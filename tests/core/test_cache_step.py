@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from omnicore.cache import TeaCacheAdapter, TeaCacheConfig, apply_teacache, resolve_threshold
 from omnicore.cache.teacache import polyval
 from omnicore.engine.protocol import BasePipeline, DenoiseState

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from omnicore.cli import generate_cmd, serve_cmd
 from omnicore.cli.main import main
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
+from PIL import Image
 
 
 @pytest.fixture

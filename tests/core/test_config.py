@@ -7,7 +7,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-
 from omnicore.config import OPTIONS, Settings, finite_non_negative, resolve_settings
 from omnicore.errors import ConfigError
 

@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 from _engine_helpers import PreprocessCounter, StepGate
-
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
 from omnicore.engine.request import GenerationRequest, SamplingParams

@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 from _engine_helpers import PreprocessCounter, StepGate
-
 from omnicore.config import Settings
 from omnicore.engine.api import AsyncEngine, Engine
 from omnicore.engine.request import GenerationRequest, SamplingParams

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from omnicore.cache.teacache import TeaCacheConfig
 from omnicore.errors import UnsupportedFeature
 from toy import toy_engine

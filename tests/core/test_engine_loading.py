@@ -10,13 +10,12 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
 from omnicore.engine.loading import MARKER, detect_spec, resolve_model
 from omnicore.errors import InvalidRequest, PluginError, UnknownName
 from omnicore.specs import PresetSpec
+from safetensors.torch import load_file
 
 
 def test_tiny_preset_is_built_once_into_the_cache(toy_host, toy_settings):

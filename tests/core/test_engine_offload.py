@@ -8,15 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from omnicore.config import Settings
-from omnicore.engine.api import Engine
+from omnicore.engine.api import Engine, make_request
 from omnicore.errors import ConfigError, UnsupportedFeature
-from omnicore.engine.api import make_request
 from omnicore.hooks import get_hook
 from omnicore.hookspecs import hookimpl
 from omnicore.offload.layerwise import HOOK_NAME as LAYERWISE_HOOK
+from safetensors.torch import load_file
 
 ADALN = ("adaln_schedule", {"offload_weights": True})
 REQUESTS = ({"seed": 3, "num_frames": 3, "guidance_scale": 2.0}, {"seed": 4, "num_inference_steps": 5})

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from omnicore.hooks import (
     HookRegistry,
     ModelHook,
@@ -16,6 +14,7 @@ from omnicore.hooks import (
     register_hook,
     remove_hook,
 )
+from torch import nn
 
 
 class _Log(ModelHook):

@@ -7,7 +7,6 @@ from typing import Any
 
 import importlib_metadata
 import pytest
-
 from omnicore import hookimpl
 from omnicore.config import resolve_settings
 from omnicore.errors import DuplicateRegistration, PluginError, UnknownName

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from omnicore import hookimpl
 from omnicore.config import Settings
 from omnicore.plugins import PluginHost

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from omnicore import hookimpl
 from omnicore.config import resolve_settings
 from omnicore.errors import PlatformUnavailable, PluginError, UnknownName, UnsupportedFeature

@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import omnicore
+import pytest
 from omnicore import hookspecs
 from omnicore.config import OPTIONS
 

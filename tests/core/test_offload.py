@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from omnicore.cache.adaln_schedule import EXCLUDED_OFFLOAD_PREFIXES
 from omnicore.hooks import HookRegistry
 from omnicore.offload import (
@@ -17,6 +15,7 @@ from omnicore.offload import (
     materialize,
     move_excluded,
 )
+from torch import nn
 
 
 class AdaLN(nn.Module):

@@ -10,14 +10,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from omnicore.errors import ConfigError, InvalidRequest
 from omnicore.outputs.checks import check_audio, fps_fraction
 from omnicore.outputs.options import EncodeOptions
 from omnicore.outputs.output import Output
 from omnicore.outputs.readers import read_image
 from omnicore.outputs.writers import SUPPORTED_SUFFIXES, encode_output, write_output
+from PIL import Image
 
 
 def _noise_image(h: int = 37, w: int = 53, seed: int = 0) -> np.ndarray:

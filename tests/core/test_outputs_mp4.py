@@ -12,7 +12,6 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-
 from omnicore.errors import InvalidRequest
 from omnicore.outputs.mp4 import write_mp4, x264_asm_flags
 from omnicore.outputs.options import EncodeOptions

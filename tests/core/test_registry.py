@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from omnicore.errors import DuplicateRegistration, UnknownName
 from omnicore.registry import Registry
 from omnicore.specs import (

@@ -6,7 +6,6 @@ import math
 
 import attrs
 import pytest
-
 from omnicore.engine.request import GenerationRequest, SamplingParams
 from omnicore.errors import InvalidRequest
 from omnicore.specs import RequestDefaults

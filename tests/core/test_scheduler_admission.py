@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from omnicore.errors import ConfigError, QueueFull
 from omnicore.engine.scheduler import AdmissionDecision, Scheduler, admission_wait
+from omnicore.errors import ConfigError, QueueFull
 
 
 def sched(**kw) -> Scheduler:

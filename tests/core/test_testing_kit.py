@@ -6,7 +6,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from omnicore.cache.teacache import TeaCacheConfig
 from omnicore.testing import (
     AttentionBackendConformance,

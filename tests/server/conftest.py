@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from omnicore.hookspecs import hookimpl
 
 
@@ -36,7 +35,6 @@ class LiveServer:
 
     def __init__(self, app: Any) -> None:
         import uvicorn
-
         from omnicore.server.lifecycle import DrainingServer
 
         self.app = app
@@ -78,10 +76,9 @@ def toy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_server(toy_cache: Path, tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     """``make_server(state_dir=..., step_delay_s=..., **ServerSettings fields)`` -> a started LiveServer."""
-    from toy import toy_engine, toy_host
-
     from omnicore.config import Settings
     from omnicore.server import ServerSettings, create_app
+    from toy import toy_engine, toy_host
 
     started: list[LiveServer] = []
 

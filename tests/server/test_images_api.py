@@ -10,9 +10,8 @@ import time
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
-
 from omnicore.engine.request import GenerationRequest, SamplingParams
+from PIL import Image
 
 
 def _png(b64: str) -> np.ndarray:
@@ -140,9 +139,8 @@ def test_queue_full_is_429_with_retry_after(make_server, client_for):
 
 def test_not_ready_is_503_until_the_model_loaded(toy_cache, tmp_path, client_for):
     from conftest import LiveServer
-    from toy import toy_engine
-
     from omnicore.server import ServerSettings, create_app
+    from toy import toy_engine
 
     gate = threading.Event()
 

@@ -7,7 +7,6 @@ import time
 
 import httpx
 import pytest
-
 from omnicore.server.store import JobStore
 
 

@@ -11,9 +11,8 @@ import av
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
-
 from omnicore.engine.request import GenerationRequest, SamplingParams
+from PIL import Image
 
 
 def _wait_status(c: httpx.Client, vid: str, statuses: tuple[str, ...], timeout: float = 60) -> dict:

@@ -13,8 +13,8 @@ from omnicore.config import Settings
 
 from .adaln import TOY_ADALN_SPEC, ToyAdaLNConfig, ToyAdaLNPipeline
 from .model import ToyConfig, ToyDenoiser
-from .plugin import TOY_SPEC, ToyPlugin
 from .pipeline import ToyFailure, ToyPipeline, build_toy_checkpoint
+from .plugin import TOY_SPEC, ToyPlugin
 
 
 def toy_host(settings: Settings | None = None, *, plugin: Any = None) -> Any:

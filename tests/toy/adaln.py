@@ -17,9 +17,6 @@ from typing import Any
 
 import attrs
 import torch
-from safetensors.torch import load_file, save_file
-from torch import nn
-
 from omnicore.cache.adaln_schedule import (
     ABSENT,
     STATE_STEP_KEY,
@@ -30,6 +27,8 @@ from omnicore.cache.adaln_schedule import (
 )
 from omnicore.engine.protocol import DenoiseState, LoadOptions
 from omnicore.specs import ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults
+from safetensors.torch import load_file, save_file
+from torch import nn
 
 from .model import ToyConfig, prompt_token_ids, timestep_embedding
 from .pipeline import ToyPipeline

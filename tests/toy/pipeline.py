@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
-
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.request import GenerationRequest
 from omnicore.errors import InvalidRequest
 from omnicore.outputs.output import Output
+from safetensors.torch import load_file, save_file
 
 from .model import ToyConfig, ToyDenoiser
 

@@ -40,7 +40,7 @@ _AVCOL_SPC_BT709 = 1
 _FALLBACK_BITS_PER_PIXEL = 0.15
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def h264_encoder() -> str:
     """The H.264 encoder to use: ``libx264`` when this FFmpeg build has it, else whatever ``h264`` names."""
     for name in ("libx264", "h264"):
@@ -55,7 +55,7 @@ def h264_encoder() -> str:
 _X264_AVX2_LEVEL = "MMX2,SSE2Fast,SSE3,SSSE3,SSE4.1,SSE4.2,AVX,FMA3,BMI1,BMI2,AVX2,LZCNT,Cache64"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def x264_asm_flags() -> str | None:
     """x264 ``asm`` setting: the AVX2 feature set where the CPU has AVX-512 (Linux only), else ``None`` (auto).
 

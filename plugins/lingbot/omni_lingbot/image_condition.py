@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-
 from omnicore.errors import InvalidRequest
+from PIL import Image
 
 
 def align_image(image: Any, height: int, width: int) -> torch.Tensor:

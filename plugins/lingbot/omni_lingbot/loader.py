@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from omnicore.errors import PluginError
 
 from .detect import TRANSFORMER_CLASS

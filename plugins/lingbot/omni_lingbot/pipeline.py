@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
 from omnicore.engine.request import MAX_SEED, GenerationRequest
 from omnicore.errors import InvalidRequest

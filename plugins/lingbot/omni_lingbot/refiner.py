@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-
 from omnicore.engine.request import MAX_SEED
+from PIL import Image
 
 from .image_condition import apply_clean_prefix
 from .scheduler import low_noise_sigmas

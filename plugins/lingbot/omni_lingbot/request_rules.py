@@ -13,12 +13,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-
 from omnicore.errors import InvalidRequest
 
 from .prompts import compact_json, default_negative_prompt
 from .stage_options import (
-    REFINER_FIELDS, TILING_FIELDS, RefinerOptions, VaeTiling, resolve_refiner, resolve_vae_tiling,
+    REFINER_FIELDS,
+    TILING_FIELDS,
+    RefinerOptions,
+    VaeTiling,
+    resolve_refiner,
+    resolve_vae_tiling,
 )
 
 DEFAULT_NUM_FRAMES = 81

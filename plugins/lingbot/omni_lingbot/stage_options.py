@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-
 from omnicore.errors import InvalidRequest
 
 #: Refiner fields (seed-contracts §8.1 and models.md §2.2); every one but ``run_refiner`` needs it to be true.

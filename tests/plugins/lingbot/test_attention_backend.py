@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 from _lingbot_helpers import ATTENTION_CALLS, request, run
-
 from omnicore import hookimpl
 from omnicore.config import Settings
 from omnicore.engine.api import Engine

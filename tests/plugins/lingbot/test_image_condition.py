@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageDraw
-
 from omni_lingbot.image_condition import align_image, apply_clean_prefix, load_image, smart_resize, vlm_image
+from PIL import Image, ImageDraw
 
 GREEN = (0, 255, 0)
 RED = (255, 0, 0)

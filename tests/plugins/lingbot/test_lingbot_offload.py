@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
 from omnicore.plugins.host import PluginHost

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 from _lingbot_helpers import load, request, run
-from safetensors.torch import load_file, save_file
-
 from omni_lingbot.loader import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, CheckpointError, WeightMismatch, save_transformer
 from omni_lingbot.presets import QWEN_SPECIAL_TOKENS, build_tiny_lingbot
 from omnicore.errors import PluginError
+from safetensors.torch import load_file, save_file
 
 
 def test_preset_writes_the_real_layout(tiny_dir):

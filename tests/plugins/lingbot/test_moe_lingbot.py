@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from omni_lingbot.transformer.moe import LingBotMoE, grouped_linear
 
 H, I_MOE, E = 16, 8, 8

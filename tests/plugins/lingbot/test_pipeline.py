@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 from _lingbot_helpers import request, run
-from PIL import Image
-
 from omni_lingbot.pipeline import pad_embeddings
 from omni_lingbot.prompts import DEFAULT_NEGATIVE_PROMPT_IMAGE, DEFAULT_NEGATIVE_PROMPT_VIDEO
 from omnicore.errors import InvalidRequest
+from PIL import Image
 
 
 class Recorder:
@@ -234,7 +233,6 @@ def test_moe_preset_generates(tiny_moe_dir):
 @pytest.mark.parametrize("batch_cfg", [False, True])
 def test_first_block_cache_on_the_declared_block_loop(tiny_dir, batch_cfg):
     from _lingbot_helpers import load
-
     from omnicore.cache import FirstBlockCacheConfig, apply_first_block_cache
     from omnicore.plugins.host import PluginHost
 

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import torch
 from _lingbot_helpers import load, request, run
-from PIL import Image
-
 from omni_lingbot.loader import CheckpointError, WeightMismatch
 from omni_lingbot.presets import TINY_MOE, build_transformer
 from omni_lingbot.refiner import refiner_seed, resample_indices
@@ -21,6 +19,7 @@ from omni_lingbot.scheduler import model_timestep
 from omni_lingbot.stage_options import RefinerOptions, resolve_refiner
 from omnicore.engine.request import MAX_SEED
 from omnicore.errors import InvalidRequest
+from PIL import Image
 
 SMALL = {"run_refiner": True, "refiner_height": 64, "refiner_width": 96}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from omni_lingbot import request_rules as rr
 from omni_lingbot.prompts import DEFAULT_NEGATIVE_PROMPT_IMAGE, DEFAULT_NEGATIVE_PROMPT_VIDEO
 from omnicore.engine.request import SamplingParams

@@ -7,7 +7,6 @@ import struct
 import numpy as np
 import pytest
 import torch
-
 from omni_lingbot.scheduler import (
     base_sigmas,
     low_noise_sigmas,

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from omni_lingbot.transformer.config import LingBotTransformerConfig
 from omni_lingbot.transformer.model import LingBotVideoTransformer3DModel
 from omnicore.errors import ConfigError

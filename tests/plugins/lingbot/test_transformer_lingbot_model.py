@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from omni_lingbot.transformer.config import LingBotTransformerConfig
 from omni_lingbot.transformer.model import LingBotVideoTransformer3DModel
 from omnicore.attention.reference import sdpa_attention

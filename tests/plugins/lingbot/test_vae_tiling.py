@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from _lingbot_helpers import request, run
-
 from omni_lingbot.stage_options import VaeTiling, resolve_vae_tiling
 from omnicore.errors import InvalidRequest
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-
 from omnicore.errors import ConfigError
 
 _SCORE_FUNCS = ("sigmoid", "softmax")

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import attrs
 import torch
-
 from omnicore.attention.packed import PackedSequence
 
 from .rope import sample_positions

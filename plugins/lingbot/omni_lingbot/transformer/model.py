@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import nn
-
 from omnicore.attention.reference import sdpa_attention
+from torch import nn
 
 from .attention import AttentionFn
 from .block import LingBotBlock
