@@ -58,6 +58,9 @@ class LingBotPipeline(BasePipeline):
     """Loads a LingBot repository and generates images (T2I) or videos (T2V, TI2V)."""
 
     spec = MODEL_SPEC
+    #: Build the DiT's packed layout, RoPE table and text index once per request branch and reuse them every step
+    #: (bit-identical either way; off only to measure or to compare against the rebuilding path).
+    reuse_forward_metadata: bool = True
 
     def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
                  scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
@@ -221,8 +224,10 @@ class LingBotPipeline(BasePipeline):
 
     @staticmethod
     def _set_text(extras: dict[str, Any], cond_rows: list[torch.Tensor], uncond_rows: list[torch.Tensor]) -> None:
-        """Padded text batches for each CFG mode (built once per batch, reused every step)."""
+        """Padded text batches for each CFG mode (built once per batch, reused every step). New text means new
+        masks, so the DiT metadata built from the old ones is dropped here."""
         extras["cond_rows"], extras["uncond_rows"] = cond_rows, uncond_rows
+        extras["forward_metadata"] = {}
         extras["cond"] = pad_embeddings(cond_rows)
         if uncond_rows:
             extras["uncond"] = pad_embeddings(uncond_rows)
@@ -273,20 +278,38 @@ class LingBotPipeline(BasePipeline):
             modules["refiner"] = self.refiner
         return modules
 
-    def _forward(self, branch: str, latents: torch.Tensor, timestep: torch.Tensor,
+    def _forward(self, extras: dict[str, Any], branch: str, latents: torch.Tensor, timestep: torch.Tensor,
                  text: tuple[torch.Tensor, torch.Tensor], refiner: bool = False) -> torch.Tensor:
         """One DiT call; ``branch`` names it ("cond", "uncond", "cfg") for per-branch cache state. The refiner's
         calls get their own names so that no cache state is shared between the stages."""
         embeds, mask = text
         model = self.refiner if refiner else self.transformer
-        with hook_context(f"refiner.{branch}" if refiner else branch):
-            out = model(
-                hidden_states=latents.to(self.dtype),
-                timestep=timestep,
-                encoder_hidden_states=embeds.to(self.device, self.dtype),
-                encoder_attention_mask=mask.to(self.device),
-            )
+        name = f"refiner.{branch}" if refiner else branch
+        hidden = latents.to(self.dtype)
+        embeds, mask = embeds.to(self.device, self.dtype), mask.to(self.device)
+        kwargs: dict[str, Any] = {}
+        metadata = self._metadata(extras, name, model, hidden, embeds, mask)
+        if metadata is not None:
+            kwargs["metadata"] = metadata
+        with hook_context(name):
+            out = model(hidden_states=hidden, timestep=timestep, encoder_hidden_states=embeds,
+                        encoder_attention_mask=mask, **kwargs)
         return out.float()
+
+    def _metadata(self, extras: dict[str, Any], name: str, model: Any, hidden: torch.Tensor, embeds: torch.Tensor,
+                  mask: torch.Tensor) -> Any:
+        """The DiT's forward metadata of branch ``name``, built at its first call and reused at every later step
+        (models.md §2.7). It lives in ``extras["forward_metadata"]``, which :meth:`_set_text` empties whenever the
+        text (and so the mask) changes; a host-side shape check rebuilds it if the latents changed shape. None
+        when reuse is off or the DiT (e.g. a test double) has no ``forward_metadata``."""
+        build = getattr(model, "forward_metadata", None)
+        if not self.reuse_forward_metadata or build is None:
+            return None
+        cache = extras.setdefault("forward_metadata", {})
+        metadata = cache.get(name)
+        if metadata is None or not metadata.matches(hidden, embeds):
+            metadata = cache[name] = build(hidden, embeds, mask)
+        return metadata
 
     @torch.no_grad()
     def predict(self, state: DenoiseState, step: int) -> torch.Tensor:
@@ -299,13 +322,13 @@ class LingBotPipeline(BasePipeline):
         t = model_timestep(state.timesteps[step]).to(self.device).expand(n)
         refining = ex.get("phase") == "refiner"
         if not ex["use_cfg"]:
-            return self._forward("cond", latents, t, ex["cond"], refining)
+            return self._forward(ex, "cond", latents, t, ex["cond"], refining)
         if ex["batch_cfg"]:
-            both = self._forward("cfg", torch.cat([latents, latents]), torch.cat([t, t]), ex["pair"], refining)
+            both = self._forward(ex, "cfg", torch.cat([latents, latents]), torch.cat([t, t]), ex["pair"], refining)
             v_cond, v_uncond = both[:n], both[n:]
         else:
-            v_cond = self._forward("cond", latents, t, ex["cond"], refining)
-            v_uncond = self._forward("uncond", latents, t, ex["uncond"], refining)
+            v_cond = self._forward(ex, "cond", latents, t, ex["cond"], refining)
+            v_uncond = self._forward(ex, "uncond", latents, t, ex["uncond"], refining)
         return v_uncond + ex["guidance"] * (v_cond - v_uncond)
 
     @torch.no_grad()

@@ -26,6 +26,7 @@ class JointLayout:
     cu_seqlens: torch.Tensor
     positions: torch.Tensor
     token_mask: torch.Tensor | None  # [T] bool, None when there are no padding rows
+    segments: tuple[tuple[int, int], ...]  # (start, end) row range of each sample's document
 
     @classmethod
     def build(
@@ -45,8 +46,10 @@ class JointLayout:
             positions = torch.cat([positions, positions.new_zeros(pad, 3)], dim=0)
             token_mask = torch.zeros(packed.padded_length, dtype=torch.bool, device=device)
             token_mask[: packed.valid_length] = True
+        o = packed.offsets
+        segments = tuple((o[i], o[i + 1]) for i in range(len(lengths)))
         return cls(tuple(grid), tuple(int(n) for n in text_lengths), packed, packed.cu_seqlens(device), positions,
-                   token_mask)
+                   token_mask, segments)
 
     @property
     def batch(self) -> int:
@@ -59,11 +62,6 @@ class JointLayout:
     @property
     def total(self) -> int:
         return self.packed.padded_length
-
-    @property
-    def segments(self) -> list[tuple[int, int]]:
-        o = self.packed.offsets
-        return [(o[i], o[i + 1]) for i in range(self.batch)]
 
     @property
     def _single(self) -> bool:

@@ -19,7 +19,7 @@ from .attention import AttentionFn
 from .block import LingBotBlock
 from .config import LingBotTransformerConfig
 from .embeddings import TextEmbedder, TimestepEmbedding, linear, patchify, sinusoidal_timestep_embedding, unpatchify
-from .layout import JointLayout
+from .metadata import ForwardMetadata, build_forward_metadata
 from .norm import FP32LayerNorm
 from .rope import LingBotRotaryEmbedding
 
@@ -76,23 +76,21 @@ class LingBotVideoTransformer3DModel(nn.Module):
         """``timestep [B]`` (sigma*1000) -> ``t_emb [B, H]`` fp32."""
         return self.time_embedder(sinusoidal_timestep_embedding(timestep, self.config.freq_dim))
 
-    def build_layout(
+    def forward_metadata(
         self,
         hidden_states: torch.Tensor,
-        encoder_attention_mask: torch.Tensor | None,
-        text_len: int,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        *,
         pad_to_multiple: int = 1,
-    ) -> JointLayout:
-        """Packed metadata for a latent batch and its text mask (the part a pipeline may cache per request)."""
-        b, _, f, h, w = hidden_states.shape
-        pf, ph, pw = self.config.patch_size
-        if f % pf or h % ph or w % pw:
-            raise ValueError(f"latent (F={f}, H={h}, W={w}) is not divisible by patch_size {self.config.patch_size}")
-        if encoder_attention_mask is None:
-            lengths = [text_len] * b
-        else:
-            lengths = [int(n) for n in encoder_attention_mask.to(torch.bool).sum(dim=1).tolist()]
-        return JointLayout.build((f // pf, h // ph, w // pw), lengths, hidden_states.device, pad_to_multiple)
+    ) -> ForwardMetadata:
+        """The packed layout, RoPE frequencies and real-text index of a forward on these inputs.
+
+        Depends only on shapes, the device and the mask's contents, so a pipeline builds it once per request
+        branch and passes it as ``forward(..., metadata=...)`` at every step (models.md §2.7).
+        """
+        return build_forward_metadata(self.config.patch_size, self.rope, hidden_states, encoder_hidden_states,
+                                      encoder_attention_mask, pad_to_multiple)
 
     def forward(
         self,
@@ -101,7 +99,8 @@ class LingBotVideoTransformer3DModel(nn.Module):
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
         *,
-        pad_to_multiple: int = 1,
+        pad_to_multiple: int | None = None,
+        metadata: ForwardMetadata | None = None,
     ) -> torch.Tensor:
         """Predict the flow velocity ``[B, out_channels, F, H, W]``.
 
@@ -109,6 +108,8 @@ class LingBotVideoTransformer3DModel(nn.Module):
         ``encoder_hidden_states [B, L, text_dim]``, ``encoder_attention_mask [B, L]`` (True = real token; padding
         tokens are dropped, wherever they sit). ``pad_to_multiple`` pads the packed sequence with rows that attend
         nowhere and get no routed MoE output (static shapes for kernels); the result does not depend on it.
+        ``metadata`` is :meth:`forward_metadata` of inputs with these shapes and this very mask, built earlier and
+        reused (checked on the host against the shapes and device; the mask's contents are not re-read).
         """
         cfg = self.config
         if hidden_states.dim() != 5 or hidden_states.shape[1] != cfg.in_channels:
@@ -127,19 +128,20 @@ class LingBotVideoTransformer3DModel(nn.Module):
         if timestep.numel() != b:
             raise ValueError(f"timestep must have {b} entries (one per sample), got {timestep.numel()}")
 
-        layout = self.build_layout(hidden_states, encoder_attention_mask, encoder_hidden_states.shape[1],
-                                   pad_to_multiple)
+        if metadata is None:
+            metadata = self.forward_metadata(hidden_states, encoder_hidden_states, encoder_attention_mask,
+                                             pad_to_multiple=1 if pad_to_multiple is None else pad_to_multiple)
+        elif (why := metadata.mismatch(hidden_states, encoder_hidden_states, pad_to_multiple)) is not None:
+            raise ValueError(f"metadata was built for other inputs: {why}")
+        layout = metadata.layout
         video = linear(self.patch_embedder, patchify(hidden_states, cfg.patch_size)).float()
-        if encoder_attention_mask is None:
-            real_text = encoder_hidden_states.reshape(-1, cfg.text_dim)
-        else:
-            real_text = encoder_hidden_states[encoder_attention_mask.to(torch.bool)]
-        texts = self.text_embedder(real_text).float().split(list(layout.text_lengths), dim=0)
+        texts = self.text_embedder(metadata.real_text(encoder_hidden_states)).float().split(
+            list(layout.text_lengths), dim=0)
 
         t_emb = self.time_embedding(timestep)
         temb6 = linear(self.time_modulation[1], self.time_modulation[0](t_emb)).float()
         x = layout.pack(video, texts)
-        freqs = self.rope(layout.positions)
+        freqs = metadata.freqs
         for block in self.blocks:
             x = block(x, temb6, layout, freqs, self.attention)
 
