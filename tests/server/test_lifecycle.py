@@ -154,3 +154,20 @@ def test_a_zero_heartbeat_interval_is_rejected_at_startup(tmp_path):
     with pytest.raises(ConfigError) as err:  # it would turn the job monitor into a busy loop
         ServerSettings(state_dir=tmp_path, heartbeat_interval_s=0.0)
     assert err.value.name == "heartbeat_interval_s"
+
+
+def test_readiness_listeners_see_every_change_once_and_draining_is_final():
+    """`omnicore serve` announces readiness from this callback, so a SIGTERM right after the model becomes ready
+    cannot swallow the announcement (a polling thread could miss the short `ok` window)."""
+    from omnicore.server.lifecycle import Readiness
+
+    seen: list[str] = []
+    r = Readiness("loading")
+    r.on_change(seen.append)
+    r.set("loading")  # no change, no call
+    r.set("ok")
+    r.set("draining")
+    r.set("ok")  # ignored: draining is final
+    r.set("unhealthy", error="worker died")
+    assert seen == ["ok", "draining", "unhealthy"]
+    assert r.error == "worker died"

@@ -96,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> int:
     import logging
-    import threading
-    import time
 
     import uvicorn
 
@@ -121,17 +119,16 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     server = DrainingServer(config, app.state.ctx)
     base = f"http://{ss.host if ':' not in ss.host else f'[{ss.host}]'}:{ss.port}"
 
-    def announce() -> None:
+    def announce(state: str) -> None:
+        """Printed from the readiness change itself, so a shutdown right after readiness cannot swallow it."""
         ctx = app.state.ctx
-        while not server.should_exit and ctx.readiness.state in ("loading", "warming_up"):
-            time.sleep(0.2)
-        if ctx.readiness.state == "ok":
+        if state == "ok":
             print(f"omnicore: serving {ctx.served.id} ({model}) at {base}; state in {ss.state_dir}\n"
                   f"try:\n  {curl_example(base, bool(ss.api_keys), ctx.served.tasks)}", file=sys.stderr, flush=True)
-        elif ctx.readiness.state == "unhealthy":
-            print(f"omnicore: loading {model} failed: {ctx.readiness.error}", file=sys.stderr, flush=True)
+        elif state == "unhealthy":
+            print(f"omnicore: {model} is unhealthy: {ctx.readiness.error}", file=sys.stderr, flush=True)
 
-    threading.Thread(target=announce, daemon=True).start()
+    app.state.ctx.readiness.on_change(announce)
     print(f"omnicore: listening on {base}; loading {model} (GET {base}/health says when it is ready)",
           file=sys.stderr, flush=True)
     server.run()

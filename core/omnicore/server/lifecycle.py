@@ -7,6 +7,7 @@ contract's shape (``not_ready`` or ``draining``) with ``Retry-After`` until the 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -21,6 +22,11 @@ class Readiness:
         self._lock = threading.Lock()
         self._state = state
         self.error: str | None = None
+        self._listeners: list[Callable[[str], None]] = []
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(new_state)`` on every change, in the thread that made it (e.g. to announce readiness)."""
+        self._listeners.append(listener)
 
     @property
     def state(self) -> str:
@@ -31,9 +37,13 @@ class Readiness:
         with self._lock:
             if self._state == "draining" and state != "unhealthy":
                 return  # draining is final for this process
+            changed = state != self._state
             self._state = state
             if error is not None:
                 self.error = error
+        if changed:
+            for listener in list(self._listeners):
+                listener(state)
 
     @property
     def ok(self) -> bool:
