@@ -3,7 +3,8 @@ and the exact-schedule AdaLN modulation cache. Each is enabled by ``apply_x(pipe
 and undone by ``handle.remove()``; the built-in plugin registers them as ``CacheMethodSpec``s."""
 
 from ._step import StepCache, StepCacheConfig, StepStats
-from .first_block_cache import BlockLoop, FirstBlockCache, FirstBlockCacheConfig, apply_first_block_cache
+from ..blocks import BlockLoop
+from .first_block_cache import FirstBlockCache, FirstBlockCacheConfig, apply_first_block_cache
 from .teacache import TeaCache, TeaCacheAdapter, TeaCacheConfig, apply_teacache, resolve_threshold
 
 __all__ = [

@@ -7,13 +7,13 @@ with the residual it had at the last computed step (relative L1), and, when the 
 
 Model knowledge comes from a declaration, not a re-implemented forward: the pipeline exposes
 ``pipeline.block_loop`` (a :class:`BlockLoop`, or ``config.block_loop`` overrides) naming the module list of
-transformer blocks and the streams a block takes and returns. Hooks (``omnicore.hooks``) are put on the
+transformer blocks and the streams a block takes and returns. Hooks (``omnicore.module_hooks``) are put on the
 blocks; a step-cache plugin on the ``omnicore_denoise`` hook tells them, per step, whether reuse is allowed
 (warm-up, last step, forced pattern ...) and resets their state when a new batch starts.
 
 Calls of the transformer outside the denoise loop always compute and never touch the cache. A pipeline that
 calls the transformer more than once per step (CFG branches) should name each call with
-``omnicore.hooks.hook_context("cond")`` etc.; unnamed calls are told apart by their order within the step.
+``omnicore.module_hooks.hook_context("cond")`` etc.; unnamed calls are told apart by their order within the step.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any
 
 import attrs
 
+from ..blocks import BlockLoop
 from ..errors import ConfigError, UnsupportedFeature
-from ..hooks import ModelHook, StateManager, current_context, register_hook, remove_hook
+from ..module_hooks import ModelHook, StateManager, current_context, register_hook, remove_hook
 from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
 from .teacache import relative_l1
 
@@ -32,27 +33,6 @@ METHOD_NAME = "first_block_cache"
 HEAD_HOOK = "omnicore.first_block_cache.head"
 SKIP_HOOK = "omnicore.first_block_cache.skip"
 TAIL_HOOK = "omnicore.first_block_cache.tail"
-
-
-@attrs.frozen(kw_only=True)
-class BlockLoop:
-    """A model's block loop: ``blocks`` is the dotted path from the pipeline to the module list of
-    transformer blocks; ``streams`` names the tensors each block takes (as keyword, else positionally in this
-    order) and returns (one tensor, or a tuple in this order). The first stream is the one compared."""
-
-    blocks: str
-    streams: tuple[str, ...] = ("hidden_states",)
-
-    def resolve(self, pipeline: Any) -> list[Any]:
-        """The block modules this loop names on ``pipeline`` (``ConfigError`` when the path is wrong)."""
-        try:
-            blocks = operator.attrgetter(self.blocks)(pipeline)
-        except AttributeError:
-            raise ConfigError("block_loop.blocks", f"{self.blocks!r} does not name an attribute of "
-                                                   f"{type(pipeline).__name__}") from None
-        if not hasattr(blocks, "__getitem__") or not hasattr(blocks, "__len__"):
-            raise ConfigError("block_loop.blocks", f"{self.blocks!r} is not a sequence of blocks")
-        return list(blocks)
 
 
 @attrs.define(kw_only=True)

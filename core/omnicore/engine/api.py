@@ -23,7 +23,7 @@ from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError
 from .jobs import Job, Listener
 from .loading import ResolvedModel, load_pipeline, resolve_model
-from .offloading import OFFLOAD_MODES, apply_offload
+from ..offload.policy import OFFLOAD_MODES, apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
 from .protocol import LoadOptions
 from .request import GenerationRequest, SamplingParams
@@ -62,7 +62,7 @@ class Engine:
     :param platform: a platform name or instance (default: the host's selection).
     :param cache_methods: cache method names, or ``(name, config)`` pairs, enabled after loading.
     :param offload: ``"none"``, ``"model"`` or ``"layerwise"``: told to the pipeline's loader, then applied to
-        what the pipeline declares (see :mod:`omnicore.engine.offloading`).
+        what the pipeline declares (see :mod:`omnicore.offload.policy`).
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """

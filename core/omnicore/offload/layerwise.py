@@ -20,7 +20,7 @@ import attrs
 import torch
 from torch import nn
 
-from ..hooks import ModelHook, register_hook, remove_hook
+from ..module_hooks import ModelHook, register_hook, remove_hook
 from ._swap import ParamSet, excluded_by, is_distributed, side_stream
 
 logger = logging.getLogger("omnicore.offload")

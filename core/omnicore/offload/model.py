@@ -19,7 +19,7 @@ import attrs
 import torch
 from torch import nn
 
-from ..hooks import ModelHook, get_hook, register_hook, remove_hook
+from ..module_hooks import ModelHook, get_hook, register_hook, remove_hook
 from ._swap import ParamSet
 
 HOOK_NAME = "omnicore.model_offload"

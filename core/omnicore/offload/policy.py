@@ -49,7 +49,7 @@ def apply_offload(pipeline: Any, mode: str, device: Any, cache_methods: Iterable
     methods = tuple(cache_methods)
     name = getattr(getattr(pipeline, "spec", None), "name", type(pipeline).__name__)
     if mode == "layerwise":
-        from ..cache.first_block_cache import BlockLoop
+        from ..blocks import BlockLoop
         from ..offload import apply_layerwise_offload
 
         loop = getattr(pipeline, "block_loop", None)
