@@ -8,7 +8,7 @@ from omnicore.cache import BlockLoop, FirstBlockCacheConfig, apply_first_block_c
 from omnicore.cache.teacache import relative_l1
 from omnicore.engine.protocol import BasePipeline, DenoiseState
 from omnicore.errors import UnsupportedFeature
-from omnicore.hooks import HookRegistry, hook_context
+from omnicore.module_hooks import HookRegistry, hook_context
 from omnicore.plugins.host import PluginHost
 from torch import nn
 

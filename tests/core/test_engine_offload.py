@@ -10,7 +10,7 @@ import pytest
 import torch
 from omnicore.engine.api import Engine, make_request
 from omnicore.errors import ConfigError, UnsupportedFeature
-from omnicore.hooks import get_hook
+from omnicore.module_hooks import get_hook
 from omnicore.hookspecs import hookimpl
 from omnicore.offload.layerwise import HOOK_NAME as LAYERWISE_HOOK
 from safetensors.torch import load_file

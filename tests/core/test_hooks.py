@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omnicore.hooks import (
+from omnicore.module_hooks import (
     HookRegistry,
     ModelHook,
     StateManager,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from omnicore.cache.adaln_schedule import EXCLUDED_OFFLOAD_PREFIXES
-from omnicore.hooks import HookRegistry
+from omnicore.module_hooks import HookRegistry
 from omnicore.offload import (
     LayerwiseOffloadConfig,
     apply_layerwise_offload,

@@ -18,7 +18,6 @@ calls the transformer more than once per step (CFG branches) should name each ca
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import attrs

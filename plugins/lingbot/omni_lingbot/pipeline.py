@@ -25,7 +25,7 @@ import torch
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
 from omnicore.engine.request import MAX_SEED, GenerationRequest
 from omnicore.errors import InvalidRequest
-from omnicore.hooks import hook_context
+from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
 
