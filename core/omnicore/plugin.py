@@ -1,0 +1,89 @@
+"""The public API for plugin authors: everything a model, backend or cache plugin imports from omnicore.
+
+Import from here (``from omnicore.plugin import BasePipeline, ModelSpec, hookimpl``); every other module of
+``omnicore`` is internal and may change in any release.
+
+Stability promise, tied to :data:`PLUGIN_API_VERSION` (``MAJOR.MINOR``, semver):
+
+- a name listed here keeps its meaning within a major version; a minor version only adds names, or adds
+  optional fields (with defaults) to the records listed here;
+- removing or renaming a name, or changing what one means, bumps the major version, and plugins declare the
+  range they work with (``plugin_info()["api"] = ">=1.0,<2"``), checked before they are imported.
+
+``tests/core/test_plugin_api.py`` holds the checked-in list of these names and fails when one disappears.
+
+Importing this module is cheap and never imports torch: names load on first use, so a plugin's entry module
+may import its spec records from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._version import PLUGIN_API_VERSION
+from .hookspecs import hookimpl
+
+_LAZY: dict[str, str] = {
+    # -- registration: spec records a plugin passes to ``register`` (cheap, no torch) ----------------------
+    "ModelSpec": "omnicore.specs:ModelSpec",
+    "ModelCapabilities": "omnicore.specs:ModelCapabilities",
+    "RequestDefaults": "omnicore.specs:RequestDefaults",
+    "PresetSpec": "omnicore.specs:PresetSpec",
+    "PlatformSpec": "omnicore.specs:PlatformSpec",
+    "AttentionBackendSpec": "omnicore.specs:AttentionBackendSpec",
+    "AttentionCapabilities": "omnicore.specs:AttentionCapabilities",
+    "AttentionRequirement": "omnicore.specs:AttentionRequirement",
+    "CacheMethodSpec": "omnicore.specs:CacheMethodSpec",
+    # -- the pipeline protocol and the records it threads ---------------------------------------------------
+    "Pipeline": "omnicore.engine.protocol:Pipeline",
+    "BasePipeline": "omnicore.engine.protocol:BasePipeline",
+    "DenoiseState": "omnicore.engine.protocol:DenoiseState",
+    "LoadOptions": "omnicore.engine.protocol:LoadOptions",
+    "output_seeds": "omnicore.engine.protocol:output_seeds",
+    "GenerationRequest": "omnicore.engine.request:GenerationRequest",
+    "SamplingParams": "omnicore.engine.request:SamplingParams",
+    "Output": "omnicore.outputs.output:Output",
+    "read_image": "omnicore.outputs.readers:read_image",
+    # -- errors (name the field: ``InvalidRequest("params.height", "must be a multiple of 16")``) ----------
+    "OmnicoreError": "omnicore.errors:OmnicoreError",
+    "InvalidRequest": "omnicore.errors:InvalidRequest",
+    "ConfigError": "omnicore.errors:ConfigError",
+    "PluginError": "omnicore.errors:PluginError",
+    "UnsupportedFeature": "omnicore.errors:UnsupportedFeature",
+    "PlatformUnavailable": "omnicore.errors:PlatformUnavailable",
+    "Cancelled": "omnicore.errors:Cancelled",
+    # -- cache and offload declarations (see core/omnicore/cache/README.md) ---------------------------------
+    "BlockLoop": "omnicore.blocks:BlockLoop",
+    "TeaCacheAdapter": "omnicore.cache.teacache:TeaCacheAdapter",
+    "hook_context": "omnicore.module_hooks:hook_context",
+    "AdaLNProjection": "omnicore.cache.adaln_schedule:AdaLNProjection",
+    "AdaLNScheduleController": "omnicore.cache.adaln_schedule:AdaLNScheduleController",
+    # -- writing a cache method ------------------------------------------------------------------------------
+    "StepCache": "omnicore.cache._step:StepCache",
+    "StepCacheConfig": "omnicore.cache._step:StepCacheConfig",
+    "ModelHook": "omnicore.module_hooks:ModelHook",
+    "register_hook": "omnicore.module_hooks:register_hook",
+    "remove_hook": "omnicore.module_hooks:remove_hook",
+    # -- writing a backend -----------------------------------------------------------------------------------
+    "Platform": "omnicore.platforms.base:Platform",
+    "PackedSequence": "omnicore.attention.packed:PackedSequence",
+    "sdpa_attention": "omnicore.attention.reference:sdpa_attention",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'omnicore.plugin' has no attribute {name!r}")
+    from .specs import resolve
+
+    value = resolve(target)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = ["PLUGIN_API_VERSION", "hookimpl", *_LAZY]

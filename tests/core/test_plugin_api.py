@@ -1,0 +1,86 @@
+"""The public plugin API (``omnicore.plugin``) keeps every name it promised.
+
+``PUBLIC_NAMES`` is the checked-in list. Removing or renaming a name breaks plugins, so it needs a major bump of
+``PLUGIN_API_VERSION`` (and then this list is rewritten with ``API_MAJOR``); adding a name is a minor change
+and goes into the list in the same commit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+API_MAJOR = 1
+
+PUBLIC_NAMES = frozenset({
+    "PLUGIN_API_VERSION", "hookimpl",
+    # registration records
+    "ModelSpec", "ModelCapabilities", "RequestDefaults", "PresetSpec", "PlatformSpec", "AttentionBackendSpec",
+    "AttentionCapabilities", "AttentionRequirement", "CacheMethodSpec",
+    # pipeline protocol
+    "Pipeline", "BasePipeline", "DenoiseState", "LoadOptions", "output_seeds", "GenerationRequest",
+    "SamplingParams", "Output", "read_image",
+    # errors
+    "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
+    "Cancelled",
+    # caches and offload
+    "BlockLoop", "TeaCacheAdapter", "hook_context", "AdaLNProjection", "AdaLNScheduleController",
+    "StepCache", "StepCacheConfig", "ModelHook", "register_hook", "remove_hook",
+    # backends
+    "Platform", "PackedSequence", "sdpa_attention",
+})
+
+
+def test_every_promised_name_is_still_exported() -> None:
+    import omnicore.plugin as api
+
+    missing = sorted(PUBLIC_NAMES - set(api.__all__))
+    assert not missing, (f"omnicore.plugin no longer exports {missing}: removing a public name needs a major "
+                         f"bump of PLUGIN_API_VERSION (now {api.PLUGIN_API_VERSION})")
+    for name in sorted(PUBLIC_NAMES):
+        assert getattr(api, name) is not None, name
+
+
+def test_new_names_are_added_to_the_list_deliberately() -> None:
+    import omnicore.plugin as api
+
+    unlisted = sorted(set(api.__all__) - PUBLIC_NAMES)
+    assert not unlisted, f"{unlisted} are exported but not in PUBLIC_NAMES: add them (a minor API change)"
+
+
+def test_major_version_matches_the_list() -> None:
+    import omnicore
+
+    major, minor = (int(p) for p in omnicore.PLUGIN_API_VERSION.split("."))
+    assert major == API_MAJOR, "PLUGIN_API_VERSION changed major: rewrite PUBLIC_NAMES for the new contract"
+    assert minor >= 0
+
+
+def test_unknown_names_raise_attribute_error() -> None:
+    import omnicore.plugin as api
+
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        api.NoSuchThing  # noqa: B018
+    assert "BasePipeline" in dir(api)
+
+
+def test_the_same_objects_as_their_home_modules() -> None:
+    import omnicore.plugin as api
+    from omnicore.engine.protocol import BasePipeline
+    from omnicore.errors import InvalidRequest
+    from omnicore.specs import ModelSpec
+
+    assert (api.BasePipeline, api.InvalidRequest, api.ModelSpec) == (BasePipeline, InvalidRequest, ModelSpec)
+
+
+def test_entry_module_names_import_without_torch() -> None:
+    """What a plugin's entry module imports from here (hook marker, spec records, errors) never pulls in torch."""
+    code = ("import sys\n"
+            "from omnicore.plugin import (hookimpl, ModelSpec, ModelCapabilities, RequestDefaults, PresetSpec,\n"
+            "    PlatformSpec, AttentionBackendSpec, AttentionCapabilities, CacheMethodSpec, InvalidRequest)\n"
+            "heavy = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
