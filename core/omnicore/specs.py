@@ -57,6 +57,10 @@ class ModelCapabilities:
     max_outputs_per_request: int = 4
     cache_methods: tuple[str, ...] = ()
     needs_packed_varlen: bool = False
+    max_pixels: int | None = None  # height x width
+    max_frames: int | None = None
+    max_steps: int | None = None  # denoise steps per request
+    max_pixel_frames: int | None = None  # height x width x frames of one output (a video's total pixels)
 
 
 @attrs.frozen

@@ -138,7 +138,7 @@ def test_queue_full_is_429_with_retry_after(make_server, client_for):
 
 
 def test_not_ready_is_503_until_the_model_loaded(toy_cache, tmp_path, client_for):
-    from conftest import LiveServer
+    from _server_helpers import LiveServer
     from omnicore.server import ServerSettings, create_app
     from toy import toy_engine
 

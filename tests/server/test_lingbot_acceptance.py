@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def lingbot_server(tmp_path_factory):
-    from conftest import LiveServer
+    from _server_helpers import LiveServer
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
     from omnicore.plugins.host import PluginHost

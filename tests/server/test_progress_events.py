@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import time
 
-from conftest import read_events
+from _server_helpers import read_events
 
 _TERMINAL = ("video.completed", "video.failed", "video.cancelled")
 

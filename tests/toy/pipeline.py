@@ -3,8 +3,9 @@
 Supports batching, text-to-image (``num_frames == 1``) and short video (``num_frames > 1``, returns fps),
 classifier-free guidance when ``guidance_scale > 1``, partial-batch shrinking on cancellation, and reference
 images up to the spec's ``max_reference_images`` (loaded in preprocess; their brightness shifts the conditioning).
-Model-specific ``extra`` fields: ``tag`` (str, only changes the batch key) and ``fail_at`` (one of
-``preprocess``, ``encode``, ``denoise``, ``decode``: raise there, to test failure handling).
+Model-specific ``extra`` fields: ``tag`` (str, only changes the batch key), ``fail_at`` (one of
+``preprocess``, ``encode``, ``denoise``, ``decode``: raise there, to test failure handling) and ``size``
+(``"WxH"``, overrides width/height: a model-specific way to name the size, as real models have).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
+from omnicore.engine.cancellation import cancel_points
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.request import GenerationRequest
 from omnicore.errors import InvalidRequest
@@ -25,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from .model import ToyConfig, ToyDenoiser
 
-EXTRA_FIELDS = ("tag", "fail_at")
+EXTRA_FIELDS = ("tag", "fail_at", "size")
 FAIL_POINTS = ("preprocess", "encode", "denoise", "decode")
 
 
@@ -100,6 +103,12 @@ class ToyPipeline(BasePipeline):
         _fail(request, "preprocess")
         defaults = self.spec.defaults
         params = request.params.with_defaults(defaults)
+        if "size" in request.extra:  # a model-specific way to give the size (overrides width/height)
+            try:
+                w, h = (int(v) for v in str(request.extra["size"]).lower().split("x"))
+            except ValueError:
+                raise InvalidRequest("extra.size", f"must be 'WxH', got {request.extra['size']!r}") from None
+            params = attrs.evolve(params, width=w, height=h)
         scale = self.model.cfg.vae_scale
         for name in ("height", "width"):
             if getattr(params, name) % scale:
@@ -231,7 +240,12 @@ class ToyPipeline(BasePipeline):
     def decode(self, state: DenoiseState) -> list[Output]:
         for r in state.requests:
             _fail(r, "decode")
-        pix = self.model.decode(state.latents)
+        if state.latents.shape[2] > 1:  # video: decode frame by frame, a cancellation point before each
+            with cancel_points(self.model.decoder):
+                pix = torch.cat([self.model.decode(state.latents[:, :, i:i + 1])
+                                 for i in range(state.latents.shape[2])], dim=1)
+        else:
+            pix = self.model.decode(state.latents)
         frames = ((pix.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
         outputs = []
         owners = state.extras["owners"]

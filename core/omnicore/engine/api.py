@@ -22,6 +22,7 @@ import attrs
 from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError
 from .jobs import Job, Listener
+from .limits import WorkLimits, check_limits
 from .loading import ResolvedModel, load_pipeline, resolve_model
 from ..offload.policy import OFFLOAD_MODES, apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
@@ -131,9 +132,13 @@ class Engine:
         return self.host.select_attention(requirement).load_impl()
 
     # ------------------------------------------------------------------ admission
-    def submit(self, request: GenerationRequest, *, on_event: Listener | None = None) -> Job:
+    def submit(self, request: GenerationRequest, *, on_event: Listener | None = None,
+               limits: WorkLimits | None = None) -> Job:
         """Preprocess ``request`` (here, once) and queue it. Raises ``InvalidRequest``, ``QueueFull``,
-        ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs)."""
+        ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs).
+
+        The resolved request is checked against the model's declared limits and the caller's ``limits``
+        (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`)."""
         if not isinstance(request, GenerationRequest):
             raise InvalidRequest("request", f"must be a GenerationRequest, got {type(request).__name__}")
         if self._closed:
@@ -150,6 +155,7 @@ class Engine:
             if not isinstance(prepared, GenerationRequest):
                 raise PluginError(self.spec.provider or self.spec.name,
                                   f"preprocess returned {type(prepared).__name__}, not a GenerationRequest")
+            check_limits(prepared, WorkLimits.of_model(self.spec), limits)
             key = self.pipeline.batch_key(prepared)
         except BaseException as exc:
             job.finish("failed", error=exc)
@@ -295,9 +301,11 @@ class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def submit(self, request: GenerationRequest, *, on_event: Listener | None = None) -> Job:
+    async def submit(self, request: GenerationRequest, *, on_event: Listener | None = None,
+                     limits: WorkLimits | None = None) -> Job:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, functools.partial(self.engine.submit, request, on_event=on_event))
+        return await loop.run_in_executor(None, functools.partial(self.engine.submit, request, on_event=on_event,
+                                                                  limits=limits))
 
     async def result(self, job: Job) -> list[Output]:
         loop = asyncio.get_running_loop()

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import Cancelled
+from .cancellation import cancel_scope
 from .jobs import Job
 
 if TYPE_CHECKING:
@@ -109,7 +111,13 @@ class BatchRunner:
         for job in members:
             job.emit("decode", step=total, total_steps=total)
         t = time.perf_counter()
-        outputs = pipeline.decode(state)
+        try:  # a chunked decode checks between chunks (engine.cancellation), so DELETE stops it within seconds
+            with cancel_scope(lambda: all(j.cancel_requested or j.done for j in members)):
+                outputs = pipeline.decode(state)
+        except Cancelled:
+            for job in members:
+                job.finish("cancelled", on_finish=self._counter("jobs_cancelled"))
+            return
         platform.synchronize()
         timings["decode_s"] = time.perf_counter() - t
         per_job = self._split(outputs, members)

@@ -102,8 +102,9 @@ def from_core(exc: BaseException, *, retry_after_s: float = 1.0,
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, core_errors.InvalidRequest):
-        return ApiError(400, "invalid_value", f"{http_param(exc.field, aliases)}: {exc.rule}",
-                        param=http_param(exc.field, aliases))
+        param = None if exc.field == "params" else http_param(exc.field, aliases)  # "params": the whole job
+        return ApiError(400, getattr(exc, "code", None) or "invalid_value",
+                        f"{param}: {exc.rule}" if param else exc.rule, param=param)
     if isinstance(exc, core_errors.QueueFull):
         return ApiError(429, "queue_full", str(exc), headers={"Retry-After": str(max(1, round(retry_after_s)))})
     if isinstance(exc, core_errors.EngineClosed):

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from .. import errors as core_errors
+from ..engine.limits import WorkLimits
 from ..outputs.options import EncodeOptions
 from .errors import ApiError, from_core, job_error_code
 from .metrics import Metrics, observe_stages
@@ -103,6 +104,9 @@ class JobManager:
         self._monitor_stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="omnicore-monitor", daemon=True)
         self._monitor.start()
+        # The server's budget; the engine checks it (with the model's own limits) on the resolved request.
+        self.limits = WorkLimits(max_pixels=settings.max_image_pixels, max_work=getattr(settings, "max_work", 0) or None,
+                                 source="the server")
 
     # ------------------------------------------------------------------ admission
     @property
@@ -148,7 +152,7 @@ class JobManager:
                                "retry later", headers={"Retry-After": str(self.retry_after_s())})
             self._live[live.id] = live
         try:
-            job = self.engine.submit(request, on_event=lambda ev: self._on_event(live, ev))
+            job = self.engine.submit(request, on_event=lambda ev: self._on_event(live, ev), limits=self.limits)
         except BaseException as exc:
             with self._lock:
                 self._live.pop(live.id, None)

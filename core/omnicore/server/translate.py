@@ -97,9 +97,7 @@ def check_size(wh: tuple[int, int] | None, served: ServedModel, settings: Server
     if wh is None:
         return
     w, h = wh
-    cap = settings.max_image_pixels
-    if w * h > cap:
-        raise _bad(param, f"size {w}x{h} has {w * h} pixels, more than the limit of {cap}", code="image_too_large")
+    # (pixel and work limits are checked once, on the resolved request, by the engine: engine/limits.py)
     m = served.multiple_of
     if m and (w % m or h % m):
         def near(v: int) -> str:

@@ -1,0 +1,93 @@
+"""Work limits, checked once on the *resolved* request (after the model's ``preprocess``), before dispatch.
+
+A request can name its size or length in many ways: explicit fields, a duration, model-specific fields
+(``extra.size``, ``extra.resolution``), a JSON prompt, or nothing (the model default). Checking the fields a
+client sent would miss most of them, so the engine checks the request the model actually resolved, in this
+one place, against the tighter of the model's declared limits (:class:`~omnicore.specs.ModelCapabilities`)
+and the caller's budget (the server's ``--max-image-pixels`` / ``--max-work``). A violation is a
+:class:`LimitExceeded` naming the limit, so the server answers 400 before any work starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..errors import InvalidRequest
+
+
+class LimitExceeded(InvalidRequest):
+    """The resolved request is larger than a limit. ``limit`` names it (e.g. ``max_frames``, ``--max-work``)."""
+
+    def __init__(self, field: str, rule: str, limit: str) -> None:
+        super().__init__(field, rule)
+        self.limit = limit
+        self.code = "image_too_large" if limit == "max_pixels" else "limit_exceeded"  # the HTTP error code
+
+
+@attrs.frozen
+class WorkLimits:
+    """Caps on one request; ``None`` = no cap. ``source`` says whose limits they are, for messages."""
+
+    max_pixels: int | None = None  # width x height of one frame
+    max_frames: int | None = None
+    max_steps: int | None = None
+    max_pixel_frames: int | None = None  # width x height x frames of one output
+    max_work: int | None = None  # width x height x frames x steps x outputs: the whole job
+    source: str = "the model"
+
+    @classmethod
+    def of_model(cls, spec: Any) -> WorkLimits:
+        """The limits a model spec declares (``ModelCapabilities.max_pixels`` and friends)."""
+        caps = spec.capabilities
+        return cls(max_pixels=getattr(caps, "max_pixels", None), max_frames=getattr(caps, "max_frames", None),
+                   max_steps=getattr(caps, "max_steps", None),
+                   max_pixel_frames=getattr(caps, "max_pixel_frames", None), source=f"model {spec.name}")
+
+
+# (attribute, limit flag or field name used in messages for a server budget)
+_SERVER_NAMES = {"max_pixels": "--max-image-pixels", "max_work": "--max-work", "max_frames": "max_frames",
+                 "max_steps": "max_steps", "max_pixel_frames": "max_pixel_frames"}
+
+
+def work_units(params: Any) -> int:
+    """``width x height x frames x steps x outputs``: a proxy for the compute a request asks for."""
+    return (int(params.width or 0) * int(params.height or 0) * int(params.num_frames or 1)
+            * int(params.num_inference_steps or 1) * int(params.num_outputs or 1))
+
+
+def _tightest(attr: str, limits: tuple[WorkLimits | None, ...]) -> tuple[int, str] | None:
+    """The smallest cap on ``attr`` among ``limits`` and the name of its owner (a server flag or the model)."""
+    best: tuple[int, str] | None = None
+    for lim in limits:
+        cap = getattr(lim, attr) if lim is not None else None
+        if cap is None or (best is not None and cap >= best[0]):
+            continue
+        best = (cap, _SERVER_NAMES[attr] if lim.source == "the server" else f"{attr} of {lim.source}")
+    return best
+
+
+def check_limits(request: Any, *limits: WorkLimits | None) -> None:
+    """Raise :class:`LimitExceeded` when the resolved ``request`` breaks any of ``limits`` (naming the tightest)."""
+    p = request.params
+    w, h = int(p.width or 0), int(p.height or 0)
+    frames = int(p.num_frames or 1)
+    steps = int(p.num_inference_steps or 0)
+    work = work_units(p)
+    checks = (
+        ("max_pixels", w * h, "params.width",
+         lambda cap: f"the resolved size {w}x{h} has {w * h} pixels per frame, more than the limit {cap}"),
+        ("max_frames", frames, "params.num_frames",
+         lambda cap: f"the resolved length is {frames} frames, more than the limit {cap}"),
+        ("max_steps", steps, "params.num_inference_steps", lambda cap: f"{steps} steps is more than the limit {cap}"),
+        ("max_pixel_frames", w * h * frames, "params.num_frames",
+         lambda cap: f"{w}x{h} x {frames} frames = {w * h * frames} pixels, more than the limit {cap}"),
+        ("max_work", work, "params",
+         lambda cap: f"the job is {w}x{h} x {frames} frames x {steps} steps x {p.num_outputs} outputs = {work} "
+                     f"work units, more than the budget {cap}"),
+    )
+    for attr, value, field, text in checks:
+        tight = _tightest(attr, limits)
+        if tight is not None and value > tight[0]:
+            raise LimitExceeded(field, f"{text(tight[0])} ({tight[1]})", attr)
