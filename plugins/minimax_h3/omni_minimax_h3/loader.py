@@ -1,0 +1,354 @@
+"""Loading the MiniMax-H3 DiT from either checkpoint layout (models.md §1.7), strictly.
+
+Two layouts of a transformer folder (``config.json`` + safetensors, single file or sharded with an index):
+
+- **diffusers** (what ``MiniMaxH3Transformer3DModel.save_pretrained`` writes; the repository's ``transformer/``
+  = FL2VA and ``transformer_ref/`` = Ref2VA): ``transformer_blocks.N.attn.to_q/to_k/to_v`` (separate),
+  ``norm_q/norm_k``, ``to_out.0``, ``ff.net.0.proj`` rows ``[up | gate]``, ``ff.net.2``, ``proj_in``, ...
+- **official** (the partition layout: ``FL2VA/transformer/``, ``Ref2VA/transformer/``): our own names —
+  ``blocks.N.attn.qkv_proj`` fused and **head-grouped** (``[heads × (q, k, v), H]``; ``qkv_layout="qkv"`` for a
+  checkpoint already ``[Q; K; V]``), ``mlp.fc1`` rows ``[gate | up]``, optional ``rope.inv_freq``.
+
+Our DiT keeps the official names with ``qkv_proj`` as ``[Q; K; V]`` and ``fc1`` as ``[gate | up]``. The model is
+built on the meta device from ``config.json`` and the converted tensors are assigned (no second copy of the
+weights); every missing, unexpected or mis-shaped key is named in :class:`WeightMismatch`. diffusers'
+``from_pretrained`` is never used (it would need ``accelerate``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omnicore.errors import PluginError
+
+from .transformer.config import NATIVE_ALIASES, MiniMaxH3TransformerConfig
+
+PLUGIN = "minimax_h3"
+DIFFUSERS_CLASS = "MiniMaxH3Transformer3DModel"
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
+FORMATS = ("diffusers", "official")
+
+
+class CheckpointError(PluginError):
+    """The folder is not a usable MiniMax-H3 transformer (missing file, bad config)."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = Path(path)
+        super().__init__(PLUGIN, f"{path}: {problem}")
+
+
+class WeightMismatch(CheckpointError):
+    """Strict loading failed: ``missing``, ``unexpected`` and ``mismatched`` name what differs."""
+
+    def __init__(self, path: Path | str, missing: Iterable[str], unexpected: Iterable[str],
+                 mismatched: Iterable[str] = ()) -> None:
+        self.missing = sorted(missing)
+        self.unexpected = sorted(unexpected)
+        self.mismatched = sorted(mismatched)
+        parts = []
+        for label, names in (("missing", self.missing), ("unexpected", self.unexpected),
+                             ("shape mismatch", self.mismatched)):
+            if names:
+                shown = ", ".join(names[:20]) + (f" (+{len(names) - 20} more)" if len(names) > 20 else "")
+                parts.append(f"{label} weights: {shown}")
+        super().__init__(path, "; ".join(parts))
+
+
+# ---------------------------------------------------------------------------------------------- files
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(Path(path).parent, f"missing {Path(path).name}") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(Path(path).parent, f"{Path(path).name} is not valid JSON: {exc}") from None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a transformer folder: an index's shards, else the single file(s)."""
+    model_dir = Path(model_dir)
+    indexes = sorted(model_dir.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise CheckpointError(model_dir, f"several safetensors indexes: {[p.name for p in indexes]}")
+    if indexes:
+        weight_map = read_json(indexes[0]).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(model_dir, f"{indexes[0].name} has no weight_map")
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:
+            if not (model_dir / shard).is_file():
+                raise CheckpointError(model_dir, f"shard {shard} named by {indexes[0].name} is missing")
+        return [model_dir / s for s in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(model_dir, f"no safetensors weights ({WEIGHTS_NAME} or an index)")
+    return files
+
+
+def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(model_dir):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name in state:
+                    raise CheckpointError(model_dir, f"weight {name} appears in more than one shard")
+                state[name] = f.get_tensor(name)
+    return state
+
+
+def read_transformer_config(model_dir: Path) -> MiniMaxH3TransformerConfig:
+    raw = read_json(Path(model_dir) / "config.json")
+    return MiniMaxH3TransformerConfig.from_dict(raw)
+
+
+def detect_transformer_format(model_dir: Path) -> str:
+    """``"diffusers"`` or ``"official"`` from the config class name, else from the weight names."""
+    raw = read_json(Path(model_dir) / "config.json")
+    if raw.get("_class_name") == DIFFUSERS_CLASS:
+        return "diffusers"
+    from safetensors import safe_open
+
+    with safe_open(str(weight_files(model_dir)[0]), framework="pt") as f:
+        names = list(f.keys())
+    if any(n.startswith("transformer_blocks.") or n.startswith("proj_in.") for n in names):
+        return "diffusers"
+    if any(n.startswith("blocks.") or n.startswith("video_patch_proj.") for n in names):
+        return "official"
+    raise CheckpointError(model_dir, "cannot tell the checkpoint layout (neither diffusers nor official names)")
+
+
+def transformer_dirs(root: Path) -> dict[str, Path]:
+    """The transformer folders of a repository by partition (``"fl2va"``, ``"ref2va"``), for both layouts:
+    official ``FL2VA/transformer/`` + ``Ref2VA/transformer/``; diffusers ``transformer/`` (FL2VA, or the partition
+    its ``model_index.json`` names under ``_minimax_h3.partition``) + ``transformer_ref/`` (Ref2VA)."""
+    root = Path(root)
+    found: dict[str, Path] = {}
+    for part, folder in (("fl2va", root / "FL2VA" / "transformer"), ("ref2va", root / "Ref2VA" / "transformer")):
+        if (folder / "config.json").is_file():
+            found[part] = folder
+    if found:
+        return found
+    if (root / "transformer_ref" / "config.json").is_file():
+        found["ref2va"] = root / "transformer_ref"
+    if (root / "transformer" / "config.json").is_file():
+        partition = "fl2va"
+        if (root / "model_index.json").is_file():
+            meta = read_json(root / "model_index.json").get("_minimax_h3")
+            if isinstance(meta, dict) and meta.get("partition") == "ref2va":
+                partition = "ref2va"
+        found.setdefault(partition, root / "transformer")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- transforms
+_TOP_RENAMES = (  # diffusers prefix -> ours
+    ("proj_in.", "video_patch_proj."),
+    ("audio_proj_in.", "audio_patch_proj."),
+    ("context_embedder.", "condition_proj."),
+    ("time_embedder.linear_1.", "time_embedder.proj_in."),
+    ("time_embedder.linear_2.", "time_embedder.proj_out."),
+    ("norm_out.linear.", "final_layer.adaln_proj.linear."),
+    ("norm_out.norm.", "final_layer.norm."),
+    ("proj_out.", "final_layer.video_out."),
+    ("audio_proj_out.", "final_layer.audio_out."),
+    ("token_refiner.final_norm.", "token_refiner.final_norm."),
+)
+_BLOCK_RENAMES = (  # inside a block, diffusers -> ours (q/k/v and ff.net.0 handled separately)
+    ("attn.norm_q.", "attn.q_norm."),
+    ("attn.norm_k.", "attn.k_norm."),
+    ("attn.to_out.0.", "attn.out_proj."),
+    ("ff.net.2.", "mlp.fc2."),
+    ("norm1.", "norm1."),
+    ("norm2.", "norm2."),
+    ("adaln_proj.linear.", "adaln_proj.linear."),
+)
+_DIFF_BLOCK = re.compile(r"^(transformer_blocks|token_refiner\.refiner_blocks)\.(\d+)\.(.*)$")
+_OUR_BLOCK = re.compile(r"^(blocks|token_refiner\.blocks)\.(\d+)\.(.*)$")
+
+
+def _swap_halves(w: torch.Tensor) -> torch.Tensor:
+    a, b = w.chunk(2, dim=0)
+    return torch.cat([b, a], dim=0)
+
+
+def diffusers_to_ours(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename a diffusers state dict to ours: fuse q/k/v as ``[Q; K; V]``, ``[up | gate]`` -> ``[gate | up]``.
+
+    Unknown names pass through unchanged (strict loading then reports them as unexpected); a block with only
+    some of ``to_q/to_k/to_v`` keeps them under their own names so the gap is reported too.
+    """
+    src = dict(state)
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for name in list(src):
+        tensor = src.pop(name)
+        m = _DIFF_BLOCK.match(name)
+        if m is None:
+            for old, new in _TOP_RENAMES:
+                if name.startswith(old):
+                    name = new + name[len(old):]
+                    break
+            out[name] = tensor
+            continue
+        group, idx, rest = m.groups()
+        prefix = f"{'blocks' if group == 'transformer_blocks' else 'token_refiner.blocks'}.{idx}."
+        if rest in ("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"):
+            qkv.setdefault(prefix, {})[rest[5:9]] = tensor
+            continue
+        if rest == "ff.net.0.proj.weight":
+            out[prefix + "mlp.fc1.weight"] = _swap_halves(tensor)
+            continue
+        for old, new in _BLOCK_RENAMES:
+            if rest.startswith(old):
+                rest = new + rest[len(old):]
+                break
+        out[prefix + rest] = tensor
+    for prefix, parts in qkv.items():
+        if set(parts) == {"to_q", "to_k", "to_v"}:
+            out[prefix + "attn.qkv_proj.weight"] = torch.cat([parts["to_q"], parts["to_k"], parts["to_v"]], dim=0)
+        else:
+            for key, tensor in parts.items():
+                out[f"{prefix}attn.{key}.weight"] = tensor
+    return out
+
+
+def ours_to_diffusers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`diffusers_to_ours`."""
+    inv_top = [(new, old) for old, new in _TOP_RENAMES]
+    inv_block = [(new, old) for old, new in _BLOCK_RENAMES]
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        m = _OUR_BLOCK.match(name)
+        if m is None:
+            for new, old in inv_top:
+                if name.startswith(new):
+                    name = old + name[len(new):]
+                    break
+            out[name] = tensor
+            continue
+        group, idx, rest = m.groups()
+        prefix = f"{'transformer_blocks' if group == 'blocks' else 'token_refiner.refiner_blocks'}.{idx}."
+        if rest == "attn.qkv_proj.weight":
+            q, k, v = tensor.chunk(3, dim=0)
+            out.update({prefix + "attn.to_q.weight": q.contiguous(), prefix + "attn.to_k.weight": k.contiguous(),
+                        prefix + "attn.to_v.weight": v.contiguous()})
+            continue
+        if rest == "mlp.fc1.weight":
+            out[prefix + "ff.net.0.proj.weight"] = _swap_halves(tensor)
+            continue
+        for new, old in inv_block:
+            if rest.startswith(new):
+                rest = old + rest[len(new):]
+                break
+        out[prefix + rest] = tensor
+    return out
+
+
+def _regroup(w: torch.Tensor, heads: int, head_dim: int, *, to_grouped: bool) -> torch.Tensor:
+    hidden = w.shape[-1]
+    if w.shape[0] != 3 * heads * head_dim:
+        return w  # leave it: strict loading names the mis-shaped tensor
+    if to_grouped:  # [3, heads, D, H] -> [heads, 3, D, H]
+        return w.view(3, heads, head_dim, hidden).transpose(0, 1).reshape(-1, hidden).contiguous()
+    return w.view(heads, 3, head_dim, hidden).transpose(0, 1).reshape(-1, hidden).contiguous()
+
+
+def official_to_ours(state: Mapping[str, torch.Tensor], config: MiniMaxH3TransformerConfig, *,
+                     qkv_layout: str = "head_grouped") -> dict[str, torch.Tensor]:
+    """Official names are ours; reorder the head-grouped fused qkv to ``[Q; K; V]`` and drop ``rope.inv_freq``
+    (checked against the config's frequencies). ``qkv_layout``: ``"head_grouped"`` (the release) or ``"qkv"``."""
+    if qkv_layout not in ("head_grouped", "qkv"):
+        raise ValueError(f"qkv_layout must be 'head_grouped' or 'qkv', got {qkv_layout!r}")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name == "rope.inv_freq":
+            from .transformer.rope import inverse_frequencies
+
+            want = inverse_frequencies(config.rope_freq_dim, config.rope_theta)
+            if tensor.shape != want.shape or not torch.allclose(tensor.float(), want, rtol=1e-6, atol=0):
+                raise CheckpointError("rope.inv_freq", f"checkpoint frequencies differ from rope_freq_dim="
+                                                       f"{config.rope_freq_dim}, rope_theta={config.rope_theta}")
+            continue
+        if name.endswith("attn.qkv_proj.weight") and qkv_layout == "head_grouped":
+            tensor = _regroup(tensor, config.num_attention_heads, config.attention_head_dim, to_grouped=False)
+        out[name] = tensor
+    return out
+
+
+def ours_to_official(state: Mapping[str, torch.Tensor], config: MiniMaxH3TransformerConfig) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`official_to_ours` (head-grouped qkv)."""
+    return {n: (_regroup(t, config.num_attention_heads, config.attention_head_dim, to_grouped=True)
+                if n.endswith("attn.qkv_proj.weight") else t) for n, t in state.items()}
+
+
+# ---------------------------------------------------------------------------------------------- load / save
+def load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Assign ``state`` to ``model`` (built on the meta device): exact names and shapes, nothing more."""
+    expected = model.state_dict()
+    missing = set(expected) - set(state)
+    unexpected = set(state) - set(expected)
+    mismatched = [f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)})"
+                  for k, v in expected.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    if missing or unexpected or mismatched:
+        raise WeightMismatch(where, missing, unexpected, mismatched)
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def load_transformer(model_dir: Path | str, *, device: Any = "cpu", dtype: torch.dtype = torch.float32,
+                     attention: Any = None, ops: Any = None, format: str | None = None,
+                     qkv_layout: str = "head_grouped") -> Any:
+    """Our DiT from a transformer folder of either layout (``format`` detected when None), strictly."""
+    from .transformer.model import MiniMaxH3DiT
+
+    model_dir = Path(model_dir)
+    try:
+        config = read_transformer_config(model_dir)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(model_dir, f"bad transformer config: {exc}") from None
+    fmt = format or detect_transformer_format(model_dir)
+    if fmt not in FORMATS:
+        raise CheckpointError(model_dir, f"format must be one of {FORMATS}, got {fmt!r}")
+    state = read_state_dict(model_dir)
+    state = diffusers_to_ours(state) if fmt == "diffusers" else official_to_ours(state, config, qkv_layout=qkv_layout)
+    with torch.device("meta"):
+        model = MiniMaxH3DiT(config, attention=attention, ops=ops)
+    load_strict(model, state, model_dir)
+    del state
+    model.rope.reset_parameters()
+    if dtype == torch.float32:
+        model.float()
+    else:
+        model.cast(dtype)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def save_transformer(model: Any, model_dir: Path | str, *, format: str = "diffusers") -> Path:
+    """Write ``config.json`` + ``diffusion_pytorch_model.safetensors`` in the diffusers or the official layout."""
+    from safetensors.torch import save_file
+
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config: MiniMaxH3TransformerConfig = model.config
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if format == "diffusers":
+        state = ours_to_diffusers(state)
+        raw = {"_class_name": DIFFUSERS_CLASS, **config.to_dict()}
+    else:
+        state = ours_to_official(state, config)
+        native = {v: k for k, v in NATIVE_ALIASES.items()}
+        raw = {native.get(k, k): v for k, v in config.to_dict().items()}
+        h = config.hidden_size
+        raw.update(adaln_out_features=18 * h, final_adaln_out_features=2 * h)
+    (model_dir / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(model_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    return model_dir

@@ -1,0 +1,123 @@
+"""Building blocks of the MiniMax-H3 DiT (models.md §1.6), named as the official checkpoint names them.
+
+- :class:`SwiGLU` — ``fc1`` (hidden -> 2·ffn, rows ``[gate | up]``) -> ``silu(gate) * up`` -> ``fc2``.
+- :class:`TokenRefinerBlock` — pre-norm attention (no RoPE) + MLP, plain residuals (no AdaLN).
+- :class:`DiTBlock` — the same pre-norm block modulated per row by its ``adaln_proj`` table (shift/scale/gate for
+  attention, then for the MLP; no tanh on the gates).
+- :class:`FinalLayer` — RMSNorm modulated per row by timestep (``modality_num`` 1), then the video / audio heads.
+- :class:`TimeEmbedder` — ``[cos | sin]`` sinusoid of ``t`` in [0, 1] -> ``proj_in`` -> SiLU -> ``proj_out``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .adaln import H3AdaLNProjection
+from .attention import Documents, H3Attention, PackedAttention, RMSNorm
+from .config import BLOCK_EXPAND, MODALITY_NUM, MiniMaxH3TransformerConfig
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.ffn = ffn
+        self.fc1 = nn.Linear(hidden, 2 * ffn, bias=False)
+        self.fc2 = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, ops: Any) -> torch.Tensor:
+        gate, up = self.fc1(x).split(self.ffn, dim=-1)
+        return self.fc2(ops.swiglu(gate, up))
+
+
+class TokenRefinerBlock(nn.Module):
+    def __init__(self, config: MiniMaxH3TransformerConfig) -> None:
+        super().__init__()
+        c = config
+        self.norm1 = RMSNorm(c.hidden_size, c.norm_eps)
+        self.attn = H3Attention(c.hidden_size, c.num_attention_heads, c.attention_head_dim, c.qk_norm_eps)
+        self.norm2 = RMSNorm(c.hidden_size, c.norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.ffn_dim)
+
+    def forward(self, x: torch.Tensor, docs: Documents, attention: PackedAttention, ops: Any) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x, ops), docs, attention, ops)
+        return x + self.mlp(self.norm2(x, ops), ops)
+
+
+class TokenRefiner(nn.Module):
+    def __init__(self, config: MiniMaxH3TransformerConfig) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TokenRefinerBlock(config) for _ in range(config.num_refiner_layers))
+        self.final_norm = RMSNorm(config.hidden_size, config.final_norm_eps)
+
+    def forward(self, x: torch.Tensor, docs: Documents, attention: PackedAttention, ops: Any) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, docs, attention, ops)
+        return self.final_norm(x, ops)
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, config: MiniMaxH3TransformerConfig) -> None:
+        super().__init__()
+        c = config
+        self.hidden = c.hidden_size
+        self.norm1 = RMSNorm(c.hidden_size, c.norm_eps)
+        self.attn = H3Attention(c.hidden_size, c.num_attention_heads, c.attention_head_dim, c.qk_norm_eps)
+        self.norm2 = RMSNorm(c.hidden_size, c.norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.ffn_dim)
+        self.adaln_proj = H3AdaLNProjection(c.time_embed_dim, c.hidden_size, BLOCK_EXPAND, MODALITY_NUM)
+
+    def modulation(self, t_emb: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Per-row modulation ``[T, 6H]`` (shift, scale, gate, shift2, scale2, gate2) for table rows ``rows``."""
+        table = torch.cat(self.adaln_proj(t_emb), dim=-1)  # [M*3, 6H], a few rows
+        return table.index_select(0, rows)
+
+    def forward(self, x: torch.Tensor, mod: torch.Tensor, docs: Documents, attention: PackedAttention, ops: Any,
+                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``x [T, H]``, ``mod [T, 6H]`` from :meth:`modulation` -> ``[T, H]``."""
+        shift1, scale1, gate1, shift2, scale2, gate2 = mod.split(self.hidden, dim=-1)
+        h = ops.modulate(self.norm1(x, ops), shift1, scale1)
+        a = self.attn(h, docs, attention, ops, rope)
+        x, h = ops.gated_residual_norm_modulate(x, a, gate1, shift2, scale2, self.norm2.eps, norm="rms",
+                                                weight=self.norm2.weight)
+        return ops.gated_residual(x, self.mlp(h, ops), gate2)
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, config: MiniMaxH3TransformerConfig) -> None:
+        super().__init__()
+        c = config
+        self.norm = RMSNorm(c.hidden_size, c.final_norm_eps)
+        self.adaln_proj = H3AdaLNProjection(c.time_embed_dim, c.hidden_size, 2, 1)
+        self.video_out = nn.Linear(c.hidden_size, c.video_patch_dim, bias=True)
+        self.audio_out = nn.Linear(c.hidden_size, c.audio_in_channels, bias=True)
+
+    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, inverse: torch.Tensor, ops: Any,
+                head: nn.Linear) -> torch.Tensor:
+        """Rows ``x [N, H]`` at timestep indices ``inverse [N]`` through the norm, the modulation and ``head``."""
+        shift, scale = (m.index_select(0, inverse) for m in self.adaln_proj(t_emb))
+        h = ops.modulate(self.norm(x, ops), shift, scale)
+        return head(h.to(head.weight.dtype))
+
+
+class TimeEmbedder(nn.Module):
+    def __init__(self, freq_dim: int, hidden: int, out: int) -> None:
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.proj_in = nn.Linear(freq_dim, hidden, bias=True)
+        self.proj_out = nn.Linear(hidden, out, bias=True)
+
+    def sinusoid(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        exponent = -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+        args = t.float()[:, None] * torch.exp(exponent)[None]
+        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """``t [M]`` in [0, 1] -> ``t_emb [M, out]`` (in the embedder's dtype, fp32 in the release)."""
+        w = self.proj_in.weight
+        h = nn.functional.silu(self.proj_in(self.sinusoid(t).to(w.dtype)))
+        return self.proj_out(h)

@@ -1,0 +1,148 @@
+"""``MiniMaxH3DiT``: the MiniMax-H3 DiT built for serving (models.md §1.6, §1.9).
+
+Compared with a straight port, per request (not per step): the RoPE table and the token-refined text rows
+(:meth:`prepare_request`); per batch: several requests packed into one forward, each its own ``[real | pad]``
+document pair, attention through the packed backend with no O(S²) mask (:meth:`pack`); per step: one fused qkv
+GEMM per block, the AdaLN rows of every packed row gathered once per block by ``timestep_index * 3 + modality``,
+the time embedding or the exact-schedule AdaLN tables (``adaln_step_index``), and the output heads applied to the
+video / audio rows only. Parameter names follow the official checkpoint (``blocks.N.attn.qkv_proj``,
+``mlp.fc1`` rows ``[gate | up]``, ...); :mod:`omni_minimax_h3.loader` converts the diffusers layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from omnicore.cache.adaln_schedule import ABSENT, AdaLNScheduleController
+from torch import nn
+
+from .attention import AttentionFn, Documents, PackedAttention
+from .blocks import DiTBlock, FinalLayer, TimeEmbedder, TokenRefiner
+from .config import MODALITY_NUM, MiniMaxH3TransformerConfig
+from .layout import RequestLayout
+from .ops import resolve_ops
+from .plan import BatchPlan, RequestPlan, _pad_tags
+from .rope import H3Rope
+
+#: Module name segments kept in float32 when the model runs in a lower precision (the release checkpoint's
+#: fp32 islands, models.md §1.6).
+KEEP_FP32: tuple[str, ...] = ("video_patch_proj", "audio_patch_proj", "time_embedder", "video_out", "audio_out",
+                              "rope")
+
+
+def is_fp32_kept(name: str) -> bool:
+    return not set(name.split(".")).isdisjoint(KEEP_FP32)
+
+
+class MiniMaxH3DiT(nn.Module):
+    """See the package docstring (:mod:`omni_minimax_h3.transformer`) for the calling sequence."""
+
+    def __init__(self, config: MiniMaxH3TransformerConfig, *, attention: AttentionFn | None = None,
+                 ops: Any = None) -> None:
+        super().__init__()
+        c = self.config = config
+        self.ops = resolve_ops(ops)
+        self.attention = PackedAttention(attention)
+        self.video_patch_proj = nn.Linear(c.video_patch_dim, c.hidden_size, bias=True)
+        self.audio_patch_proj = nn.Linear(c.audio_in_channels, c.hidden_size, bias=True)
+        self.condition_proj = nn.Linear(c.text_dim, c.hidden_size, bias=True)
+        self.time_embedder = TimeEmbedder(c.freq_dim, c.time_embed_hidden_dim, c.time_embed_dim)
+        self.rope = H3Rope(c.rope_freq_dim, c.rope_theta)
+        self.token_refiner = TokenRefiner(c)
+        self.blocks = nn.ModuleList(DiTBlock(c) for _ in range(c.num_layers))
+        self.final_layer = FinalLayer(c)
+        self.adaln = AdaLNScheduleController(self.adaln_projections, self.time_embed)
+
+    # ------------------------------------------------------------------ properties / dtype policy
+    def adaln_projections(self) -> list[Any]:
+        """Every block's AdaLN projection, then the final layer's (the controller's order)."""
+        return [b.adaln_proj for b in self.blocks] + [self.final_layer.adaln_proj]
+
+    @property
+    def device(self) -> torch.device:
+        return self.condition_proj.weight.device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """dtype of the residual stream (that of ``condition_proj``, as in the reference)."""
+        return self.condition_proj.weight.dtype
+
+    def cast(self, dtype: torch.dtype) -> MiniMaxH3DiT:
+        """``dtype`` everywhere except the fp32 islands (:data:`KEEP_FP32`); in place."""
+        for name, t in [*self.named_parameters(), *self.named_buffers()]:
+            if t.is_floating_point():
+                t.data = t.data.to(torch.float32 if is_fp32_kept(name) else dtype)
+        return self
+
+    # ------------------------------------------------------------------ per request / per batch
+    def time_embed(self, unique_timesteps: torch.Tensor) -> torch.Tensor:
+        """``[M]`` timesteps in [0, 1] -> ``t_emb [M, time_embed_dim]``."""
+        return self.time_embedder(unique_timesteps)
+
+    @torch.no_grad()
+    def prepare_request(self, layout: RequestLayout, prompt_embeds: torch.Tensor) -> RequestPlan:
+        """RoPE table and refined text rows of one request (positions and text do not change across steps)."""
+        if prompt_embeds.dim() == 3 and prompt_embeds.shape[0] == 1:
+            prompt_embeds = prompt_embeds[0]
+        c = self.config
+        if prompt_embeds.dim() != 2 or prompt_embeds.shape[1] != c.text_dim:
+            raise ValueError(f"prompt_embeds must be [L, {c.text_dim}], got {tuple(prompt_embeds.shape)}")
+        if prompt_embeds.shape[0] != layout.num_text_rows:
+            raise ValueError(f"prompt_embeds has {prompt_embeds.shape[0]} rows but the layout has "
+                             f"{layout.num_text_rows} text rows")
+        device, dtype = self.device, self.compute_dtype
+        w = self.condition_proj.weight
+        text = self.condition_proj(prompt_embeds.to(device=device, dtype=w.dtype))
+        if text.shape[0]:
+            docs = Documents([0, text.shape[0]], device)
+            text = self.token_refiner(text, docs, self.attention, self.ops)
+        positions = torch.zeros(layout.seq_len, 3, dtype=torch.float64)
+        positions[: layout.used] = layout.position_ids
+        cos, sin = self.rope.table(positions.to(device), dtype)
+        return RequestPlan(layout=layout, text=text.to(dtype), cos=cos, sin=sin, tags=_pad_tags(layout).to(device),
+                           device=device)
+
+    def pack(self, plans: Sequence[RequestPlan]) -> BatchPlan:
+        return BatchPlan.pack(plans)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor, unique_timesteps: torch.Tensor,
+                inverse_indices: torch.Tensor, *, time_embedding: torch.Tensor | None = None,
+                adaln_step_index: Any = ABSENT) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity rows ``(video [ΣNv, 96], audio [ΣNa, 32])`` for the packed batch (see the package docstring).
+
+        ``time_embedding``: ``time_embed(unique_timesteps)`` computed earlier (e.g. for the whole schedule at
+        once); ``adaln_step_index``: the step of a prepared AdaLN schedule (then neither is recomputed).
+        """
+        c = self.config
+        nv, na = sum(batch.video_rows), sum(batch.audio_rows)
+        if video.dim() != 2 or tuple(video.shape) != (nv, c.video_patch_dim):
+            raise ValueError(f"video rows must be [{nv}, {c.video_patch_dim}], got {tuple(video.shape)}")
+        if audio.dim() != 2 or tuple(audio.shape) != (na, c.audio_in_channels):
+            raise ValueError(f"audio rows must be [{na}, {c.audio_in_channels}], got {tuple(audio.shape)}")
+        if inverse_indices.shape != (batch.total,):
+            raise ValueError(f"inverse_indices must be [{batch.total}], got {tuple(inverse_indices.shape)}")
+        t_emb = self.adaln.select(adaln_step_index)
+        if t_emb is None:
+            t_emb = time_embedding if time_embedding is not None else self.time_embed(unique_timesteps)
+        ops, attention, dtype = self.ops, self.attention, self.compute_dtype
+
+        x = batch.text.new_zeros(batch.total, c.hidden_size)
+        x.index_copy_(0, batch.text_index, batch.text)
+        wv, wa = self.video_patch_proj.weight, self.audio_patch_proj.weight
+        x.index_copy_(0, batch.video_index, self.video_patch_proj(video.to(wv.dtype)).to(dtype))
+        x.index_copy_(0, batch.audio_index, self.audio_patch_proj(audio.to(wa.dtype)).to(dtype))
+
+        rows = inverse_indices * MODALITY_NUM + batch.tags
+        rope = (batch.cos, batch.sin)
+        for block in self.blocks:
+            x = block(x, block.modulation(t_emb, rows), batch.docs, attention, ops, rope)
+
+        final = self.final_layer
+        v = final(x.index_select(0, batch.video_index), t_emb, inverse_indices.index_select(0, batch.video_index),
+                  ops, final.video_out)
+        a = final(x.index_select(0, batch.audio_index), t_emb, inverse_indices.index_select(0, batch.audio_index),
+                  ops, final.audio_out)
+        return v, a
