@@ -11,11 +11,16 @@ class OmnicoreError(Exception):
 
 
 class InvalidRequest(OmnicoreError, ValueError):
-    """A request field broke a rule. ``field`` is the dotted name of the field, ``rule`` says what is required."""
+    """A request field broke a rule. ``field`` is the dotted name of the field, ``rule`` says what is required.
 
-    def __init__(self, field: str, rule: str) -> None:
+    ``code`` (optional) is the stable machine-readable reason the HTTP layer reports (serving-api.md §4), e.g.
+    ``unsupported_for_model`` or ``too_many_input_images``; ``None`` means ``invalid_value``.
+    """
+
+    def __init__(self, field: str, rule: str, code: str | None = None) -> None:
         self.field = field
         self.rule = rule
+        self.code = code
         super().__init__(f"{field}: {rule}")
 
 

@@ -46,9 +46,47 @@ def resolve(path: str) -> Any:
 # ---------------------------------------------------------------------------------------------- models
 
 
+MEDIA_KINDS = ("image", "video", "audio")
+#: Roles the core names; a plugin may declare any other lower-case role in its spec.
+STANDARD_ROLES = ("first_frame", "last_frame", "reference", "edit_source")
+
+
+def _check_kinds(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    bad = [k for k in value if k not in MEDIA_KINDS]
+    if not value or bad:
+        raise ValueError(f"InputRole.kinds: must be a non-empty subset of {list(MEDIA_KINDS)}, got {list(value)}")
+
+
+@attrs.frozen
+class InputRole:
+    """A conditioning role a model accepts: which media kinds fill it and how many (``max_count``).
+
+    ``max_duration_s`` / ``min_duration_s`` bound video and audio inputs of this role (checked before dispatch).
+    For a request that gives media without a role (``images=...``), the model's first declared role accepting
+    that kind is used, so declare the default role of each kind first.
+    """
+
+    role: str = attrs.field(validator=_check_name)
+    kinds: tuple[str, ...] = attrs.field(converter=tuple, validator=_check_kinds)
+    max_count: int = 1
+    description: str = ""
+    max_duration_s: float | None = None
+    min_duration_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "kinds": list(self.kinds), "max_count": self.max_count,
+                "description": self.description, "max_duration_s": self.max_duration_s,
+                "min_duration_s": self.min_duration_s}
+
+
 @attrs.frozen
 class ModelCapabilities:
-    """What a model can do; the engine and server consult this instead of sniffing model types."""
+    """What a model can do; the engine and server consult this instead of sniffing model types.
+
+    ``inputs`` declares the conditioning roles (see :class:`InputRole`) and ``max_inputs`` caps their total;
+    a model that declares no roles but ``max_reference_images > 0`` accepts that many ``reference`` images.
+    The size/frame fields describe the model's limits for clients (``/v1/models``) and the engine's check.
+    """
 
     modes: tuple[str, ...] = ("t2i",)
     outputs: tuple[str, ...] = ("image",)  # any of "image", "video", "audio"
@@ -57,10 +95,30 @@ class ModelCapabilities:
     max_outputs_per_request: int = 4
     cache_methods: tuple[str, ...] = ()
     needs_packed_varlen: bool = False
+    # False: the model does not run attention through LoadOptions.attention (none, or its own kernels), so a
+    # forced backend (--attention-backend) is refused for it instead of being silently ignored
+    honours_attention_backend: bool = True
+    inputs: tuple[InputRole, ...] = ()
+    max_inputs: int | None = None
+    size_multiple_of: int | None = None  # height and width must be multiples of this
     max_pixels: int | None = None  # height x width
+    fps_range: tuple[float, float] | None = None  # inclusive
     max_frames: int | None = None
+    frame_rule: str | None = None  # for clients, e.g. "4n+1"
     max_steps: int | None = None  # denoise steps per request
     max_pixel_frames: int | None = None  # height x width x frames of one output (a video's total pixels)
+
+    def input_roles(self) -> tuple[InputRole, ...]:
+        """The declared roles, or the legacy ``max_reference_images`` as one ``reference`` image role."""
+        if self.inputs:
+            return self.inputs
+        if self.max_reference_images > 0:
+            return (InputRole("reference", ("image",), self.max_reference_images, "reference images"),)
+        return ()
+
+    def default_role(self, kind: str) -> InputRole | None:
+        """The role media of ``kind`` gets when the request names none: the first declared role taking it."""
+        return next((r for r in self.input_roles() if kind in r.kinds), None)
 
 
 @attrs.frozen
@@ -75,15 +133,52 @@ class RequestDefaults:
     guidance_scale: float = 5.0
     flow_shift: float | None = None
     negative_prompt: str | None = None
+    seed: int | None = None  # None: the engine draws a random seed for a request that sets none
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
 
 
 @attrs.frozen
 class PresetSpec:
-    """A named tiny checkpoint: ``builder(target_dir)`` writes it in the real on-disk layout."""
+    """A named tiny checkpoint: ``builder(target_dir)`` writes it in the real on-disk layout.
+
+    ``defaults`` (optional) replaces the model's request defaults when this preset is loaded, e.g. small sizes
+    and few steps so a tiny preset answers in seconds; build it with ``attrs.evolve(model_defaults, ...)``.
+    """
 
     name: str = attrs.field(validator=_check_name)
     builder: str = attrs.field(validator=_check_path)
     description: str = ""
+    defaults: RequestDefaults | None = None
+
+
+OPTION_TYPES = ("str", "int", "float", "bool", "path")
+
+
+def _check_option_type(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value not in OPTION_TYPES:
+        raise ValueError(f"ModelOption.type: must be one of {list(OPTION_TYPES)}, got {value!r}")
+
+
+@attrs.frozen
+class ModelOption:
+    """A deployment-level option of a model (set once per loaded model, not per request).
+
+    Values are checked at load by :func:`omnicore.engine.model_options.resolve_model_options`: the type, and
+    ``choices`` when given. ``None`` as ``default`` means "unset" (the model decides).
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    type: str = attrs.field(default="str", validator=_check_option_type)
+    default: Any = None
+    choices: tuple[Any, ...] | None = attrs.field(default=None,
+                                                  converter=lambda v: None if v is None else tuple(v))
+    help: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "default": self.default,
+                "choices": None if self.choices is None else list(self.choices), "help": self.help}
 
 
 @attrs.frozen
@@ -98,6 +193,7 @@ class ModelSpec:
     capabilities: ModelCapabilities = ModelCapabilities()
     defaults: RequestDefaults = RequestDefaults()
     presets: tuple[PresetSpec, ...] = ()
+    options: tuple[ModelOption, ...] = ()
     provider: str = ""
 
     def load_impl(self) -> Any:

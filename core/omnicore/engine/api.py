@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..config import Settings
-from ..errors import EngineClosed, InvalidRequest, PluginError
+from ..errors import EngineClosed, InvalidRequest, PluginError, UnsupportedFeature
+from .inputs import check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
 from .loading import ResolvedModel, load_pipeline, resolve_model
+from .model_options import resolve_model_options
 from ..offload.policy import OFFLOAD_MODES, apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
 from .protocol import LoadOptions
-from .request import GenerationRequest, SamplingParams
+from .request import GenerationRequest, MediaInput, SamplingParams
 from .runner import BatchRunner, EngineStats
 from .scheduler import Scheduler, admission_wait
 
@@ -54,6 +56,14 @@ def _instantiate_platform(host: PluginHost, platform: str | Platform | None) -> 
         raise PluginError(spec.provider or spec.name, f"creating platform {spec.name!r} failed: {exc}") from exc
 
 
+def _check_forced_attention(spec: ModelSpec, forced: str | None) -> None:
+    """A forced attention backend must reach the model: refuse it for a model that declares it picks its own."""
+    if forced and not spec.capabilities.honours_attention_backend:
+        raise UnsupportedFeature("attention_backend", f"model {spec.name!r} does not run its attention through "
+                                 f"omnicore's backend selection, so --attention-backend / OMNICORE_ATTENTION_BACKEND="
+                                 f"{forced!r} cannot apply to it; unset it")
+
+
 class Engine:
     """Loads a model and serves requests on one background worker thread.
 
@@ -64,13 +74,17 @@ class Engine:
     :param cache_methods: cache method names, or ``(name, config)`` pairs, enabled after loading.
     :param offload: ``"none"``, ``"model"`` or ``"layerwise"``: told to the pipeline's loader, then applied to
         what the pipeline declares (see :mod:`omnicore.offload.policy`).
+    :param model_options: the model's declared deployment options (``omnicore models`` lists them); unknown
+        names and bad values are a ``ConfigError`` before loading; undeclared ones get their defaults.
+    :param vae_decode_precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` or ``None`` (the model's choice).
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """
 
     def __init__(self, model: str | os.PathLike[str], *, host: PluginHost | None = None,
                  settings: Settings | None = None, platform: str | Platform | None = None,
-                 cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none") -> None:
+                 cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
+                 model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None) -> None:
         if host is None:
             from ..plugins.host import default_host
 
@@ -86,8 +100,11 @@ class Engine:
         if self.resolved.spec.provider:
             host.require_loaded(self.resolved.spec.provider)
         method_specs = host.check_cache_methods([m for m, _ in methods], self.resolved.spec)  # before loading
+        _check_forced_attention(self.resolved.spec, self.settings.attention_backend or host.settings.attention_backend)
+        self.model_options = resolve_model_options(self.resolved.spec, model_options)
         options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),
-                              attention=self._attention, offload=offload)
+                              attention=self._attention, offload=offload, model_options=dict(self.model_options),
+                              vae_decode_precision=vae_decode_precision)
         self.pipeline = load_pipeline(self.resolved, options)
         if getattr(self.pipeline, "host", None) is None:
             self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
@@ -143,8 +160,11 @@ class Engine:
             raise InvalidRequest("request", f"must be a GenerationRequest, got {type(request).__name__}")
         if self._closed:
             raise EngineClosed("engine is closed")
+        request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
         if request.params.seed is None:
-            request = request.evolve(params=attrs.evolve(request.params, seed=secrets.randbelow(SEED_RANGE)))
+            default = self.spec.defaults.seed
+            seed = default if default is not None else secrets.randbelow(SEED_RANGE)
+            request = request.evolve(params=attrs.evolve(request.params, seed=seed))
         job = Job(request, canceller=self._cancel)
         if on_event is not None:
             job.add_listener(on_event)
@@ -175,13 +195,18 @@ class Engine:
         job.emit("queued")
         return job
 
-    def generate(self, prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (),
+    def generate(self, prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (), videos: Sequence[Any] = (),
+                 audios: Sequence[Any] = (), inputs: Sequence[MediaInput] = (),
                  negative_prompt: str | None = None, modalities: Sequence[str] | None = None,
                  extra: Mapping[str, Any] | None = None, quality: str = "standard",
                  timeout: float | None = None, **sampling_params: Any) -> list[Output]:
-        """Submit and wait: ``engine.generate("a cat", height=512, seed=0)`` -> outputs."""
-        request = make_request(prompt, images=images, negative_prompt=negative_prompt, modalities=modalities,
-                               extra=extra, quality=quality, **sampling_params)
+        """Submit and wait: ``engine.generate("a cat", height=512, seed=0)`` -> outputs.
+
+        Conditioning media: ``inputs=[MediaInput("image", "first_frame", path), ...]`` with roles, or
+        ``images=``/``videos=``/``audios=`` which take the model's default role for their kind."""
+        request = make_request(prompt, images=images, videos=videos, audios=audios, inputs=inputs,
+                               negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality,
+                               **sampling_params)
         return self.submit(request).result(timeout)
 
     def _cancel(self, job: Job) -> None:
@@ -283,7 +308,8 @@ class Engine:
         return f"Engine({self.spec.name!r}, source={self.resolved.source}, closed={self._closed})"
 
 
-def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (), negative_prompt: str | None = None,
+def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (), videos: Sequence[Any] = (),
+                 audios: Sequence[Any] = (), inputs: Sequence[MediaInput] = (), negative_prompt: str | None = None,
                  modalities: Sequence[str] | None = None, extra: Mapping[str, Any] | None = None,
                  quality: str = "standard", **sampling_params: Any) -> GenerationRequest:
     """Build a request from keyword arguments; an unknown keyword is an ``InvalidRequest`` naming it."""
@@ -291,6 +317,7 @@ def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (),
     if unknown:
         raise InvalidRequest(unknown[0], f"is not a sampling parameter (known: {sorted(_SAMPLING_FIELDS)})")
     return GenerationRequest(prompt=prompt, params=SamplingParams(**sampling_params), images=tuple(images),
+                             videos=tuple(videos), audios=tuple(audios), inputs=tuple(inputs),
                              negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality)
 
 

@@ -68,6 +68,12 @@ def find_preset(host: PluginHost, ref: str) -> tuple[ModelSpec, PresetSpec]:
     raise UnknownName("model", ref, known_models(host))
 
 
+def preset_spec(spec: ModelSpec, preset: PresetSpec) -> ModelSpec:
+    """The spec as served from ``preset``: the preset's request defaults (when it declares any) replace the
+    model's, so the pipeline's ``preprocess``, the engine's seed and ``/v1/models`` all see them."""
+    return spec if preset.defaults is None else attrs.evolve(spec, defaults=preset.defaults)
+
+
 def builder_fingerprint(preset: PresetSpec) -> str:
     """Hash of the preset's builder path plus every Python source of the package that defines it.
 
@@ -168,7 +174,8 @@ def resolve_model(model: str | os.PathLike[str], host: PluginHost, settings: Set
     text = os.fspath(model)
     if text.lower().startswith(TINY_PREFIX):
         spec, preset = find_preset(host, text)
-        return ResolvedModel(spec, ensure_preset(spec, preset, settings.cache_path), "preset", preset.name)
+        path = ensure_preset(spec, preset, settings.cache_path)
+        return ResolvedModel(preset_spec(spec, preset), path, "preset", preset.name)
     path = Path(text).expanduser()
     if path.is_dir():
         return ResolvedModel(detect_spec(host, path), path, "local")

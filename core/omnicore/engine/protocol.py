@@ -9,7 +9,7 @@ each; the engine fills ``request_id``, ``index``, ``seed`` and ``metrics`` where
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -22,14 +22,27 @@ if TYPE_CHECKING:
     from .request import GenerationRequest
 
 
+def _vae_precision(value: Any) -> str | None:
+    from .model_options import check_vae_decode_precision
+
+    return check_vae_decode_precision(value)
+
+
 @attrs.define
 class LoadOptions:
-    """How to load a pipeline. ``attention`` picks a backend per requirement (the host's selector)."""
+    """How to load a pipeline. ``attention`` picks a backend per requirement (the host's selector).
+
+    ``model_options`` holds the model's declared deployment options (every one present, defaults filled,
+    values checked by the engine). ``vae_decode_precision`` is ``"fp32"``, ``"fp16"``, ``"bf16"`` or ``None``
+    (the model's own choice) for models whose VAE decode can run in another precision than the DiT.
+    """
 
     platform: Platform
     dtype: Any = None  # torch dtype; None = the platform's default
     attention: Any = None  # callable(AttentionRequirement) -> attention function
     offload: str = "none"  # "none" | "model" | "layerwise"
+    model_options: Mapping[str, Any] = attrs.field(factory=dict)
+    vae_decode_precision: str | None = attrs.field(default=None, converter=_vae_precision)
 
 
 @attrs.define(eq=False)

@@ -118,12 +118,75 @@ def _tuple(value: Any) -> tuple[Any, ...]:
     return (value,)
 
 
-@attrs.frozen
-class GenerationRequest:
-    """One generation request: prompt, references and sampling parameters.
+MEDIA_KINDS = ("image", "video", "audio")
+_LEGACY_MEDIA = {"images": "image", "videos": "video", "audios": "audio"}
 
-    ``prompt`` may be a string or (for models that accept structured captions) a mapping. ``images`` holds
-    reference images (``PIL.Image.Image`` or file paths); ``videos``/``audios`` likewise. ``extra`` carries
+
+@attrs.frozen
+class MediaInput:
+    """One conditioning input: its ``kind`` (``image``/``video``/``audio``), its ``role`` and its ``data``.
+
+    ``role`` is ``first_frame``, ``last_frame``, ``reference``, ``edit_source`` or any role the model declares
+    (:class:`omnicore.specs.InputRole`); ``None`` means "the model's default role for this kind", which the
+    engine fills in before the model's ``preprocess`` sees the request. ``data`` is a ``PIL.Image``, a path,
+    bytes, a uint8 array (images) or a decoded :class:`~omnicore.media.VideoClip` / :class:`~omnicore.media.AudioClip`;
+    :meth:`load` decodes it.
+    """
+
+    kind: str = attrs.field()
+    role: str | None = attrs.field()
+    data: Any = attrs.field(eq=attrs.cmp_using(eq=lambda a, b: a is b or (type(a) is type(b) and _same(a, b))))
+
+    @kind.validator
+    def _check_kind(self, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in MEDIA_KINDS:
+            raise InvalidRequest("inputs.kind", f"must be one of {list(MEDIA_KINDS)}, got {value!r}")
+
+    @role.validator
+    def _check_role(self, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InvalidRequest("inputs.role", f"must be a non-empty string or None, got {value!r}")
+
+    def load(self, **caps: Any) -> Any:
+        """The decoded media: RGB ``PIL.Image`` for images, ``VideoClip`` / ``AudioClip`` otherwise (see
+        :func:`omnicore.media.load_media`; ``caps`` are its limits)."""
+        from ..media import load_media
+
+        return load_media(self.kind, self.data, **caps)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other objects without a plain truth value: identity only
+        return False
+
+
+def _inputs(value: Any) -> tuple[MediaInput, ...]:
+    items = _tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, MediaInput):
+            raise InvalidRequest(f"inputs[{i}]", f"must be a MediaInput(kind, role, data), got {type(item).__name__}")
+    return items
+
+
+def media_inputs(images: Any = (), videos: Any = (), audios: Any = (), inputs: Any = ()) -> tuple[MediaInput, ...]:
+    """``inputs`` followed by the bare ``images``/``videos``/``audios`` as role-less inputs (role ``None``)."""
+    out = list(_inputs(inputs))
+    for name, kind in _LEGACY_MEDIA.items():
+        out.extend(MediaInput(kind, None, d) for d in _tuple({"images": images, "videos": videos,
+                                                              "audios": audios}[name]))
+    return tuple(out)
+
+
+@attrs.frozen(init=False)
+class GenerationRequest:
+    """One generation request: prompt, conditioning inputs and sampling parameters.
+
+    ``prompt`` may be a string or (for models that accept structured captions) a mapping. ``inputs`` holds the
+    conditioning media as :class:`MediaInput` records (kind, role, data); ``images=``/``videos=``/``audios=``
+    are still accepted and become inputs without a role (the engine gives them the model's default role), and
+    the ``images``/``videos``/``audios`` properties read the data of each kind back. ``extra`` carries
     model-specific fields validated by the model's ``preprocess``. ``prepared`` is set by preprocess and lets
     the engine assert it ran exactly once.
     """
@@ -131,9 +194,7 @@ class GenerationRequest:
     prompt: str | Mapping[str, Any] = attrs.field()
     params: SamplingParams = attrs.field(factory=SamplingParams)
     negative_prompt: str | None = None
-    images: tuple[Any, ...] = attrs.field(factory=tuple, converter=_tuple)
-    videos: tuple[Any, ...] = attrs.field(factory=tuple, converter=_tuple)
-    audios: tuple[Any, ...] = attrs.field(factory=tuple, converter=_tuple)
+    inputs: tuple[MediaInput, ...] = attrs.field(factory=tuple, converter=_inputs)
     modalities: tuple[str, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else _tuple(v))
     quality: str = attrs.field(default="standard")
     extra: dict[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
@@ -158,12 +219,51 @@ class GenerationRequest:
         if not isinstance(value, SamplingParams):
             raise InvalidRequest("params", f"must be SamplingParams, got {type(value).__name__}")
 
+    def __init__(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
+                 negative_prompt: str | None = None, images: Any = (), videos: Any = (), audios: Any = (),
+                 modalities: Any = None, quality: str = "standard", extra: Mapping[str, Any] | None = None,
+                 request_id: str | None = None, prepared: bool = False, *, inputs: Any = ()) -> None:
+        self.__attrs_init__(prompt=prompt, params=SamplingParams() if params is None else params,
+                            negative_prompt=negative_prompt,
+                            inputs=media_inputs(images, videos, audios, inputs), modalities=modalities,
+                            quality=quality, extra=extra, request_id=request_id or _new_id(), prepared=prepared)
+
+    @property
+    def images(self) -> tuple[Any, ...]:
+        """The data of every image input, in order (whatever its role)."""
+        return tuple(m.data for m in self.inputs if m.kind == "image")
+
+    @property
+    def videos(self) -> tuple[Any, ...]:
+        return tuple(m.data for m in self.inputs if m.kind == "video")
+
+    @property
+    def audios(self) -> tuple[Any, ...]:
+        return tuple(m.data for m in self.inputs if m.kind == "audio")
+
+    def media(self, kind: str | None = None, role: str | None = None) -> tuple[MediaInput, ...]:
+        """The inputs of ``kind`` and/or ``role`` (``None`` matches any), in request order."""
+        return tuple(m for m in self.inputs if (kind is None or m.kind == kind) and (role is None or m.role == role))
+
     def evolve(self, **changes: Any) -> GenerationRequest:
+        """A changed copy. ``images=``/``videos=``/``audios=`` replace the inputs of that kind: one for one
+        (roles kept) when the count is unchanged, otherwise as role-less inputs."""
+        legacy = {k: _tuple(changes.pop(k)) for k in list(changes) if k in _LEGACY_MEDIA}
+        if legacy:
+            inputs = list(_inputs(changes.get("inputs", self.inputs)))
+            for name, data in legacy.items():
+                kind = _LEGACY_MEDIA[name]
+                mine = [i for i, m in enumerate(inputs) if m.kind == kind]
+                if len(mine) == len(data):
+                    for i, d in zip(mine, data):
+                        inputs[i] = attrs.evolve(inputs[i], data=d)
+                else:
+                    inputs = [m for m in inputs if m.kind != kind] + [MediaInput(kind, None, d) for d in data]
+            changes["inputs"] = tuple(inputs)
         return attrs.evolve(self, **changes)
 
     def batch_key(self) -> Hashable:
-        """Requests may share a batch only when these are equal (shapes, schedule, quality, references)."""
+        """Requests may share a batch only when these are equal (shapes, schedule, quality, input layout)."""
         p = self.params
         return (p.height, p.width, p.num_frames, p.num_inference_steps, p.guidance_scale, p.flow_shift,
-                p.output_type, self.quality, len(self.images), len(self.videos), len(self.audios),
-                self.modalities)
+                p.output_type, self.quality, tuple((m.kind, m.role) for m in self.inputs), self.modalities)

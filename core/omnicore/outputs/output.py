@@ -17,7 +17,8 @@ class Output:
     """One generated image or video.
 
     ``frames`` is uint8 ``[F, H, W, 3]`` (images have ``F == 1``); ``audio`` is float32 ``[channels, samples]``
-    in [-1, 1] with ``sample_rate``; ``metrics`` holds per-stage timings (s) and peak memory (bytes).
+    in [-1, 1] with ``sample_rate``; ``metrics`` holds per-stage timings (s) and peak memory (bytes); ``text`` is
+    text the model produced with the media (a revised prompt, its reasoning), ``None`` when it made none.
     """
 
     kind: str  # "image" | "video"
@@ -29,12 +30,15 @@ class Output:
     index: int = 0
     seed: int | None = None
     metrics: dict[str, Any] = attrs.Factory(dict)
+    text: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.kind not in ("image", "video"):
             raise ValueError(f"Output.kind must be 'image' or 'video', got {self.kind!r}")
         if self.frames.dtype != np.uint8 or self.frames.ndim != 4 or self.frames.shape[-1] != 3:
             raise ValueError(f"Output.frames must be uint8 [F, H, W, 3], got {self.frames.dtype} {self.frames.shape}")
+        if self.text is not None and not isinstance(self.text, str):
+            raise ValueError(f"Output.text must be a string or None, got {type(self.text).__name__}")
         if self.kind == "image" and self.frames.shape[0] != 1:
             raise ValueError(f"an image output has exactly one frame, got {self.frames.shape[0]}")
 
