@@ -36,12 +36,12 @@ class LiveServer:
     """
 
     def __init__(self, app: Any) -> None:
-        import uvicorn
+        from omnicore.server.http_edge import uvicorn_config
         from omnicore.server.lifecycle import DrainingServer
 
         self.app = app
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=10)
+        config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning", shutdown_grace_s=5,
+                                read_timeout_s=app.state.ctx.settings.read_timeout_s)  # what `omnicore serve` uses
         self.server = DrainingServer(config, app.state.ctx)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.port = 0

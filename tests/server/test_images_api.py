@@ -51,7 +51,6 @@ def test_validation_errors_are_400_in_openai_shape(make_server, client_for):
         ({"n": 1}, "prompt", "missing_required_parameter"),
         ({"prompt": "x", "n": "many"}, "n", "invalid_value"),
         ({"prompt": "x", "n": 5}, "n", "invalid_value"),  # the toy makes at most 4 per request
-        ({"prompt": "x", "size": "8192x8192"}, "size", "image_too_large"),  # over --max-image-pixels
         ({"prompt": "x", "size": "big"}, "size", "invalid_value"),
         ({"prompt": "x", "response_format": "url"}, "response_format", "unsupported_parameter"),
         ({"prompt": "x", "quality": "hd"}, "quality", "unsupported_parameter"),
@@ -68,6 +67,11 @@ def test_validation_errors_are_400_in_openai_shape(make_server, client_for):
         assert err["message"]
     # none of these reached the model: rejected before dispatch
     assert engine.pipeline.preprocess_calls == calls_before
+    # pixel and work limits hold on the *resolved* request, so they are checked after the model's preprocess
+    # (which resolves sizes), still before any work is queued (test_hardening_limits.py covers them)
+    r = c.post("/v1/images/generations", json={"prompt": "x", "size": "8192x8192"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "image_too_large", r.text
+    assert engine.stats()["steps_executed"] == 0
     # the model's own validation (preprocess) maps its field to the HTTP name
     r = c.post("/v1/images/generations", json={"prompt": "x", "size": "36x36"})  # toy needs multiples of 8
     assert r.status_code == 400 and r.json()["error"]["param"] == "size"

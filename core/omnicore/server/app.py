@@ -58,7 +58,8 @@ class ServerContext:
     def attach(self, engine: Any) -> None:
         """Adopt a loaded engine: recover the store (restart table), re-enqueue queued jobs, become ready."""
         self.engine = engine
-        self.served = ServedModel.from_spec(engine.spec, self.model_arg, created=int(time.time()))
+        self.served = ServedModel.from_spec(engine.spec, self.model_arg, created=int(time.time()),
+                                            model_options=getattr(engine, "model_options", None))
         self.jobs = JobManager(engine, self.store, self.settings, self.metrics, self.hub,
                                on_worker_died=self._worker_died)
         requeue = self.store.recover(self.served.names)
@@ -139,15 +140,28 @@ class EdgeMiddleware:
                 await self._send_error(err, scope, receive, send_wrapper)
                 return
             limit = self.ctx.settings.max_request_bytes
+            read_timeout = float(getattr(self.ctx.settings, "read_timeout_s", 0.0) or 0.0)
             seen = [0]
+            body_done = [False]
 
             async def limited_receive() -> Message:
-                message = await receive()
+                if body_done[0] or read_timeout <= 0:
+                    message = await receive()
+                else:  # a client that stops sending its body (shorter than Content-Length) must not hold us
+                    with anyio.move_on_after(read_timeout) as scope_:
+                        message = await receive()
+                    if scope_.cancelled_caught:
+                        raise ApiError(408, "request_timeout", f"the client sent no body data for {read_timeout:g} s "
+                                                               "(the body is shorter than its Content-Length?)")
                 if message["type"] == "http.request":
                     seen[0] += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        body_done[0] = True
                     if seen[0] > limit:
                         raise ApiError(413, "request_too_large",
                                        f"the request body is larger than the limit of {limit} bytes")
+                else:
+                    body_done[0] = True
                 return message
 
             await self.app(scope, limited_receive, send_wrapper)
@@ -196,7 +210,8 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
     if settings is None:
         raise ValueError("create_app needs settings= (a ServerSettings)")
     ctx = ServerContext(settings=settings, store=store or JobStore(settings.state_dir), metrics=Metrics(),
-                        hub=EventHub(), readiness=Readiness("loading"), auth=BearerAuth(settings.api_keys),
+                        hub=EventHub(), readiness=Readiness("loading"),
+                        auth=BearerAuth(settings.api_keys, metrics_auth=getattr(settings, "metrics_auth", False)),
                         model_arg=model_arg)
 
     def load() -> None:

@@ -7,19 +7,23 @@ from collections.abc import Sequence
 
 from .errors import ApiError
 
-OPEN_PATHS = ("/health", "/health/live", "/metrics")
+#: The only routes open without a key when keys are set (§3); everything else, including ``/docs``,
+#: ``/openapi.json`` and any route added later, requires one. ``/metrics`` joins them unless ``metrics_auth``.
+OPEN_PATHS = ("/health", "/health/live")
 
 
 class BearerAuth:
-    def __init__(self, keys: Sequence[str]) -> None:
+    def __init__(self, keys: Sequence[str], *, metrics_auth: bool = False) -> None:
         self._keys = tuple(k.encode() for k in keys if k)
+        self.open_paths = OPEN_PATHS if metrics_auth else (*OPEN_PATHS, "/metrics")
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
     def protects(self, path: str) -> bool:
-        return self.enabled and path not in OPEN_PATHS and (path == "/v1" or path.startswith("/v1/"))
+        """Deny by default: with keys set, every path but the explicit allow-list needs a key."""
+        return self.enabled and path.rstrip("/") not in self.open_paths
 
     def check(self, authorization: str | None) -> None:
         """Raise 401 ``invalid_api_key`` unless ``authorization`` is ``Bearer <one of the keys>``."""

@@ -26,11 +26,13 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    504: "server_error",
     503: "service_unavailable_error",
 }
 
@@ -118,14 +120,27 @@ def from_core(exc: BaseException, *, retry_after_s: float = 1.0,
     return ApiError(500, "internal_error", f"internal error ({type(exc).__name__})")
 
 
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """A device or host allocation failure: ``torch.OutOfMemoryError``, ``MemoryError``, or the CPU allocator's
+    ``RuntimeError: ... DefaultCPUAllocator: can't allocate memory``."""
+    if exc is None:
+        return False
+    if isinstance(exc, MemoryError) or "outofmemory" in type(exc).__name__.lower():
+        return True
+    text = str(exc).lower()
+    return any(t in text for t in _OOM_TEXT)
+
+
 def job_error_code(exc: BaseException | None) -> str:
     """The ``error.code`` recorded on a job that failed after it was accepted (§4, last paragraph)."""
     if exc is None:
         return "internal_error"
     if isinstance(exc, core_errors.Cancelled):
         return "cancelled"
-    name = type(exc).__name__.lower()
-    if "outofmemory" in name or "out of memory" in str(exc).lower():
+    if is_out_of_memory(exc):
         return "out_of_memory"
     if isinstance(exc, core_errors.InvalidRequest):
         return "invalid_value"

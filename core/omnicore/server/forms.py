@@ -22,21 +22,52 @@ _JSON_FIELDS = ("model_params", "extra_params", "lora")
 _LIST_FIELDS = ("image_url", "reference_images")
 
 
-def _json_value(text: str) -> Any:
+MAX_JSON_DEPTH = 64  # no field of the contract nests anywhere near this deep
+
+
+def _too_deep(param: str | None) -> ApiError:
+    return ApiError(400, "invalid_value", f"the JSON is nested more than {MAX_JSON_DEPTH} levels deep", param=param)
+
+
+def _depth_ok(data: Any) -> bool:
+    """Whether ``data`` nests at most :data:`MAX_JSON_DEPTH` levels (iterative: no recursion to exhaust)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                return False
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return True
+
+
+def _json_value(text: str, param: str | None = None) -> Any:
     try:
-        return json.loads(text)
+        value = json.loads(text)
+    except RecursionError:
+        raise _too_deep(param) from None
     except ValueError:
         return text
+    if not _depth_ok(value):
+        raise _too_deep(param)
+    return value
 
 
 async def read_json(request: Request) -> dict[str, Any]:
     body = await request.body()
+    if not body.strip():
+        raise ApiError(400, "missing_required_parameter", "the request body is empty; send a JSON object "
+                                                          "(at least {\"prompt\": ...})", param="prompt")
     try:
-        data = json.loads(body or b"null")
+        data = json.loads(body)
+    except RecursionError:  # the C parser gives up on very deep nesting: a client error, not a 500
+        raise _too_deep(None) from None
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "invalid_value", "the body is not valid JSON") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_value", "the JSON body must be an object")
+    if not _depth_ok(data):
+        raise _too_deep(None)
     return data
 
 
@@ -70,7 +101,7 @@ async def read_multipart(request: Request, *, max_upload_bytes: int,
                 continue
             if not parts:
                 if name in _JSON_FIELDS:
-                    fields[name] = _json_value(value)
+                    fields[name] = _json_value(value, name)
                 elif name in _LIST_FIELDS:
                     fields.setdefault(name, []).append(value)
                 elif name in fields:
@@ -89,7 +120,7 @@ async def read_multipart(request: Request, *, max_upload_bytes: int,
                 node = node.setdefault(part, {})
                 if not isinstance(node, dict):
                     raise ApiError(400, "invalid_value", f"{key} conflicts with another field", param=name)
-            node[parts[-1]] = _json_value(value)
+            node[parts[-1]] = _json_value(value, name)
     finally:
         await form.close()
     return fields, files

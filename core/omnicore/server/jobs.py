@@ -160,11 +160,13 @@ class JobManager:
         live.engine_job = job
         if live.cancel_requested:  # cancelled while preprocess ran
             job.cancel()
-        deadline = live.deadline_s
-        if self.settings.max_job_seconds > 0:
-            deadline = min(deadline or math.inf, self.settings.max_job_seconds)
+        # The client's own deadline (timeout_s) is "timeout"; the operator's --max-job-seconds is the server's.
+        deadline, reason = live.deadline_s, "timeout"
+        operator = self.settings.max_job_seconds
+        if operator > 0 and (deadline is None or operator < deadline):
+            deadline, reason = operator, "operator_deadline"
         if deadline is not None:
-            live.timer = threading.Timer(deadline, self.cancel, args=(live.id, "timeout"))
+            live.timer = threading.Timer(deadline, self.cancel, args=(live.id, reason))
             live.timer.daemon = True
             live.timer.start()
         # Terminal events arrive on the engine worker; finishing (writing an MP4) runs on our own pool.
@@ -293,7 +295,11 @@ class JobManager:
         elif job.status == "cancelled":
             if live.cancel_reason == "timeout":
                 live.status, live.error_code = "failed", "timeout"
-                message = "the job exceeded its deadline (timeout_s or --max-job-seconds) and was stopped"
+                message = f"the job exceeded its timeout_s ({live.deadline_s:g} s) and was stopped"
+            elif live.cancel_reason == "operator_deadline":
+                live.status, live.error_code = "failed", "server_timeout"
+                message = (f"the job ran longer than this server allows (--max-job-seconds "
+                           f"{self.settings.max_job_seconds:g} s) and was stopped")
             elif self._stopping and live.cancel_reason in (None, "shutdown"):
                 live.status, live.error_code = "failed", "interrupted"
                 message = "the server shut down while this job was running"
@@ -306,9 +312,11 @@ class JobManager:
         else:
             live.status, live.error = "failed", job.error
             live.error_code = job_error_code(job.error)
+            message = f"{type(job.error).__name__}: {job.error}"
+            if live.error_code == "out_of_memory":  # §4: the message names the phase that ran out
+                message = f"out of memory in phase {live.phase or 'unknown'}: {message}"
             if live.persisted:
-                self._record_terminal(live, "failed", {"code": live.error_code,
-                                                       "message": f"{type(job.error).__name__}: {job.error}"})
+                self._record_terminal(live, "failed", {"code": live.error_code, "message": message})
         self.metrics.jobs.labels(task=live.task, status=live.status).inc()
         if job.started_at and job.finished_at:
             queued_s = max(0.0, job.started_at - job.created_at)

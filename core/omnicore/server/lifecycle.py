@@ -64,18 +64,34 @@ class Readiness:
 
 
 class DrainingServer(uvicorn.Server):
-    """``uvicorn.Server`` that starts draining the app the moment a shutdown signal arrives (§11).
+    """``uvicorn.Server`` whose shutdown signal starts a visible drain (§11) before the listener closes.
 
-    uvicorn closes its listener and waits for open connections before it runs the app's lifespan shutdown;
-    draining here first means in-flight connections already see ``draining`` and the shutdown grace counts
-    from the signal. The drain runs on its own thread: a signal handler must not take locks the interrupted
-    main thread may hold.
+    On the first SIGTERM/SIGINT the app drains (``/health`` says ``draining``, new work gets 503) while the
+    listener stays open, so clients can still read job status, stream events and download results; once the
+    running work finished, or ``shutdown_grace_s`` passed and it was stopped, uvicorn's own shutdown starts.
+    A second signal skips the wait. The drain runs on its own thread: a signal handler must not take locks
+    the interrupted main thread may hold.
     """
 
     def __init__(self, config: uvicorn.Config, ctx: Any) -> None:
         super().__init__(config)
         self.ctx = ctx
+        self._drain_thread: threading.Thread | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        threading.Thread(target=self.ctx.begin_drain, name="omnicore-drain", daemon=True).start()
-        super().handle_exit(sig, frame)
+        if self._drain_thread is not None:  # a second signal: stop waiting
+            super().handle_exit(sig, frame)
+            return
+        self._drain_thread = threading.Thread(target=self._drain_then_exit, args=(sig, frame), name="omnicore-drain",
+                                              daemon=True)
+        self._drain_thread.start()
+
+    def _drain_then_exit(self, sig: int, frame: Any) -> None:
+        try:
+            self.ctx.begin_drain()
+            jobs = getattr(self.ctx, "jobs", None)
+            if jobs is not None:  # running work may finish within the grace; then it is stopped at a step
+                jobs.shutdown(self.ctx.settings.shutdown_grace_s)
+        finally:
+            if not self.should_exit:
+                super().handle_exit(sig, frame)

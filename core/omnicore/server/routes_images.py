@@ -60,8 +60,13 @@ def job_failure(live: LiveJob, request_id: str) -> ApiError:
     if live.error_code == "cancelled":
         return ApiError(409, "job_cancelled", f"the request was cancelled ({live.cancel_reason})")
     if live.error_code == "timeout":  # the client's own deadline (timeout_s): not a server fault, so not 5xx
-        return ApiError(409, "timeout", "the request exceeded its timeout_s (or --max-job-seconds) and was stopped")
+        return ApiError(409, "timeout", f"the request exceeded its timeout_s ({live.deadline_s:g} s) and was stopped")
+    if live.error_code == "server_timeout":  # the operator's --max-job-seconds: the server's doing, not the client's
+        return ApiError(504, "server_timeout", "the request ran longer than this server allows (--max-job-seconds) "
+                                               f"and was stopped; request id {request_id}")
     detail = f"{type(live.error).__name__}: {live.error}" if live.error is not None else "unknown error"
+    if live.error_code == "out_of_memory":
+        detail = f"out of memory in phase {live.phase or 'unknown'}: {detail}"
     return ApiError(500, live.error_code or "internal_error", f"generation failed ({detail}); request id {request_id}")
 
 
@@ -90,7 +95,7 @@ async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any,
     return {
         "id": job_id, "created": int(live.created), "model": served.id, "size": f"{first.width}x{first.height}",
         "output_format": dto.output_format,
-        "data": [{"b64_json": b, "revised_prompt": None, "seed": o.seed} for b, o in zip(b64, live.outputs)],
+        "data": [{"b64_json": b, "revised_prompt": o.text, "seed": o.seed} for b, o in zip(b64, live.outputs)],
         "timings": timings,
     }
 
@@ -134,6 +139,7 @@ async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, 
             for i, (b, out) in enumerate(zip(b64, live.outputs)):
                 yield encode_event(n + 1 + i, f"{prefix}.completed", {
                     "b64_json": b, "index": i, "seed": out.seed, "size": f"{out.width}x{out.height}",
+                    "revised_prompt": out.text,
                     "output_format": dto.output_format, "created_at": int(time.time())})
         finally:
             if not live.done.is_set():

@@ -10,10 +10,11 @@ from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from .errors import ApiError, pydantic_to_api
+from .http_edge import RangeFileResponse
 from .forms import is_json, is_multipart, read_json, read_multipart
 from .jobs import PROGRESS_KEYS, LiveJob, new_id
 from .media import decode_data_url, decode_image, sniff
@@ -205,7 +206,7 @@ async def video_content(video_id: str, request: Request, variant: str = Query(de
     path = ctx.store.get_result_path(video_id)
     if (expires and expires < time.time()) or path is None or not path.exists():
         raise ApiError(404, "content_expired", f"the content of video {video_id} has expired")
-    return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+    return RangeFileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")  # bad Range: full 200
 
 
 @router.get("/v1/videos/{video_id}/events", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
@@ -334,6 +335,10 @@ async def create_video_sync(request: Request) -> Any:
     if live.status != "completed":
         raise job_failure(live, request.scope.get("state", {}).get("request_id", "-"))
     out = live.outputs[0]
+    if out.fps is None:  # a one-frame clip from a model that stamps fps only on multi-frame output
+        import attrs
+
+        out = attrs.evolve(out, kind="video", fps=live.engine_job.request.params.fps)
     t0 = time.perf_counter()
     data = await anyio.to_thread.run_sync(out.to_bytes, "mp4")
     encode_s = time.perf_counter() - t0

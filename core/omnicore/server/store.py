@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+
 TERMINAL = ("completed", "failed", "cancelled")
 ACTIVE = ("queued", "in_progress")
 
@@ -42,14 +44,53 @@ CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
 """
 
 
+class StateDirLocked(ConfigError):
+    """Another live process (another ``omnicore serve``) holds the state directory."""
+
+
+def _lock_state_dir(root: Path) -> Any:
+    """Take an exclusive, non-blocking lock on ``root/lock`` for the life of the process (released on close
+    or exit); two servers on one state dir would recover, re-run and orphan each other's jobs."""
+    fh = open(root / "lock", "a+")  # noqa: SIM115 - held open while the store lives
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no advisory locks
+        return fh
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        owner = fh.read().strip() or "unknown"
+        fh.close()
+        raise StateDirLocked("state_dir", f"{root} is in use by another omnicore server (pid {owner}); stop it or "
+                                          "give this server its own --storage-dir") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+
+
+def _remove_partials(results: Path) -> list[str]:
+    """Delete temporary result files (``.<name>.<rand>.part`` / ``.<name>.tmp``) a crash left behind."""
+    removed = []
+    for path in results.glob(".*"):
+        if path.is_file() and (path.name.endswith(".part") or path.name.endswith(".tmp")):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 class JobStore:
     """Thread-safe: one connection guarded by a lock; every call is a short transaction."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _lock_state_dir(self.root)  # one server per state dir: before anything is touched
         (self.root / "results").mkdir(exist_ok=True)
         (self.root / "inputs").mkdir(exist_ok=True)
+        self.removed_partials = _remove_partials(self.root / "results")  # left by a crash mid-write
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.root / "jobs.sqlite3", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -81,6 +122,7 @@ class JobStore:
             finally:
                 self._db.close()
                 self._closed = True
+                self._lock_file.close()  # releases the state-dir lock
 
     # ------------------------------------------------------------------ files
     def inputs_dir(self, job_id: str) -> Path:

@@ -1,0 +1,108 @@
+"""What the server needs from the HTTP layer below FastAPI: read timeouts, lenient ``Range``, quiet health logs.
+
+- :class:`TimedH11Protocol` closes a connection whose request headers do not arrive within ``read_timeout_s``
+  (uvicorn has no header timeout of its own; a client that opens a connection and sends half a request
+  would hold it forever). Body pauses are limited in the ASGI edge (``app.EdgeMiddleware``), which can
+  still answer 408.
+- :class:`RangeFileResponse` serves the whole file (200) for a ``Range`` header it cannot parse, as
+  RFC 9110 §14.2 says a server should, instead of Starlette's 400.
+- :class:`HealthLogFilter` drops uvicorn's access-log lines for ``/health`` polls (orchestrators poll it
+  every few seconds); every other request is still logged.
+- :func:`uvicorn_config` builds the one ``uvicorn.Config`` used by ``omnicore serve`` and the tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import uvicorn
+from fastapi.responses import FileResponse
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+_RANGE_SPEC = re.compile(r"^\s*(\d+-\d*|-\d+)\s*$")
+QUIET_PATHS = ("/health", "/health/live")
+
+
+def valid_range(value: str) -> bool:
+    """Whether ``value`` is a syntactically valid ``bytes=`` range set (each ``a-b`` with ``a <= b``)."""
+    unit, sep, specs = value.partition("=")
+    if unit.strip().lower() != "bytes" or not sep or not specs.strip():
+        return False
+    for spec in specs.split(","):
+        if not _RANGE_SPEC.match(spec):
+            return False
+        first, _, last = spec.strip().partition("-")
+        if first and last and int(first) > int(last):
+            return False
+    return True
+
+
+class RangeFileResponse(FileResponse):
+    """``FileResponse`` that ignores an invalid ``Range`` header (full 200) instead of answering 400."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k, v) for k, v in scope.get("headers", ())
+                   if k.lower() != b"range" or valid_range(v.decode("latin-1"))]
+        await super().__call__({**scope, "headers": headers}, receive, send)
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for request headers (``header_timeout_s``, class attribute)."""
+
+    header_timeout_s: float = 30.0
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: Any = None
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        if self.header_timeout_s > 0:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        in_request = self.cycle is not None and not self.cycle.response_complete
+        if not in_request and not self.transport.is_closing():  # headers never completed (or an idle socket)
+            self.logger.info("closing a connection that sent no complete request headers in %.0f s",
+                             self.header_timeout_s)
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        if not self.transport.is_closing():
+            self._arm_header_timer()  # the next request on this keep-alive connection gets the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_header_timer", None) is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+
+class HealthLogFilter(logging.Filter):
+    """Drop uvicorn access-log records of ``/health`` polls."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3:
+            path = str(args[2]).split("?", 1)[0]
+            return path not in QUIET_PATHS
+        return True
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, read_timeout_s: float, log_level: str = "info",
+                   shutdown_grace_s: float = 60.0) -> uvicorn.Config:
+    """The server's uvicorn configuration: header read timeout, quiet health polls, graceful shutdown."""
+    protocol = type("OmnicoreH11Protocol", (TimedH11Protocol,), {"header_timeout_s": float(read_timeout_s)})
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=protocol,
+                            timeout_graceful_shutdown=int(shutdown_grace_s) + 5)  # (configures logging)
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, HealthLogFilter) for f in access.filters):
+        access.addFilter(HealthLogFilter())
+    return config
