@@ -97,10 +97,9 @@ def run(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> int:
     import logging
 
-    import uvicorn
-
     from ..engine.api import Engine
     from ..server.app import create_app
+    from ..server.http_edge import uvicorn_config
     from ..server.lifecycle import DrainingServer
     from ..server.settings import server_settings_from
 
@@ -114,8 +113,8 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
                       offload=getattr(args, "offload", "none") or "none")
 
     app = create_app(settings=ss, loader=loader, model_arg=model)
-    config = uvicorn.Config(app, host=ss.host, port=ss.port, log_level="info", lifespan="on",
-                            timeout_graceful_shutdown=int(ss.shutdown_grace_s) + 5)
+    config = uvicorn_config(app, host=ss.host, port=ss.port, read_timeout_s=getattr(ss, "read_timeout_s", 30.0),
+                            shutdown_grace_s=ss.shutdown_grace_s)  # header timeout, quiet /health polls
     server = DrainingServer(config, app.state.ctx)
     base = f"http://{ss.host if ':' not in ss.host else f'[{ss.host}]'}:{ss.port}"
 

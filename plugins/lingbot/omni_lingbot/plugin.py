@@ -19,6 +19,10 @@ CAPABILITIES = ModelCapabilities(
     outputs=("image", "video"),
     max_reference_images=1,
     supports_batching=True,
+    # Work limits checked on the resolved request (engine/limits.py): beyond the largest trained buckets
+    # (720p, a few seconds) by a wide margin, but they stop absurd requests (seconds=3600) at submission.
+    max_pixels=1920 * 1088,
+    max_frames=481,
     max_outputs_per_request=1,
     cache_methods=("first_block_cache",),  # teacache needs per-model coefficients LingBot does not publish
     needs_packed_varlen=True,  # the DiT's attention takes cu_seqlens documents (batch CFG, batched requests)
