@@ -68,6 +68,8 @@ _LAZY: dict[str, str] = {
     "Platform": "omnicore.platforms.base:Platform",
     "PackedSequence": "omnicore.attention.packed:PackedSequence",
     "sdpa_attention": "omnicore.attention.reference:sdpa_attention",
+    # -- wrapping diffusers models ---------------------------------------------------------------------------
+    "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
 }
 
 

@@ -30,6 +30,8 @@ PUBLIC_NAMES = frozenset({
     "StepCache", "StepCacheConfig", "ModelHook", "register_hook", "remove_hook",
     # backends
     "Platform", "PackedSequence", "sdpa_attention",
+    # wrapping diffusers
+    "route_diffusers_attention",
 })
 
 

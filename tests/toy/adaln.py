@@ -195,6 +195,7 @@ TOY_ADALN_SPEC = ModelSpec(
     capabilities=ModelCapabilities(
         modes=("t2i", "t2v", "i2i"), outputs=("image", "video"), max_reference_images=1, supports_batching=True,
         max_outputs_per_request=4, cache_methods=("teacache", "first_block_cache", "adaln_schedule"),
+        honours_attention_backend=False,  # convolutions only: no attention to route
     ),
     defaults=RequestDefaults(height=32, width=32, num_frames=1, fps=8.0, num_inference_steps=4,
                              guidance_scale=1.0, flow_shift=None),

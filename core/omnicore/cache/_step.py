@@ -111,6 +111,13 @@ class _StateTable:
         self._latest = None
 
 
+def _note_reuse(state: Any, step: int) -> None:
+    """Tell the batch's state that ``step`` was reused (the engine reports the count as cache_reused_steps)."""
+    steps = getattr(state, "reused_steps", None)
+    if isinstance(steps, list):
+        steps.append(step)
+
+
 C = TypeVar("C")
 
 
@@ -195,6 +202,7 @@ class StepCache:
         if result is not None:
             rs.consecutive_hits += 1
             rs.stats.reused.append(step)
+            _note_reuse(state, step)
         else:
             rs.pending_step = step
         return result
@@ -209,6 +217,7 @@ class StepCache:
                 if self.record(rs, state if result is None else result, step):
                     rs.consecutive_hits += 1
                     rs.stats.reused.append(step)
+                    _note_reuse(state, step)
                 else:
                     rs.consecutive_hits = 0
                     rs.stats.computed.append(step)

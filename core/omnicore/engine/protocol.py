@@ -59,6 +59,7 @@ class DenoiseState:
     extras: dict[str, Any] = attrs.Factory(dict)
     step_index: int = 0
     last_prediction: Any = None
+    reused_steps: list[int] = attrs.Factory(list)  # steps a cache method reused (outputs' cache_reused_steps)
 
 
 @runtime_checkable

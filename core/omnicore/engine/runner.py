@@ -110,6 +110,7 @@ class BatchRunner:
             return
         for job in members:
             job.emit("decode", step=total, total_steps=total)
+        reused = len(getattr(state, "reused_steps", ()))  # filled by step caches (DenoiseState.reused_steps)
         t = time.perf_counter()
         try:  # a chunked decode checks between chunks (engine.cancellation), so DELETE stops it within seconds
             with cancel_scope(lambda: all(j.cancel_requested or j.done for j in members)):
@@ -136,7 +137,8 @@ class BatchRunner:
                 out.metrics.update(timings)
                 out.metrics.update(job.metrics)
                 out.metrics.update({
-                    "postprocess_s": time.perf_counter() - t, "steps": total, "batch_requests": len(members),
+                    "postprocess_s": time.perf_counter() - t, "steps": total, "cache_reused_steps": reused,
+                    "batch_requests": len(members),
                     "batch_outputs": batch_outputs, "peak_memory_bytes": peak,
                     "total_s": time.perf_counter() - batch_start + job.metrics.get("queue_s", 0.0)
                     + job.metrics.get("preprocess_s", 0.0),

@@ -55,6 +55,10 @@ class CacheMethodConformance:
       ``model`` / ``plugin_module``: the tiny preset and the plugin registering its model. Required.
       ``cache_plugin_module``: entry-point target registering the method (``None`` for core built-ins).
       ``cache_config``: configuration passed to the method (``None`` for its defaults).
+      ``reuse_config``: configuration under which the method must reuse at least one step (``None``: use
+      ``cache_config``). Random-weight presets rarely pass a similarity test, so force reuse: the core's step
+      caches take ``{"force_hits": [2, 3]}`` (step indices to reuse; warm-up and the last step still compute).
+      ``expect_reuse``: ``False`` for a method that never skips a step (e.g. the exact ``adaln_schedule``).
       ``params``: sampling parameters; use several steps so the method has something to reuse.
     """
 
@@ -63,6 +67,8 @@ class CacheMethodConformance:
     plugin_module: str = ""
     cache_plugin_module: str | None = None
     cache_config: Any = None
+    reuse_config: Any = None
+    expect_reuse: bool = True
     prompt: str = "a small red cube on a wooden table"
     params: dict[str, Any] = {"num_inference_steps": 6}
     seed: int = 7
@@ -123,3 +129,21 @@ class CacheMethodConformance:
         finally:
             handle.remove()
         assert first == second, "the cache carried state from one request into the next"
+
+    def test_reuse_happens_and_is_reported(self, cache_engine: Any) -> None:
+        """Under ``reuse_config`` the method skips at least one step, and outputs report it as
+        ``metrics["cache_reused_steps"]`` (0 without the method)."""
+        if not self.expect_reuse:
+            pytest.skip(f"{type(self).__name__} declares expect_reuse = False")
+        plain = cache_engine.generate(self.prompt, seed=self.seed, **self.params)
+        assert all(o.metrics.get("cache_reused_steps") == 0 for o in plain), "reuse reported with no cache enabled"
+        config = self.reuse_config if self.reuse_config is not None else self.cache_config
+        handle = cache_engine.host.enable_cache(cache_engine.pipeline, self.spec(cache_engine), config)
+        try:
+            outputs = cache_engine.generate(self.prompt, seed=self.seed, **self.params)
+        finally:
+            handle.remove()
+        reused = [o.metrics.get("cache_reused_steps") for o in outputs]
+        assert all(isinstance(r, int) and r > 0 for r in reused), (
+            f"{self.cache_method!r} reused no step (cache_reused_steps={reused}), so the other checks proved "
+            "nothing about skipping: set reuse_config (e.g. {'force_hits': [2, 3]}) to force reuse")

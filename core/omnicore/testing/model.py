@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from ..config import Settings
-from ..errors import InvalidRequest
+from ..errors import Cancelled, InvalidRequest, UnsupportedFeature
 from ..plugins.host import PluginHost
 from .plugin import add_to_host, isolated_host
+from .runtime import (SPY_BACKEND, SpyAttentionPlugin, assert_close_outputs, check_progress_events, counting_steps,
+                      held_worker, spy_calls)
 
 
 def output_bytes(outputs: list[Any]) -> list[bytes]:
@@ -53,6 +55,9 @@ class ModelPluginConformance:
       ``params``: sampling parameters for the runs; keep them tiny (few steps, small sizes).
       ``invalid_params``: ``{field: bad value}``; each must raise ``InvalidRequest`` naming ``params.<field>``.
       ``engine_options``: extra keyword arguments for :class:`omnicore.Engine`.
+      ``runtime_steps``: the fewest denoise steps of the cancellation, progress and batching checks.
+      ``batch_max_abs_diff`` / ``batch_audio_atol``: how far a batched run may be from solo runs (uint8 levels of
+      the frames; absolute audio error).
     """
 
     model: str = ""
@@ -63,6 +68,9 @@ class ModelPluginConformance:
     seed: int = 1234
     invalid_params: dict[str, Any] = {"height": -8, "num_inference_steps": 0, "guidance_scale": float("nan")}
     engine_options: dict[str, Any] = {}
+    runtime_steps: int = 3
+    batch_max_abs_diff: int = 2
+    batch_audio_atol: float = 1e-3
 
     # ------------------------------------------------------------------ fixtures
     @classmethod
@@ -99,6 +107,15 @@ class ModelPluginConformance:
     def run(self, engine: Any, **overrides: Any) -> list[Any]:
         params = {"seed": self.seed, **self.params, **overrides}
         return engine.generate(self.prompt, **params)
+
+    def request(self, seed: int, **overrides: Any) -> Any:
+        """The request :meth:`run` would make, for checks that submit jobs themselves."""
+        from ..engine.api import make_request
+
+        return make_request(self.prompt, **{**self.params, **overrides, "seed": seed})
+
+    def runtime_params(self) -> dict[str, Any]:
+        return {"num_inference_steps": max(self.runtime_steps, self.params.get("num_inference_steps") or 0)}
 
     # ------------------------------------------------------------------ checks
     def test_output_shape_and_type(self, model_engine: Any) -> None:
@@ -162,5 +179,95 @@ class ModelPluginConformance:
         engine = self.make_engine(perturbed, model_settings)
         try:
             assert output_bytes(self.run(engine)) != expected, "changing every weight did not change the output"
+        finally:
+            engine.close()
+
+    # ------------------------------------------------------------------ runtime: cancellation, progress, batching
+    def test_cancellation_mid_run_stops_within_one_step(self, model_engine: Any) -> None:
+        """Cancelling a running job after its first step ends it before two more steps ran, and the engine
+        serves the next request normally."""
+        steps = self.runtime_params()
+        events: list[Any] = []
+        with counting_steps(model_engine.host) as counter:
+            with held_worker(model_engine, self.request(self.seed, **steps)):
+                job = model_engine.submit(self.request(self.seed, **steps), on_event=events.append)
+                job.add_listener(lambda e: job.cancel() if e.phase == "denoise" and e.step == 1 else None,
+                                 replay=False)
+            job.wait(300)
+        ran = counter.steps.get(job.id, 0)
+        assert job.status == "cancelled", f"the job ended {job.status!r} after cancel()"
+        with pytest.raises(Cancelled):
+            job.result(0)
+        assert 1 <= ran <= 2, f"{ran} denoise steps ran for a job cancelled after step 1 (at most 1 more may run)"
+        assert max(e.step for e in events if e.phase == "denoise") == 1, "progress went on after cancellation"
+        assert len(self.run(model_engine)) == self.params.get("num_outputs", 1), "the engine broke after a cancel"
+
+    def test_progress_once_per_step_and_monotone(self, model_engine: Any) -> None:
+        events: list[Any] = []
+        steps = self.runtime_params()
+        model_engine.submit(self.request(self.seed, **steps), on_event=events.append).result(300)
+        check_progress_events(events, steps["num_inference_steps"])
+
+    def _solo(self, engine: Any, seed: int) -> list[Any]:
+        return engine.submit(self.request(seed, **self.runtime_params())).result(300)
+
+    def test_batched_run_equals_solo_runs(self, model_engine: Any) -> None:
+        if not model_engine.spec.capabilities.supports_batching:
+            pytest.skip(f"model {model_engine.spec.name!r} declares supports_batching=False")
+        seeds = (self.seed + 10, self.seed + 20)
+        solo = [self._solo(model_engine, s) for s in seeds]
+        with held_worker(model_engine, self.request(self.seed, **self.runtime_params())):
+            jobs = [model_engine.submit(self.request(s, **self.runtime_params())) for s in seeds]
+        batched = [j.result(300) for j in jobs]
+        for outs in batched:
+            assert all(o.metrics.get("batch_requests") == 2 for o in outs), (
+                "the two queued requests did not run as one batch (same batch key expected for equal parameters)")
+        for seed, b, s in zip(seeds, batched, solo):
+            assert_close_outputs(b, s, self.batch_max_abs_diff, self.batch_audio_atol,
+                                 f"seed {seed}: batched run vs solo run")
+
+    def test_cancelling_one_of_a_batch_leaves_the_other_equal_to_its_solo_run(self, model_engine: Any) -> None:
+        if not model_engine.spec.capabilities.supports_batching:
+            pytest.skip(f"model {model_engine.spec.name!r} declares supports_batching=False")
+        victim_seed, survivor_seed = self.seed + 30, self.seed + 40
+        expected = self._solo(model_engine, survivor_seed)
+        victim_events: list[Any] = []
+        batches = model_engine.stats()["batches_executed"]
+        with held_worker(model_engine, self.request(self.seed, **self.runtime_params())):
+            victim = model_engine.submit(self.request(victim_seed, **self.runtime_params()),
+                                         on_event=victim_events.append)
+            victim.add_listener(lambda e: victim.cancel() if e.phase == "denoise" and e.step == 1 else None,
+                                replay=False)
+            survivor = model_engine.submit(self.request(survivor_seed, **self.runtime_params()))
+        outputs = survivor.result(300)
+        victim.wait(300)
+        assert model_engine.stats()["batches_executed"] - batches == 2, "victim and survivor did not share a batch"
+        assert victim.status == "cancelled", f"the cancelled job ended {victim.status!r}"
+        assert max(e.step for e in victim_events if e.phase == "denoise") == 1, "the victim went on after cancel"
+        assert_close_outputs(outputs, expected, self.batch_max_abs_diff, self.batch_audio_atol,
+                             "survivor of a batch with a cancelled request vs its solo run")
+
+    # ------------------------------------------------------------------ attention selection
+    def test_forced_attention_backend_is_used(self, model_engine: Any, model_settings: Settings) -> None:
+        """A model either runs its attention through the backend omnicore selects (forcing a backend makes the
+        model call it), or declares ``honours_attention_backend=False`` and then forcing one is refused."""
+        settings = Settings(cache_dir=model_settings.cache_dir, attention_backend=SPY_BACKEND)
+        host = self.make_host(settings)
+        record = host.add_plugin(SpyAttentionPlugin(host.attention_backends.get("sdpa")), "omnicore-conformance-spy")
+        assert record.status == "loaded", record.error
+        from ..engine.api import Engine
+
+        if not getattr(model_engine.spec.capabilities, "honours_attention_backend", True):
+            with pytest.raises(UnsupportedFeature) as info:
+                Engine(self.model, host=host, settings=settings, **self.engine_options).close()
+            assert "attention" in info.value.feature, f"the refusal names {info.value.feature!r}, not attention"
+            return
+        engine = Engine(self.model, host=host, settings=settings, **self.engine_options)
+        try:
+            before = spy_calls()
+            self.run(engine)
+            assert spy_calls() > before, (
+                f"with --attention-backend {SPY_BACKEND} the model never called it: route attention through "
+                "LoadOptions.attention, or declare ModelCapabilities(honours_attention_backend=False)")
         finally:
             engine.close()

@@ -1,0 +1,1 @@
+"""Adapters for plugins built on other libraries (diffusers ...); each imports its library lazily."""
