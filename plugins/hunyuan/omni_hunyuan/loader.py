@@ -1,0 +1,232 @@
+"""Loading and saving the single-repository checkpoint (models.md §3.5).
+
+Files: ``config.json`` (with nested ``vae``/``vit``/``vit_processor``/``vit_aligner``), ``generation_config.json``,
+the tokenizer, and safetensors shards (``model.safetensors.index.json`` + ``model-XXXXX-of-YYYYY.safetensors``,
+or one ``model.safetensors``) with the release's names. Transforms on load (and their inverses on save):
+
+- ``self_attn.qkv_proj.weight``: per key/value head ``[q * groups, k, v]`` rows -> ``[Q; K; V]``;
+- ``gate_and_up_proj.weight`` (experts, shared and dense MLPs): rows ``[up | gate]`` -> ``up_proj``/``gate_proj``;
+  routed experts are stacked into ``experts.w_gate/w_up/w_down [E, ...]``;
+- ``mlp.gate.wg.weight`` -> ``mlp.gate.weight``; ``vision_model.head.*`` is dropped (unused).
+
+Every parameter must be covered exactly once; missing and unexpected names are reported by their checkpoint
+names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_and_up_proj|down_proj)\.weight$")
+_FUSED = re.compile(r"^(.*)\.gate_and_up_proj\.weight$")
+_QKV = re.compile(r"^model\.layers\.\d+\.self_attn\.qkv_proj\.weight$")
+DROPPED_PREFIXES = ("vision_model.head.",)
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match the model (names the files and the tensors)."""
+
+
+def ungroup_qkv(weight: torch.Tensor, kv_heads: int, groups: int, head_dim: int) -> torch.Tensor:
+    """Grouped ``[(kv, groups + 2, d), H]`` rows -> ``[Q; K; V]``."""
+    w = weight.reshape(kv_heads, groups + 2, head_dim, -1)
+    q = w[:, :groups].reshape(kv_heads * groups * head_dim, -1)
+    return torch.cat([q, w[:, groups].reshape(kv_heads * head_dim, -1), w[:, groups + 1].reshape(kv_heads * head_dim, -1)])
+
+
+def group_qkv(weight: torch.Tensor, kv_heads: int, groups: int, head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`ungroup_qkv`."""
+    hidden = weight.shape[-1]
+    nq = kv_heads * groups * head_dim
+    q = weight[:nq].reshape(kv_heads, groups, head_dim, hidden)
+    k = weight[nq: nq + kv_heads * head_dim].reshape(kv_heads, 1, head_dim, hidden)
+    v = weight[nq + kv_heads * head_dim:].reshape(kv_heads, 1, head_dim, hidden)
+    return torch.cat([q, k, v], dim=1).reshape(-1, hidden)
+
+
+def split_up_gate(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[up | gate]`` rows -> ``(gate, up)``."""
+    up, gate = weight.chunk(2, dim=0)
+    return gate, up
+
+
+def shard_files(root: Path) -> list[Path]:
+    index = root / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{index}: unreadable shard index ({exc})") from exc
+        files = sorted({root / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{root}: shards named by {INDEX} are missing: {missing}")
+        return files
+    if (root / SINGLE).is_file():
+        return [root / SINGLE]
+    raise CheckpointError(f"{root}: no {INDEX} or {SINGLE}")
+
+
+def iter_checkpoint(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in shard_files(root):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f:
+                yield key, f.get_tensor(key)
+
+
+def load_state(model: nn.Module, root: Path) -> None:
+    """Copy the checkpoint under ``root`` into ``model`` (already built from its config), strictly."""
+    cfg = model.config  # type: ignore[attr-defined]
+    params = dict(model.named_parameters())
+    needed: set[str] = set()
+    for name, p in params.items():
+        if name.endswith(("experts.w_gate", "experts.w_up", "experts.w_down")):
+            needed.update(f"{name}#{e}" for e in range(p.shape[0]))
+        else:
+            needed.add(name)
+    filled: set[str] = set()
+    unexpected: list[str] = []
+    expected_names: dict[str, str] = {}
+
+    def put(target: str, value: torch.Tensor, source: str, index: int | None = None) -> None:
+        key = target if index is None else f"{target}#{index}"
+        if key not in needed:
+            unexpected.append(source)
+            return
+        dest = params[target] if index is None else params[target][index]
+        if tuple(dest.shape) != tuple(value.shape):
+            raise CheckpointError(f"{root}: {source} has shape {tuple(value.shape)}, the model expects "
+                                  f"{tuple(dest.shape)} for {key}")
+        with torch.no_grad():
+            dest.copy_(value.to(dest.dtype))
+        filled.add(key)
+        expected_names[key] = source
+
+    for name, tensor in iter_checkpoint(root):
+        if name.startswith(DROPPED_PREFIXES):
+            continue
+        if _QKV.match(name):
+            put(name, ungroup_qkv(tensor, cfg.num_key_value_heads, cfg.groups, cfg.attention_head_dim), name)
+            continue
+        m = _EXPERT.match(name)
+        if m:
+            prefix, e, kind = m.group(1), int(m.group(2)), m.group(3)
+            if kind == "down_proj":
+                put(f"{prefix}.experts.w_down", tensor, name, e)
+            else:
+                gate, up = split_up_gate(tensor)
+                put(f"{prefix}.experts.w_gate", gate, name, e)
+                put(f"{prefix}.experts.w_up", up, name, e)
+            continue
+        m = _FUSED.match(name)
+        if m:
+            gate, up = split_up_gate(tensor)
+            put(f"{m.group(1)}.gate_proj.weight", gate, name)
+            put(f"{m.group(1)}.up_proj.weight", up, name)
+            continue
+        put(name.replace(".mlp.gate.wg.", ".mlp.gate."), tensor, name)
+
+    missing = sorted(checkpoint_name(k) for k in needed - filled)
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} tensor(s): {', '.join(missing[:12])}"
+                        + (" ..." if len(missing) > 12 else ""))
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} tensor(s): {', '.join(sorted(unexpected)[:12])}"
+                        + (" ..." if len(unexpected) > 12 else ""))
+    if problems:
+        raise CheckpointError(f"{root}: the checkpoint does not match config.json: " + "; ".join(problems))
+
+
+def checkpoint_name(internal: str) -> str:
+    """The release name of an internal parameter (``#E`` marks a stacked expert slot)."""
+    base, _, idx = internal.partition("#")
+    if base.endswith(("experts.w_gate", "experts.w_up")):
+        return base.rsplit(".", 1)[0] + f".{idx}.gate_and_up_proj.weight"
+    if base.endswith("experts.w_down"):
+        return base.rsplit(".", 1)[0] + f".{idx}.down_proj.weight"
+    if base.endswith((".gate_proj.weight", ".up_proj.weight")):
+        return base.rsplit(".", 2)[0] + ".gate_and_up_proj.weight"
+    if re.match(r"^model\.layers\.\d+\.mlp\.gate\.weight$", base):
+        return base.replace(".mlp.gate.", ".mlp.gate.wg.")
+    return base
+
+
+def export_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters under the release names and layouts (inverse of :func:`load_state`)."""
+    cfg = model.config  # type: ignore[attr-defined]
+    out: dict[str, torch.Tensor] = {}
+    state = dict(model.named_parameters())
+    for name, t in state.items():
+        t = t.detach().contiguous()
+        if _QKV.match(name):
+            out[name] = group_qkv(t, cfg.num_key_value_heads, cfg.groups, cfg.attention_head_dim)
+        elif name.endswith("experts.w_down"):
+            for e in range(t.shape[0]):
+                out[checkpoint_name(f"{name}#{e}")] = t[e].clone()
+        elif name.endswith("experts.w_gate"):
+            up = state[name[: -len("w_gate")] + "w_up"]
+            for e in range(t.shape[0]):
+                out[checkpoint_name(f"{name}#{e}")] = torch.cat([up[e], t[e]]).contiguous()
+        elif name.endswith("experts.w_up"):
+            continue
+        elif name.endswith(".gate_proj.weight"):
+            up = state[name[: -len("gate_proj.weight")] + "up_proj.weight"]
+            out[checkpoint_name(name)] = torch.cat([up, t]).contiguous()
+        elif name.endswith(".up_proj.weight"):
+            continue
+        else:
+            out[checkpoint_name(name)] = t
+    return out
+
+
+def save_checkpoint(model: nn.Module, root: Path, shards: int = 2) -> list[str]:
+    """Write ``model`` as release-named safetensors shards plus the index; returns the shard file names."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    tensors = export_state(model)
+    names = sorted(tensors)
+    per = -(-len(names) // shards)
+    files, weight_map = [], {}
+    for i in range(shards):
+        chunk = names[i * per:(i + 1) * per]
+        if not chunk:
+            continue
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({k: tensors[k] for k in chunk}, str(root / fname), metadata={"format": "pt"})
+        files.append(fname)
+        weight_map.update({k: fname for k in chunk})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (root / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1,
+                                         sort_keys=True) + "\n")
+    return files
+
+
+def read_safetensors_names(root: Path) -> list[str]:
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for path in shard_files(root):
+        with safe_open(str(path), framework="pt") as f:
+            names.extend(f.keys())
+    return names
+
+
+def describe(model: nn.Module) -> dict[str, Any]:
+    """Parameter counts by top-level module (for logs)."""
+    counts: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        counts[name.split(".")[0]] = counts.get(name.split(".")[0], 0) + p.numel()
+    return counts

@@ -1,0 +1,186 @@
+"""``HunyuanImage3``: the unified MoE language model with its image heads, VAE and vision tower (models.md §3.4).
+
+A denoise forward embeds the token rows, scatters the generated image's patch tokens and ``<timestep>``
+embedding (and, for edits, each condition image's VAE tokens, zero-timestep embeddings and aligned ViT
+features), runs the decoder over positions ``[start, gen_end)`` against the cached K/V of ``[0, start)``, and
+turns the image tokens' last hidden states into the velocity with the final layer (no ``ln_f``).
+
+Prompt-KV reuse: the prefix (everything before the generated image's ``<timestep>``) never attends to the image,
+so its K/V is the same at every step. Step 0 runs from position 0 and keeps the prefix K/V per CFG row; later
+steps run only ``[<timestep>, <img>*N]``. Tokens after the image (``<eoi>``, closing text) are never attended by
+the image and are skipped; :meth:`HunyuanImage3.full_forward` computes the whole sequence as the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from .attention import SpanAttention
+from .config import HunyuanConfig
+from .layout import SequenceLayout
+from .modules import DecoderLayer, LightProjector, RMSNorm, TimestepEmbedder, UNetDown, UNetUp
+from .rope import rope_table
+from .vae import AutoencoderKLConv3D
+
+
+@attrs.define
+class PrefixKV:
+    """Per-layer ``(k, v)`` of positions ``[0, length)`` for every CFG row: ``[R, length, Hkv, D]``."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    length: int
+
+    def row(self, index: int) -> PrefixKV:
+        return PrefixKV([(k[index:index + 1], v[index:index + 1]) for k, v in self.layers], self.length)
+
+
+@attrs.define
+class CondFeatures:
+    """Condition-image inputs of one request: normalised VAE latents ``[C, h, w]`` and aligned ViT tokens
+    ``[N_vit, H]`` per image."""
+
+    latents: list[torch.Tensor]
+    vit: list[torch.Tensor]
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, config: HunyuanConfig, attend: SpanAttention) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(config, i, attend) for i in range(config.num_hidden_layers)])
+        self.ln_f = RMSNorm(config.hidden_size, config.rms_norm_eps)  # text logits only; unused by diffusion
+
+
+def build_vision_model(config: dict[str, Any]) -> nn.Module:
+    """The SigLIP2 vision transformer from transformers (the checkpoint's ``vision_model.*`` names)."""
+    from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+    fields = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures",)}
+    fields["vision_use_head"] = False
+    cfg = Siglip2VisionConfig(**fields)
+    cfg._attn_implementation = "sdpa"
+    model = Siglip2VisionModel(cfg)
+    # transformers 4.x nests the transformer under .vision_model; 5.x holds its parts directly
+    return getattr(model, "vision_model", model)
+
+
+class HunyuanImage3(nn.Module):
+    def __init__(self, config: HunyuanConfig, attention_backend: Any = None) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.attend = SpanAttention(attention_backend)
+        self.model = LanguageModel(config, self.attend)
+        self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        self.timestep_emb = TimestepEmbedder(h)
+        self.time_embed = TimestepEmbedder(h)
+        self.time_embed_2 = TimestepEmbedder(h)
+        if config.cfg_distilled:
+            self.guidance_emb = TimestepEmbedder(h)
+        if config.use_meanflow:
+            self.timestep_r_emb = TimestepEmbedder(h)
+        self.patch_embed = UNetDown(config.latent_channels, h, config.patch_embed_hidden_dim, h)
+        self.final_layer = UNetUp(h, h, config.patch_embed_hidden_dim, config.latent_channels)
+        self.vae = AutoencoderKLConv3D(config.vae)
+        if config.has_vision:
+            self.vision_model = build_vision_model(config.vit)  # type: ignore[arg-type]
+            self.vision_aligner = LightProjector(config.vit_aligner)  # type: ignore[arg-type]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.wte.weight.dtype
+
+    # ------------------------------------------------------------------------------------------ inputs
+    @staticmethod
+    def _put(emb: torch.Tensor, a: int, b: int, start: int, values: torch.Tensor) -> None:
+        """Write ``values [R, n, H]`` (positions ``[start, start + n)``) into ``emb`` (positions ``[a, b)``)."""
+        n = values.shape[1]
+        lo, hi = max(a, start), min(b, start + n)
+        if lo < hi:
+            emb[:, lo - a: hi - a] = values[:, lo - start: hi - start].to(emb.dtype)
+
+    def embed_range(self, layout: SequenceLayout, tokens: torch.Tensor, a: int, b: int, latents: torch.Tensor,
+                    t: torch.Tensor, cond: CondFeatures | None = None, guidance: float | None = None) -> torch.Tensor:
+        """Input embeddings of positions ``[a, b)`` for every row (``latents [R, C, h, w]``, ``t [R]``)."""
+        emb = self.model.wte(tokens[:, a:b]).clone()
+        rows = tokens.shape[0]
+        dtype = self.dtype
+        if b > layout.gen_start and a < layout.gen_end:
+            self._put(emb, a, b, layout.gen_start, self.patch_embed(latents.to(dtype), self.time_embed(t)))
+        if a <= layout.gen_timestep < b:
+            emb[:, layout.gen_timestep - a] = self.timestep_emb(t).to(emb.dtype)
+        if layout.guidance_pos is not None and a <= layout.guidance_pos < b:
+            g = torch.full_like(t, 1000.0 * float(guidance if guidance is not None else 1.0))
+            emb[:, layout.guidance_pos - a] = self.guidance_emb(g).to(emb.dtype)
+        if layout.timestep_r_pos is not None and a <= layout.timestep_r_pos < b:
+            emb[:, layout.timestep_r_pos - a] = self.timestep_r_emb(t).to(emb.dtype)
+        zero = torch.zeros(rows, device=t.device, dtype=t.dtype)
+        for i, sec in enumerate(layout.cond):
+            if b <= sec.timestep or a >= sec.vit_end:
+                continue
+            if cond is None:
+                raise ValueError("the layout has condition images but no condition features were given")
+            if a <= sec.timestep < b:
+                emb[:, sec.timestep - a] = self.timestep_emb(zero).to(emb.dtype)
+            lat = cond.latents[i].to(dtype)[None].expand(rows, -1, -1, -1)
+            self._put(emb, a, b, sec.vae_start, self.patch_embed(lat, self.time_embed(zero)))
+            self._put(emb, a, b, sec.vit_start, cond.vit[i][None].expand(rows, -1, -1))
+        return emb
+
+    def rope(self, layout: SequenceLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rope_table(layout.positions(), self.config.attention_head_dim, self.config.rope_theta)
+        return cos.to(device), sin.to(device)
+
+    # ------------------------------------------------------------------------------------------ forwards
+    def run_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   spans: Sequence[tuple[int, int]], past: PrefixKV | None, keep: int) -> tuple[torch.Tensor, Any]:
+        kept = []
+        for i, layer in enumerate(self.model.layers):
+            hidden, kv = layer(hidden, cos, sin, spans, None if past is None else past.layers[i], keep)
+            kept.append(kv)
+        return hidden, (PrefixKV(kept, keep) if keep > 0 else None)
+
+    def denoise(self, layout: SequenceLayout, tokens: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                latents: torch.Tensor, t: torch.Tensor, past: PrefixKV | None = None,
+                cond: CondFeatures | None = None, guidance: float | None = None) -> tuple[torch.Tensor, Any]:
+        """Velocity ``[R, C, h, w]`` for ``latents`` at model timestep ``t`` (``sigma * 1000``).
+
+        ``past`` holds the K/V of positions ``[0, past.length)`` (``None``: start at 0). Returns the prediction and
+        the prefix K/V ``[0, prefix_len)`` when this call computed part of the prefix (else ``None``).
+        """
+        start = 0 if past is None else past.length
+        if start > layout.prefix_len:
+            raise ValueError(f"cached K/V covers {start} positions, past the prefix ({layout.prefix_len})")
+        end = layout.gen_end
+        emb = self.embed_range(layout, tokens, start, end, latents, t, cond, guidance)
+        cos, sin = rope[0][start:end], rope[1][start:end]
+        keep = layout.prefix_len if start < layout.prefix_len else 0
+        hidden, kept = self.run_layers(emb, cos, sin, layout.spans, past, keep)
+        image = hidden[:, layout.gen_start - start: layout.gen_end - start]
+        pred = self.final_layer(image, self.time_embed_2(t), layout.gen_h, layout.gen_w)
+        return pred.float(), kept
+
+    def full_forward(self, layout: SequenceLayout, tokens: torch.Tensor, latents: torch.Tensor, t: torch.Tensor,
+                     cond: CondFeatures | None = None, guidance: float | None = None) -> torch.Tensor:
+        """Reference: the whole sequence (trailing tokens included), no cache."""
+        cos, sin = self.rope(layout, tokens.device)
+        emb = self.embed_range(layout, tokens, 0, layout.seq_len, latents, t, cond, guidance)
+        hidden, _ = self.run_layers(emb, cos, sin, layout.spans, None, 0)
+        image = hidden[:, layout.gen_start: layout.gen_end]
+        return self.final_layer(image, self.time_embed_2(t), layout.gen_h, layout.gen_w).float()
+
+    # ------------------------------------------------------------------------------------------ vision
+    def vision_features(self, pixel_values: torch.Tensor, attention_mask: torch.Tensor,
+                        spatial_shapes: torch.Tensor) -> list[torch.Tensor]:
+        """Aligned ViT tokens per image: ``[h*w, H]`` (the valid patches of each padded row)."""
+        if not self.config.has_vision:
+            raise ValueError("this checkpoint has no vision tower (config.json lacks 'vit'/'vit_aligner')")
+        out = self.vision_model(pixel_values.to(self.dtype), attention_mask, spatial_shapes)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        feats = self.vision_aligner(hidden)
+        return [feats[i, : int(spatial_shapes[i, 0] * spatial_shapes[i, 1])] for i in range(feats.shape[0])]

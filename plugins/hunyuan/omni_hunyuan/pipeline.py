@@ -1,0 +1,362 @@
+"""``HunyuanImage3Pipeline``: the omnicore pipeline protocol for HunyuanImage-3 (models.md §3).
+
+``preprocess`` (once, at admission, outside engine locks) resolves the request (mode, bucket, steps, guidance,
+``bot_task``, CoT, system prompt), loads condition images and — in the ``paged_scheduler`` KV mode — tokenises
+and attaches the :class:`~omni_hunyuan.layout.PreparedLayout` (layout, one KV request per CFG row, block
+hashes). ``encode`` builds per request the layout (taken from the prepared one, or tokenised here in
+``dense_legacy``), the RoPE table and the initial latents (a CPU generator seeded with the request's seed).
+``predict`` runs the model per request over its CFG rows ``[cond, uncond]``: step 0 from position 0 (or from
+the pooled prefix blocks on a pool hit), keeping the prefix K/V; later steps only ``[<timestep>, <img>*N]``.
+``update`` takes an Euler step; ``decode`` runs the VAE.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
+from omnicore.engine.request import MAX_SEED, GenerationRequest
+from omnicore.errors import InvalidRequest, UnsupportedFeature
+from omnicore.outputs.output import Output
+from omnicore.specs import AttentionRequirement
+
+from .config import ConfigFileError, GenerationConfig, HunyuanConfig
+from .kv_pool import PrefixKVPool, block_hashes, row_identity
+from .layout import PreparedLayout, SequenceLayout, kv_requests
+from .loader import CheckpointError, load_state
+from .model import CondFeatures, HunyuanImage3, PrefixKV
+from .plugin import MODEL_SPEC
+from .request_rules import (
+    normalize_bot_task,
+    normalize_cot,
+    parse_kv_mode,
+    resolve_guidance,
+    resolve_system_prompt,
+    snap_size,
+)
+from .sampler import euler_step, guide, model_timesteps, sigmas
+from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
+from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
+
+MODES = ("t2i", "edit")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@attrs.frozen
+class Resolved:
+    """What preprocess decided for one request (kept in ``request.extra["hunyuan"]``)."""
+
+    mode: str
+    spec: LayoutSpec
+    guidance: float
+    cfg_factor: int
+    guidance_rescale: float
+    bot_task: str | None
+    images: tuple[Any, ...] = ()  # PIL images (edits)
+    identity: str = ""  # prefix identity beyond the tokens (edits: reference content, grids, VAE seed)
+
+
+class HunyuanImage3Pipeline(BasePipeline):
+    """Loads a HunyuanImage-3 repository and generates images (T2I) or edits them."""
+
+    spec = MODEL_SPEC
+
+    def __init__(self, model: HunyuanImage3, tokenizer: HunyuanTokenizer, gen_config: GenerationConfig, *,
+                 device: torch.device, dtype: torch.dtype, path: Path | None = None, kv_mode: str = "dense_legacy",
+                 kv_block_size: int = 16, kv_pool_blocks: int = 512, kv_reuse: bool = True) -> None:
+        self.model = model
+        self.config: HunyuanConfig = model.config
+        self.tokenizer = tokenizer
+        self.gen_config = gen_config
+        self.device, self.dtype, self.path = device, dtype, path
+        self.kv_mode = kv_mode
+        self.kv_reuse = kv_reuse
+        self.pool = PrefixKVPool(kv_block_size, kv_pool_blocks) if kv_mode == "paged_scheduler" else None
+        self._vit_processor: Any = None
+
+    # ------------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: Path | str, options: LoadOptions) -> HunyuanImage3Pipeline:
+        root = Path(path)
+        opts = dict(getattr(options, "model_options", None) or {})
+        kv_mode = parse_kv_mode(opts.get("kv_mode"))
+        try:
+            config = HunyuanConfig.from_file(root / "config.json")
+            gen_config = GenerationConfig.from_file(root / "generation_config.json")
+        except ConfigFileError as exc:
+            raise CheckpointError(f"{root}: {exc}") from exc
+        device = options.platform.device()
+        dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
+        backend = None
+        if options.attention is not None:
+            try:
+                requirement = AttentionRequirement(platform=options.platform.name, dtype=_dtype_name(dtype),
+                                                   head_dim=config.attention_head_dim, spans=True)
+            except TypeError:  # a core without span metadata: the model's own mask-free attention
+                requirement = None
+            if requirement is not None:
+                try:
+                    backend = options.attention(requirement)
+                except UnsupportedFeature:  # no backend serves spans here: the model's own mask-free attention
+                    backend = None
+        model = HunyuanImage3(config, attention_backend=backend)
+        load_state(model, root)
+        model.to(device=device, dtype=dtype).eval()
+        model.vae.float()
+        tokenizer = HunyuanTokenizer.from_dir(root, config.image_base_size)
+        return cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,
+                   kv_block_size=int(opts.get("kv_block_size") or 16),
+                   kv_pool_blocks=int(opts.get("kv_pool_blocks") or 512),
+                   kv_reuse=bool(opts.get("kv_reuse", True)))
+
+    # ------------------------------------------------------------------------------------------ admission
+    @property
+    def vit_processor(self) -> Any:
+        if self._vit_processor is None:
+            self._vit_processor = make_vit_processor(self.config.vit_processor)
+        return self._vit_processor
+
+    def resolve(self, request: GenerationRequest) -> tuple[Resolved, dict[str, Any]]:
+        """The request's mode, layout spec and sampling values (no model work)."""
+        ex = dict(request.extra)
+        if not isinstance(request.prompt, str):
+            raise InvalidRequest("prompt", "must be a string for HunyuanImage-3")
+        if request.negative_prompt:
+            raise InvalidRequest("negative_prompt", "is not supported: the unconditional row replaces the prompt "
+                                                    "with <cfg> tokens; remove negative_prompt")
+        if request.videos or request.audios:
+            raise InvalidRequest("inputs", "HunyuanImage-3 takes only images")
+        if request.params.num_outputs != 1:
+            raise InvalidRequest("params.num_outputs", "HunyuanImage-3 makes one image per request")
+        images = tuple(load_image(img, i) for i, img in enumerate(request.images))
+        mode = ex.get("mode") or ("edit" if images else "t2i")
+        if mode not in MODES:
+            raise InvalidRequest("extra.mode", f"must be one of {list(MODES)}, got {mode!r}")
+        if mode == "edit" and not images:
+            raise InvalidRequest("inputs", "an image edit needs at least one input image (--image / image=...)")
+        if mode == "t2i" and images:
+            raise InvalidRequest("extra.mode", "t2i takes no input images; drop mode or the images")
+        if images and not self.config.has_vision:
+            raise UnsupportedFeature("edit", "this checkpoint has no vision tower (config.json lacks vit)")
+        buckets = self.tokenizer.buckets
+        p = request.params
+        height, width = p.height, p.width
+        if height is None or width is None:
+            if images:
+                default_h, default_w = images[0].height, images[0].width
+            else:
+                default_h = default_w = self.config.image_base_size
+            height, width = height or default_h, width or default_w
+        bucket = snap_size(height, width, buckets, self.config.vae_downsample_factor[0])
+        guidance, cfg_factor = resolve_guidance(p.guidance_scale, self.config.cfg_distilled)
+        rescale = ex.get("guidance_rescale", 0.0)
+        if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0.0 <= rescale <= 1.0:
+            raise InvalidRequest("extra.guidance_rescale", f"must be a number in [0, 1], got {rescale!r}")
+        bot_task = normalize_bot_task(ex.get("bot_task", self.gen_config.bot_task))
+        template = ex.get("sequence_template", self.gen_config.sequence_template)
+        if template not in ("pretrain", "instruct"):
+            raise InvalidRequest("extra.sequence_template", f"must be 'pretrain' or 'instruct', got {template!r}")
+        drop_think = ex.get("drop_think", self.gen_config.drop_think)
+        if not isinstance(drop_think, bool):
+            raise InvalidRequest("extra.drop_think", f"must be a boolean, got {drop_think!r}")
+        seed = p.seed if p.seed is not None else random.randint(0, MAX_SEED)
+        factor = self.config.vae_downsample_factor[0]
+        cond: list[CondImageInfo] = []
+        digests = []
+        for img in images:
+            cb = buckets.nearest(img.height, img.width)
+            shapes = vit_inputs(self.vit_processor, img)["spatial_shapes"][0].tolist()
+            cond.append(CondImageInfo(cb.index, cb.height // factor, cb.width // factor, int(shapes[0]),
+                                      int(shapes[1])))
+            digests.append(image_digest(img))
+        spec = LayoutSpec(
+            prompt=request.prompt, ratio_index=bucket.index, gen_h=bucket.height // factor,
+            gen_w=bucket.width // factor, template=template,
+            system_prompt=resolve_system_prompt(ex, self.gen_config.use_system_prompt),
+            cot_text=normalize_cot(ex.get("ar_generated_text")), cond_images=tuple(cond), cfg_factor=cfg_factor,
+            guidance_token=self.config.cfg_distilled, timestep_r_token=self.config.use_meanflow, drop_think=drop_think)
+        identity = row_identity(tuple(digests), tuple(cond), seed) if images else ""
+        resolved = Resolved(mode, spec, guidance, cfg_factor, float(rescale), bot_task, images, identity)
+        params = attrs.evolve(
+            p, height=bucket.height, width=bucket.width, num_frames=1, guidance_scale=guidance, seed=seed,
+            num_inference_steps=p.num_inference_steps or self.gen_config.diff_infer_steps,
+            flow_shift=p.flow_shift if p.flow_shift is not None else self.gen_config.flow_shift, output_type="image")
+        return resolved, {"params": params}
+
+    def prepare_layout(self, request_id: str, resolved: Resolved) -> PreparedLayout:
+        """Tokenise once and attach the KV requests (one per CFG row) with their prefix block hashes."""
+        layout = self.tokenizer.layout(resolved.spec)
+        hashes = None
+        if self.pool is not None:
+            hashes = tuple(block_hashes(row, layout.prefix_len, self.pool.block_size, resolved.identity)
+                           for row in layout.tokens)
+        return PreparedLayout(layout, kv_requests(request_id, layout, resolved.cfg_factor, hashes), resolved.identity)
+
+    def preprocess(self, request: GenerationRequest) -> GenerationRequest:
+        if request.prepared:
+            return request
+        resolved, changes = self.resolve(request)
+        extra = dict(request.extra)
+        extra["hunyuan"] = resolved
+        if self.kv_mode == "paged_scheduler":
+            extra["prepared_layout"] = self.prepare_layout(request.request_id, resolved)
+        return request.evolve(params=changes["params"], extra=extra, modalities=("image",), prepared=True)
+
+    def batch_key(self, request: GenerationRequest) -> Hashable:
+        r = request.extra.get("hunyuan")
+        return (request.batch_key(), None if r is None else (r.mode, r.cfg_factor, r.guidance_rescale))
+
+    # ------------------------------------------------------------------------------------------ encode
+    def layout_of(self, request: GenerationRequest) -> SequenceLayout:
+        """The prepared layout (paged mode) or a local tokenisation (dense mode); equal by construction."""
+        prepared = request.extra.get("prepared_layout")
+        if prepared is not None:
+            if not isinstance(prepared, PreparedLayout):
+                raise TypeError(f"HunyuanImage3 expected prepared_layout to be PreparedLayout, got "
+                                f"{type(prepared).__name__}")
+            return prepared.layout
+        return self.tokenizer.layout(request.extra["hunyuan"].spec)
+
+    def cond_features(self, request: GenerationRequest, layout: SequenceLayout) -> CondFeatures | None:
+        """VAE latents (sampled with the request's seed) and aligned ViT tokens of the condition images."""
+        resolved: Resolved = request.extra["hunyuan"]
+        if not resolved.images:
+            return None
+        gen = torch.Generator(device="cpu").manual_seed(request.params.seed)
+        factor = self.config.vae_downsample_factor[0]
+        latents, vit = [], []
+        for img, sec in zip(resolved.images, layout.cond):
+            px = vae_pixels(img, sec.vae_w * factor, sec.vae_h * factor).to(self.device)
+            mean, logvar = self.model.vae.encode_moments(px)
+            noise = torch.randn(mean.shape, generator=gen, dtype=torch.float32).to(self.device, mean.dtype)
+            z = (mean + torch.exp(0.5 * logvar) * noise - self.model.vae.shift_factor) * self.model.vae.scaling_factor
+            latents.append(z[0, :, 0])
+            inputs = vit_inputs(self.vit_processor, img)
+            vit.append(self.model.vision_features(inputs["pixel_values"].to(self.device),
+                                                  inputs["pixel_attention_mask"].to(self.device),
+                                                  inputs["spatial_shapes"].to(self.device))[0])
+        return CondFeatures(latents, vit)
+
+    @torch.no_grad()
+    def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
+        reqs = list(requests)
+        if not reqs:
+            raise ValueError("encode() needs at least one request")
+        if not all(r.prepared and "hunyuan" in r.extra for r in reqs):
+            raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
+        first = reqs[0].params
+        grid = sigmas(first.num_inference_steps, first.flow_shift)
+        items, latents = [], []
+        for r in reqs:
+            layout = self.layout_of(r)
+            gen = torch.Generator(device="cpu").manual_seed(r.params.seed)
+            latents.append(torch.randn(1, self.config.latent_channels, layout.gen_h, layout.gen_w, generator=gen))
+            items.append({"request": r, "layout": layout, "tokens": layout.token_tensor(self.device),
+                          "rope": self.model.rope(layout, self.device), "past": None, "cond": None,
+                          "cond_ready": False, "pool_hit_tokens": 0})
+        return DenoiseState(requests=reqs, num_steps=first.num_inference_steps,
+                            latents=torch.cat(latents).to(self.device), timesteps=model_timesteps(grid),
+                            extras={"items": items, "sigmas": grid.tolist()})
+
+    def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
+        idx = list(keep)
+        if not idx:
+            return None
+        state.requests = [state.requests[i] for i in idx]
+        state.extras["items"] = [state.extras["items"][i] for i in idx]
+        state.latents = state.latents[torch.tensor(idx, device=state.latents.device)]
+        return state
+
+    # ------------------------------------------------------------------------------------------ denoise
+    def _ensure_cond(self, item: dict[str, Any]) -> CondFeatures | None:
+        if not item["cond_ready"]:
+            item["cond"] = self.cond_features(item["request"], item["layout"])
+            item["cond_ready"] = True
+        return item["cond"]
+
+    def _pooled_prefix(self, item: dict[str, Any]) -> tuple[PrefixKV | None, list[tuple[str, ...]]]:
+        """On a pool hit: the common leading blocks of every CFG row as a prefix cache (pins released after
+        the copy). Returns the cache (or None) and the rows' block hashes for publishing."""
+        prepared = item["request"].extra.get("prepared_layout")
+        if self.pool is None or prepared is None:
+            return None, []
+        hashes = [kr.block_hashes for kr in prepared.kv_requests]
+        hits = [self.pool.acquire(h) for h in hashes]
+        n = min(hits) if hits else 0
+        past = None
+        try:
+            if n > 0:
+                rows = [self.pool.gather(h[:n]) for h in hashes]
+                layers = [(torch.stack([row[0][i] for row in rows]), torch.stack([row[1][i] for row in rows]))
+                          for i in range(len(rows[0][0]))]
+                past = PrefixKV(layers, n * self.pool.block_size)
+        finally:
+            for h, k in zip(hashes, hits):
+                self.pool.release(h[:k])
+        item["pool_hit_tokens"] = 0 if past is None else past.length
+        return past, hashes
+
+    @torch.no_grad()
+    def predict(self, state: DenoiseState, step: int) -> torch.Tensor:
+        preds = []
+        t_value = float(state.timesteps[step])
+        for i, item in enumerate(state.extras["items"]):
+            resolved: Resolved = item["request"].extra["hunyuan"]
+            layout: SequenceLayout = item["layout"]
+            rows = layout.rows
+            lat = state.latents[i:i + 1].expand(rows, -1, -1, -1)
+            t = torch.full((rows,), t_value, device=self.device, dtype=torch.float32)
+            past, hashes = item["past"], []
+            if past is None:
+                past, hashes = self._pooled_prefix(item)
+            needs_cond = past is None or past.length <= (layout.cond[-1].vit_end if layout.cond else -1)
+            cond = self._ensure_cond(item) if needs_cond else None
+            pred, kept = self.model.denoise(layout, item["tokens"], item["rope"], lat, t, past=past, cond=cond,
+                                            guidance=resolved.guidance)
+            if kept is not None:
+                if self.kv_reuse:
+                    item["past"] = kept
+                if hashes and self.pool is not None:
+                    for r, h in enumerate(hashes):
+                        self.pool.publish(h, [k[r] for k, _ in kept.layers], [v[r] for _, v in kept.layers])
+            elif not self.kv_reuse:
+                item["past"] = None
+            if rows == 2:
+                preds.append(guide(pred[:1], pred[1:], resolved.guidance, resolved.guidance_rescale))
+            else:
+                preds.append(pred)
+        return torch.cat(preds)
+
+    @torch.no_grad()
+    def update(self, state: DenoiseState, step: int, prediction: torch.Tensor) -> DenoiseState:
+        s = state.extras["sigmas"]
+        state.latents = euler_step(state.latents, prediction, s[step], s[step + 1])
+        state.step_index = step + 1
+        return state
+
+    # ------------------------------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode(self, state: DenoiseState) -> list[Output]:
+        outputs = []
+        for i, item in enumerate(state.extras["items"]):
+            request = item["request"]
+            image = self.model.vae.decode(state.latents[i:i + 1].float())[0]  # [3, H, W] in [0, 1]
+            pixels = (image.permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+            metrics = {"kv_pool_hit_tokens": float(item["pool_hit_tokens"])}
+            outputs.append(Output(kind="image", frames=np.ascontiguousarray(pixels[None]), request_id=request.request_id,
+                                  index=0, seed=request.params.seed, metrics=metrics))
+        return outputs
+
+    def kv_pool_stats(self) -> dict[str, int]:
+        if self.pool is None:
+            return {}
+        return {**self.pool.stats.as_dict(), "resident_blocks": len(self.pool), "max_blocks": self.pool.max_blocks}

@@ -1,0 +1,77 @@
+"""Entry-point module (``[project.entry-points.omnicore] hunyuan``): registers the ``hunyuan-image3`` model.
+
+Must import quickly and never import torch: everything heavy is named by a lazy ``"module:attr"`` path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from omnicore.hookspecs import hookimpl
+from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
+
+from . import __version__
+from .detect import ARCHITECTURE
+
+KV_MODES = ("dense_legacy", "paged_scheduler", "paged_worker_local")
+
+CAPABILITIES = ModelCapabilities(
+    modes=("t2i", "edit"),
+    outputs=("image",),
+    max_reference_images=2,
+    supports_batching=True,
+    max_outputs_per_request=1,
+    cache_methods=(),
+    inputs=(InputRole("edit_source", ("image",), 2, "condition image(s) of an edit (VAE + SigLIP2 tokens)"),),
+    size_multiple_of=16,
+)
+
+DEFAULTS = RequestDefaults(
+    height=1024,
+    width=1024,
+    num_frames=1,
+    num_inference_steps=50,
+    guidance_scale=5.0,
+    flow_shift=3.0,
+    negative_prompt=None,
+)
+
+OPTIONS = (
+    ModelOption("kv_mode", "str", "dense_legacy", KV_MODES,
+                "diffusion KV: dense_legacy (per-request prefix K/V) or paged_scheduler (prepared layout at "
+                "admission and a shared, content-hashed prefix block pool); paged_worker_local is reserved"),
+    ModelOption("kv_block_size", "int", 16, None, "tokens per prefix-KV block (paged_scheduler)"),
+    ModelOption("kv_pool_blocks", "int", 512, None, "prefix-KV pool budget in blocks, LRU-evicted (paged_scheduler)"),
+    ModelOption("kv_reuse", "bool", True, None,
+                "reuse the prompt K/V across denoise steps (off: recompute the full sequence every step)"),
+)
+
+PRESETS = (
+    PresetSpec(name="tiny:hunyuan-image3", builder="omni_hunyuan.presets:build_tiny_hunyuan_image3",
+               description="random-weight HunyuanImage-3 (hidden 64, 2 MoE layers, 32-channel 3-D VAE, tiny SigLIP2)",
+               defaults=attrs.evolve(DEFAULTS, height=256, width=256, num_inference_steps=4)),
+)
+
+MODEL_SPEC = ModelSpec(
+    name="hunyuan-image3",
+    impl="omni_hunyuan.pipeline:HunyuanImage3Pipeline",
+    description="HunyuanImage-3.0: text-to-image and image edit in a unified MoE language model",
+    aliases=(ARCHITECTURE.lower(), "hunyuanimage3", "hunyuan"),
+    detect="omni_hunyuan.detect:detect",
+    capabilities=CAPABILITIES,
+    defaults=DEFAULTS,
+    presets=PRESETS,
+    options=OPTIONS,
+)
+
+
+def plugin_info() -> dict[str, Any]:
+    return {"kind": "model", "api": ">=1.0,<2", "version": __version__, "models": [MODEL_SPEC.name],
+            "presets": [p.name for p in PRESETS]}
+
+
+@hookimpl
+def omnicore_register_models(register: Callable[[ModelSpec], None]) -> None:
+    register(MODEL_SPEC)

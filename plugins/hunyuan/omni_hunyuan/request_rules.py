@@ -1,0 +1,110 @@
+"""Request rules (models.md §3.1, §3.2; seed-contracts §5.4, §5.6): ``bot_task``, CoT text, guidance, sizes,
+KV mode. Pure functions raising typed errors that name the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omnicore.errors import ConfigError, InvalidRequest, UnsupportedFeature
+
+from .buckets import Bucket, ResolutionGroup
+
+BOT_TASKS = ("auto", "image", "think", "recaption", "img_ratio")
+BOT_TASK_ALIASES = {"think_recaption": "think", "vanilla": "image"}
+DEFAULT_GUIDANCE = 5.0
+
+KV_MODES = ("dense_legacy", "paged_worker_local", "paged_scheduler")
+KV_MODE_RESERVED = "paged_worker_local"
+
+#: Our own short system prompts for the ``use_system_prompt`` names (checkpoints may ship longer ones; pass
+#: ``extra.system_prompt`` to use exact text).
+SYSTEM_PROMPTS = {
+    "en_vanilla": "You are an assistant that draws images from descriptions.",
+    "en_recaption": "You are an assistant that rewrites a description in detail, then draws it.",
+    "en_unified": "You are a multimodal assistant: you understand images and text, think when useful, "
+                  "and draw or edit images as asked.",
+}
+
+
+def normalize_bot_task(value: Any, field: str = "extra.bot_task") -> str | None:
+    """``None`` -> ``auto``; ``"none"`` (any case) -> ``None``; aliases ``think_recaption`` -> ``think``,
+    ``vanilla`` -> ``image``; anything else outside :data:`BOT_TASKS` is an error."""
+    if value is None:
+        return "auto"
+    if not isinstance(value, str):
+        raise InvalidRequest(field, f"must be a string, got {type(value).__name__}")
+    text = value.strip()
+    if text.lower() == "none":
+        return None
+    text = BOT_TASK_ALIASES.get(text, text)
+    if text not in BOT_TASKS:
+        raise InvalidRequest(field, f"Unsupported HunyuanImage3 single-stage bot_task {value!r}; expected one of "
+                                    f"{', '.join(BOT_TASKS)} (or think_recaption, vanilla, none)")
+    return text
+
+
+def normalize_cot(text: Any, field: str = "extra.ar_generated_text") -> str | None:
+    """AR-stage text: prepend ``<think>``/``<recaption>`` when only the closing tag is present."""
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise InvalidRequest(field, f"must be a string, got {type(text).__name__}")
+    for open_tag, close_tag in (("<think>", "</think>"), ("<recaption>", "</recaption>")):
+        if close_tag in text and open_tag not in text:
+            text = open_tag + text
+    return text
+
+
+def resolve_guidance(explicit: float | None, cfg_distilled: bool) -> tuple[float, int]:
+    """``(guidance, cfg_factor)``: the request's scale when given, else 5.0; two rows only when guidance > 1
+    and the checkpoint is not CFG-distilled (a distilled one embeds the scale as the ``<guidance>`` token)."""
+    guidance = DEFAULT_GUIDANCE if explicit is None else float(explicit)
+    return guidance, 1 + int(guidance > 1.0 and not cfg_distilled)
+
+
+def resolve_system_prompt(extra: Mapping[str, Any], default_name: str | None) -> str | None:
+    if extra.get("system_prompt") is not None:
+        text = extra["system_prompt"]
+        if not isinstance(text, str):
+            raise InvalidRequest("extra.system_prompt", f"must be a string, got {type(text).__name__}")
+        return text or None
+    name = extra.get("use_system_prompt", default_name)
+    if name is None or (isinstance(name, str) and name.lower() == "none"):
+        return None
+    if name not in SYSTEM_PROMPTS:
+        raise InvalidRequest("extra.use_system_prompt", f"must be one of {sorted(SYSTEM_PROMPTS)} or None, "
+                                                        f"got {name!r}")
+    return SYSTEM_PROMPTS[name]
+
+
+def snap_size(height: int, width: int, buckets: ResolutionGroup, factor: int = 16) -> Bucket:
+    """The nearest-ratio bucket; a ratio beyond the most extreme buckets, or a bucket the latent grid cannot
+    tile, is an error naming ``params.height``."""
+    lo, hi = buckets.ratio_range
+    ratio = height / width
+    if not lo - 1e-9 <= ratio <= hi + 1e-9:
+        raise InvalidRequest("params.height", f"{width}x{height} (height/width {ratio:.3f}) is outside the model's "
+                                              f"resolution buckets (height/width from {lo:.3f} to {hi:.3f})")
+    bucket = buckets.nearest(height, width)
+    if bucket.height % factor or bucket.width % factor:
+        raise InvalidRequest("params.height", f"{width}x{height} snaps to bucket {bucket.width}x{bucket.height}, "
+                                              f"which is not a multiple of {factor}; this checkpoint's base size "
+                                              f"{buckets.base_size} supports only buckets divisible by {factor}")
+    return bucket
+
+
+def parse_kv_mode(value: Any) -> str:
+    """The deployment's diffusion-KV mode. Unknown values list the valid ones; the reserved worker-local
+    mode is rejected as not implemented."""
+    text = getattr(value, "value", value)
+    if text is None:
+        return "dense_legacy"
+    if not isinstance(text, str) or text not in KV_MODES:
+        raise ConfigError("kv_mode", f"Unsupported Diffusion KV diffusion_kv_mode {text!r}; expected one of: "
+                                     f"{', '.join(KV_MODES)}")
+    if text == KV_MODE_RESERVED:
+        raise UnsupportedFeature("kv_mode", f"{KV_MODE_RESERVED!r} is reserved but not implemented; use "
+                                            "'dense_legacy' or 'paged_scheduler'")
+    return text
