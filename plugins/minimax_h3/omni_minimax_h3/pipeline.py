@@ -1,0 +1,433 @@
+"""``MiniMaxH3Pipeline``: the omnicore pipeline protocol for MiniMax-H3 (models.md §1.3–§1.5).
+
+Per batch (requests of any size and task of one partition, with equal step counts and shifts): ``encode`` presents
+and encodes every prompt (Qwen3-VL, layer-50 readout), encodes the keyframes / references with the VAEs, draws the
+noise, lays out each output's packed document, lets the DiT prepare it once (RoPE table, refined text) and packs all
+of them into one :class:`BatchPlan`; it also computes every step's distinct timesteps on the host (the schedule is
+known up front). ``predict`` is one DiT forward for the whole batch; ``update`` an Euler step of the generated rows
+(conditioning rows keep their noised anchors); ``decode`` unpacks and runs the video and audio VAEs into an
+``Output`` with 24 fps frames and a 32 kHz stereo waveform.
+
+Noise convention (the peer's, diffusers' ``MiniMaxH3ModularPipeline``): one CPU float32 generator per output seeded
+with its seed, drawn in the order: one conditioning noise per keyframe / visual reference (its latent's shape),
+then the video noise ``[1, 24, T, H/16, W/16]``, then the audio noise directly as rows ``[2·T_a, 32]``. The official
+implementation instead seeds a separate generator per condition and draws the condition noise over a longer
+latent; everything after the initial noise (anchors at t = 0.999, schedules, updates) is the same in both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from omnicore.cache.adaln_schedule import STATE_STEP_KEY, schedule_key
+from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
+from omnicore.engine.request import GenerationRequest
+from omnicore.errors import InvalidRequest, PluginError
+from omnicore.outputs.output import Output
+from omnicore.specs import AttentionRequirement
+
+from . import packing
+from .conditions import fit_keyframe, fit_reference_image, stereo_at, to_rgb
+from .plugin import MODEL_SPEC
+from .request_rules import SAMPLE_RATE, Deployment, MediaSummary, ResolvedRequest, resolve_request
+from .scheduler import euler_step, paired_sigmas, timesteps
+from .text_encoder import H3TextEncoder
+from .vae import H3AudioVAE, H3VideoVAE
+
+logger = logging.getLogger("omni_minimax_h3")
+
+CONDITION_VIDEO_T = 0.999  # keyframe / visual reference anchors are held just short of clean
+CONDITION_AUDIO_T = 1.0  # reference audio stays clean
+FPS = 24.0
+
+
+@attrs.define(eq=False)
+class Item:
+    """One output of one request inside a batch."""
+
+    request_index: int
+    output_index: int
+    seed: int
+    resolved: ResolvedRequest
+    layout: Any  # the DiT's RequestLayout
+    video_rows: int
+    audio_rows: int
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PluginError("minimax_h3", f"{path.parent}: missing {path.name}") from None
+    except ValueError as exc:
+        raise PluginError("minimax_h3", f"{path}: not valid JSON ({exc})") from None
+
+
+def component_root(path: Path) -> Path:
+    """Where the shared components live: the repository itself (diffusers layout) or its ``FL2VA/`` partition
+    (official layout; a Ref2VA-only download keeps them under ``Ref2VA/``)."""
+    for sub in ("FL2VA", "Ref2VA"):
+        if (path / sub / "model_index.json").is_file() and not (path / "model_index.json").is_file():
+            return path / sub
+    return path
+
+
+class MiniMaxH3Pipeline(BasePipeline):
+    """Loads a MiniMax-H3 repository (either partition or both) and generates video with sound."""
+
+    spec = MODEL_SPEC
+
+    def __init__(self, transformers: dict[str, Any], text_encoder: H3TextEncoder, video_vae: H3VideoVAE,
+                 audio_vae: H3AudioVAE, deployment: Deployment, *, device: Any, dtype: torch.dtype,
+                 reference_short_edge: int = 2048, path: Path | None = None) -> None:
+        if not transformers:
+            raise PluginError("minimax_h3", "no transformer partition loaded")
+        self.transformers = transformers  # "fl2va" / "ref2va" -> MiniMaxH3DiT
+        # attribute names too, so dotted paths (block loops, offload) reach them
+        self.transformer = transformers.get("fl2va")
+        self.transformer_ref = transformers.get("ref2va")
+        self.text_encoder = text_encoder
+        self.video_vae = video_vae
+        self.audio_vae = audio_vae
+        self.deployment = deployment
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.reference_short_edge = reference_short_edge
+        self.path = path
+
+    # ------------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: Path | str, options: LoadOptions) -> MiniMaxH3Pipeline:
+        from .loader import load_transformer, read_transformer_config, transformer_dirs
+
+        root = Path(path)
+        shared = component_root(root)
+        meta = _read_json(shared / "model_index.json").get("_minimax_h3") or {}
+        dirs = transformer_dirs(root)
+        if not dirs:
+            raise PluginError("minimax_h3", f"{root}: no transformer/ or transformer_ref/ (nor FL2VA/ / Ref2VA/) "
+                                            f"partition")
+        vae_dir = shared / "vae" if (shared / "vae").is_dir() else shared / "video_vae"
+        for folder in (shared / "text_encoder", vae_dir, shared / "audio_vae"):
+            if not folder.is_dir():
+                raise PluginError("minimax_h3", f"{root}: missing the {folder.name}/ folder")
+        device = options.platform.device()
+        dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
+        ops = getattr(options.platform, "ops", None)
+        transformers = {}
+        for part, folder in sorted(dirs.items()):
+            attention = None
+            if options.attention is not None:
+                cfg = read_transformer_config(folder)
+                attention = options.attention(AttentionRequirement(
+                    platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=cfg.attention_head_dim,
+                    packed_varlen=True, packed_mask_free=True))
+            transformers[part] = load_transformer(folder, device=device, dtype=dtype, attention=attention, ops=ops)
+        shifts = meta.get("sigma_shift_scales") or {}
+        deployment = Deployment(
+            partitions=tuple(sorted(transformers)),
+            canvas_short_edge=int(meta.get("canvas_short_edge", 768)),
+            canvas_max_pixels=int(meta.get("canvas_max_pixels", 768 * 1344)),
+            video_shift=float(shifts.get("video", 12.0)), audio_shift=float(shifts.get("audio", 3.0)),
+        )
+        tokenizer_dir = shared / "tokenizer" if (shared / "tokenizer").is_dir() else shared / "processor"
+        text_encoder = H3TextEncoder.from_pretrained(
+            shared / "text_encoder", tokenizer_dir, shared / "processor", device=device, dtype=dtype,
+            layer=int(meta.get("text_encoder_layer", 50)))
+        return cls(transformers, text_encoder, H3VideoVAE.from_pretrained(vae_dir, device=device),
+                   H3AudioVAE.from_pretrained(shared / "audio_vae", device=device), deployment, device=device,
+                   dtype=dtype, reference_short_edge=int(meta.get("reference_image_short_edge", 2048)), path=root)
+
+    @property
+    def partition(self) -> str:
+        """``"fl2va"``, ``"ref2va"`` or ``"combined"``."""
+        parts = self.deployment.partitions
+        return parts[0] if len(parts) == 1 else "combined"
+
+    # ------------------------------------------------------------------------------------------ admission
+    @staticmethod
+    def _load_media(request: GenerationRequest) -> tuple[list[Any], list[MediaSummary]]:
+        loaded, summaries = [], []
+        for i, m in enumerate(request.inputs):
+            try:
+                data = m.load()
+            except InvalidRequest:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any decoder failure is the client's media
+                raise InvalidRequest(f"inputs[{i}].data", f"cannot read the {m.kind}: {exc}") from None
+            if m.kind == "image":
+                data = to_rgb(data)
+                summaries.append(MediaSummary(m.kind, m.role, size=data.size))
+            elif m.kind == "video":
+                summaries.append(MediaSummary(m.kind, m.role, size=(data.frames.shape[2], data.frames.shape[1]),
+                                              duration_s=data.duration_s))
+            else:
+                summaries.append(MediaSummary(m.kind, m.role,
+                                              duration_s=data.waveform.shape[1] / float(data.sample_rate)))
+            loaded.append(data)
+        return loaded, summaries
+
+    def preprocess(self, request: GenerationRequest) -> GenerationRequest:
+        """Apply every request rule once (task inference, canvas, frames, references), decode the media."""
+        if request.prepared:
+            return request
+        media, summaries = self._load_media(request)
+        resolved = resolve_request(prompt=request.prompt, negative_prompt=request.negative_prompt,
+                                   params=request.params, extra=request.extra, media=summaries,
+                                   deployment=self.deployment)
+        for i, m in enumerate(media):
+            if summaries[i].kind == "video":
+                raise InvalidRequest(f"inputs[{i}]", "video references are not supported by this build yet; "
+                                                     "use image and audio references")
+        seed = request.params.seed if request.params.seed is not None else 42
+        params = request.params.with_defaults(
+            self.spec.defaults, height=resolved.height, width=resolved.width, num_frames=resolved.num_frames,
+            fps=FPS, num_inference_steps=resolved.steps, flow_shift=resolved.video_shift, guidance_scale=1.0,
+            seed=seed, output_type="video")
+        extra = {"h3": resolved, "media": tuple(media)}
+        return request.evolve(params=params, extra=extra, prepared=True)
+
+    def batch_key(self, request: GenerationRequest) -> Hashable:
+        """Sizes, frame counts and tasks may differ inside a batch (each output is its own packed document);
+        the DiT (partition), the step count and both shifts may not."""
+        r: ResolvedRequest = request.extra["h3"]
+        return ("minimax-h3", r.partition, r.steps, r.video_shift, r.audio_shift, request.quality)
+
+    # ------------------------------------------------------------------------------------------ encode
+    def _conditions(self, request: GenerationRequest) -> dict[str, Any]:
+        """Per request (shared by its outputs): text rows and tags, conditioning latents, reference audio rows
+        and the reference blocks of the layout."""
+        r: ResolvedRequest = request.extra["h3"]
+        media = request.extra["media"]
+        items: list[tuple[str, Any]] = []
+        visual: list[torch.Tensor] = []
+        ref_audio: list[torch.Tensor] = []
+        blocks: list[packing.ReferenceBlock] = []
+        if r.task == "fl2va":
+            for k, (index, _anchor) in enumerate(r.keyframes):
+                image = fit_keyframe(media[index], r.height, r.width, index=k)
+                items.append((f"<Picture {k + 1}>: ", image))
+                visual.append(self.video_vae.encode_condition(np.asarray(image)[None]))
+        elif r.task == "ref2va":
+            counts = {"image": 0, "audio": 0}
+            for index in r.references:
+                data = media[index]
+                if request.inputs[index].kind == "image":
+                    counts["image"] += 1
+                    image = fit_reference_image(data, self.reference_short_edge)
+                    items.append((f"<Picture {counts['image']}>: ", image))
+                    latents = self.video_vae.encode_condition(np.asarray(image)[None])
+                    visual.append(latents)
+                    blocks.append(packing.ReferenceBlock("image", tuple(latents.shape[2:5])))
+                else:
+                    counts["audio"] += 1
+                    items.append((f"<Audio {counts['audio']}>: ", None))
+                    wave = stereo_at(data.waveform, int(data.sample_rate), self.audio_vae.sample_rate,
+                                     r.num_frames / FPS)
+                    rows = self.audio_vae.encode_rows(wave)
+                    ref_audio.append(rows)
+                    blocks.append(packing.ReferenceBlock("audio", None, rows.shape[0] // packing.AUDIO_CHANNELS))
+        embeds, tags = self.text_encoder.encode(r.prompt, items)
+        return {"embeds": embeds, "tags": tags, "visual": visual, "ref_audio": ref_audio, "blocks": blocks}
+
+    def _layout(self, r: ResolvedRequest, cond: dict[str, Any], patch: tuple[int, int, int]) -> packing.Layout:
+        lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
+        if r.task == "ref2va":
+            return packing.reference_layout(cond["tags"], cond["blocks"], r.num_latent_frames, lh, lw,
+                                            r.num_audio_latents, patch)
+        return packing.keyframe_layout(cond["tags"], r.num_latent_frames, lh, lw, r.num_audio_latents,
+                                       [a for _, a in r.keyframes], patch)
+
+    def _noise_rows(self, r: ResolvedRequest, seed: int, cond: dict[str, Any], patch: tuple[int, int, int]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Video and audio rows of one output: noised anchors then generated rows (see the module docstring)."""
+        gen = torch.Generator("cpu").manual_seed(seed)
+        aug = torch.tensor(CONDITION_VIDEO_T, dtype=torch.float32)
+        anchors = []
+        for latents in cond["visual"]:
+            noise = torch.randn(latents.shape, generator=gen, dtype=torch.float32)
+            anchors.append(packing.patchify(aug * latents + (1.0 - aug) * noise, patch))
+        lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
+        video = torch.randn((1, self.video_vae.latent_channels, r.num_latent_frames, lh, lw), generator=gen,
+                            dtype=torch.float32)
+        audio = torch.randn((packing.AUDIO_CHANNELS * r.num_audio_latents, self.audio_vae.latent_channels),
+                            generator=gen, dtype=torch.float32)
+        video_rows = torch.cat(anchors + [packing.patchify(video, patch)])
+        audio_rows = torch.cat(list(cond["ref_audio"]) + [audio])
+        return video_rows, audio_rows
+
+    @torch.no_grad()
+    def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
+        from .transformer.layout import RequestLayout
+
+        reqs = list(requests)
+        if not reqs:
+            raise ValueError("encode() needs at least one request")
+        if not all(r.prepared for r in reqs):
+            raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
+        if len({self.batch_key(r) for r in reqs}) != 1:
+            raise ValueError("requests in one batch must share a batch key")
+        first: ResolvedRequest = reqs[0].extra["h3"]
+        dit = self.transformers[first.partition]
+        patch = tuple(dit.config.patch_size)
+        items: list[Item] = []
+        plans, video, audio = [], [], []
+        for ri, request in enumerate(reqs):
+            r: ResolvedRequest = request.extra["h3"]
+            cond = self._conditions(request)
+            lay = self._layout(r, cond, patch)
+            try:
+                layout = RequestLayout.build(lay.position_ids, lay.token_tags, lay.video_indices, lay.audio_indices,
+                                             lay.text_indices, lay.num_condition_video_rows,
+                                             lay.num_condition_audio_rows, pad_seq_len=r.pad_seq_len)
+            except ValueError as exc:
+                raise InvalidRequest("extra.pad_seq_len", str(exc)) from None
+            plan = dit.prepare_request(layout, cond["embeds"])
+            for oi in range(r.num_outputs):
+                seed = int(request.params.seed) + oi
+                v, a = self._noise_rows(r, seed, cond, patch)
+                items.append(Item(ri, oi, seed, r, layout, v.shape[0], a.shape[0]))
+                plans.append(plan)
+                video.append(v)
+                audio.append(a)
+        sig_v, sig_a = paired_sigmas(first.steps, first.video_shift, first.audio_shift)
+        extras: dict[str, Any] = {"items": items, "partition": first.partition, "sigmas": (sig_v, sig_a),
+                                  "t": (timesteps(sig_v), timesteps(sig_a))}
+        self._set_batch(extras, dit, plans)
+        latents = (torch.cat(video).to(self.device), torch.cat(audio).to(self.device))
+        return DenoiseState(requests=reqs, num_steps=int(sig_v.numel()) - 1, latents=latents,
+                            timesteps=extras["t"][0], extras=extras)
+
+    def _set_batch(self, extras: dict[str, Any], dit: Any, plans: Sequence[Any]) -> None:
+        """(Re)build the packed batch, its per-step timestep tables and the generated-row indices."""
+        items: list[Item] = extras["items"]
+        batch = dit.pack(plans)
+        t_v, t_a = extras["t"]
+        n = len(items)
+        steps = [batch.step_timesteps([float(t_v[s])] * n, [float(t_a[s])] * n, CONDITION_VIDEO_T,
+                                      CONDITION_AUDIO_T) for s in range(t_v.numel())]
+        vt, at, vo, ao = [], [], 0, 0
+        for it in items:
+            vt.append(torch.arange(vo + it.layout.num_condition_video_rows, vo + it.video_rows))
+            at.append(torch.arange(ao + it.layout.num_condition_audio_rows, ao + it.audio_rows))
+            vo, ao = vo + it.video_rows, ao + it.audio_rows
+        extras.update(batch=batch, plans=list(plans), steps=steps, adaln_key=schedule_key(steps),
+                      video_target=torch.cat(vt).to(self.device), audio_target=torch.cat(at).to(self.device))
+        extras.pop("adaln_schedule", None)  # a new batch composition may have new unique timesteps: re-prepare
+
+    def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
+        """Drop cancelled requests: keep their outputs' rows and plans, re-pack the survivors."""
+        keep = list(keep)
+        if not keep:
+            return None
+        ex = state.extras
+        items: list[Item] = ex["items"]
+        video_parts = list(state.latents[0].split([it.video_rows for it in items]))
+        audio_parts = list(state.latents[1].split([it.audio_rows for it in items]))
+        chosen = [i for i, it in enumerate(items) if it.request_index in keep]
+        remap = {old: new for new, old in enumerate(keep)}
+        ex["items"] = [attrs.evolve(items[i], request_index=remap[items[i].request_index]) for i in chosen]
+        plans = [ex["plans"][i] for i in chosen]
+        state.requests = [state.requests[i] for i in keep]
+        state.latents = (torch.cat([video_parts[i] for i in chosen]), torch.cat([audio_parts[i] for i in chosen]))
+        self._set_batch(ex, self.transformers[ex["partition"]], plans)
+        return state
+
+    # ------------------------------------------------------------------------------------------ denoise
+    def dit_for(self, state: DenoiseState) -> Any:
+        return self.transformers[state.extras["partition"]]
+
+    @torch.no_grad()
+    def predict(self, state: DenoiseState, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity rows ``(video, audio)`` of every output in the batch: one DiT forward."""
+        ex = state.extras
+        ts = ex["steps"][step]
+        kwargs: dict[str, Any] = {}
+        if STATE_STEP_KEY in ex:
+            kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]
+        video, audio = state.latents
+        v, a = self.dit_for(state)(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices, **kwargs)
+        return v.float(), a.float()
+
+    @torch.no_grad()
+    def update(self, state: DenoiseState, step: int, prediction: Any) -> DenoiseState:
+        """Euler on the generated rows only; conditioning / reference rows keep their anchors."""
+        ex = state.extras
+        (sig_v, sig_a), (t_v, t_a) = ex["sigmas"], ex["t"]
+        v, a = prediction
+        video, audio = state.latents
+        vi, ai = ex["video_target"], ex["audio_target"]
+        new_v = euler_step(video.index_select(0, vi), v.index_select(0, vi), t_v[step], sig_v[step], sig_v[step + 1])
+        new_a = euler_step(audio.index_select(0, ai), a.index_select(0, ai), t_a[step], sig_a[step], sig_a[step + 1])
+        state.latents = (video.index_copy(0, vi, new_v), audio.index_copy(0, ai, new_a))
+        state.step_index = step + 1
+        return state
+
+    # ------------------------------------------------------------------------------------------ caches
+    def adaln_schedule_plan(self, state: DenoiseState) -> tuple[list[torch.Tensor], Any]:
+        """The batch's per-step distinct timesteps (known before the loop) and their exact-bits key."""
+        steps = state.extras["steps"]
+        return [s.unique_timesteps for s in steps], state.extras["adaln_key"]
+
+    @property
+    def adaln_schedule(self) -> Any:
+        """The AdaLN controller of the served DiT (a combined deployment's cache follows its FL2VA DiT)."""
+        return self.transformers.get("fl2va", next(iter(self.transformers.values()))).adaln
+
+    @property
+    def block_loop(self) -> Any:
+        from omnicore.blocks import BlockLoop
+
+        name = "transformer" if self.transformer is not None else "transformer_ref"
+        return BlockLoop(blocks=f"{name}.blocks", streams=("x",))
+
+    @property
+    def offload_modules(self) -> dict[str, Any]:
+        """Modules entered through ``forward`` (the DiTs; the text encoder is entered through ``encode``)."""
+        return {f"transformer_{p}": m for p, m in self.transformers.items()}
+
+    @property
+    def teacache_adapter(self) -> Any:
+        """TeaCache with the FL2VA calibration (threshold 0.17); refused for a Ref2VA-only deployment."""
+        from .teacache import make_adapter
+
+        return lambda: make_adapter(self)
+
+    # ------------------------------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode(self, state: DenoiseState) -> list[Output]:
+        """One output per request output, in request order: uint8 frames at 24 fps + 32 kHz stereo audio."""
+        ex = state.extras
+        items: list[Item] = ex["items"]
+        video_parts = state.latents[0].split([it.video_rows for it in items])
+        audio_parts = state.latents[1].split([it.audio_rows for it in items])
+        outputs = []
+        for it, vrows, arows in sorted(zip(items, video_parts, audio_parts),
+                                       key=lambda p: (p[0].request_index, p[0].output_index)):
+            r = it.resolved
+            lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
+            target = vrows[it.layout.num_condition_video_rows:].cpu()
+            latents = packing.unpatchify(target, self.video_vae.latent_channels, r.num_latent_frames, lh, lw,
+                                         tuple(self.transformers[ex["partition"]].config.patch_size))
+            frames = self.video_vae.decode(latents)
+            pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+            audio_latents = packing.audio_rows_to_latents(arows[it.layout.num_condition_audio_rows:].cpu(),
+                                                          r.num_audio_latents)
+            wave = self.audio_vae.decode(audio_latents).cpu().numpy().astype(np.float32)
+            request = state.requests[it.request_index]
+            outputs.append(Output(kind="video", frames=pixels, fps=FPS, audio=wave, sample_rate=SAMPLE_RATE,
+                                  request_id=request.request_id, index=it.output_index, seed=it.seed))
+        return outputs
+

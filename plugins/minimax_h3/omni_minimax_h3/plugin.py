@@ -1,0 +1,92 @@
+"""Entry-point module (``[project.entry-points.omnicore] minimax_h3``): registers the ``minimax-h3`` model spec.
+
+Imported by every omnicore process that lists plugins, so it must stay cheap: no torch, diffusers or transformers
+here — the pipeline and the preset builders are named by lazy ``"module:attr"`` paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omnicore.hookspecs import hookimpl
+from omnicore.specs import InputRole, ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults
+
+__version__ = "0.1.0"
+
+PIPELINE_CLASS = "MiniMaxH3ModularPipeline"
+TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"
+
+#: TeaCache polynomial for the FL2VA DiT (models.md §1.9, seed-contracts §2.1), highest power first.
+TEACACHE_COEFFICIENTS = (2.283704065852778e3, -7.775977277886368e2, 9.408414741359490e1, -4.232669906169421,
+                         2.173782527946167e-1)
+#: The model's calibrated TeaCache threshold (the global default is 0.2).
+TEACACHE_THRESHOLD = 0.17
+
+MODES = ("t2va", "fl2va", "ref2va")
+
+#: Conditioning roles (COORD interface A). The first role taking a kind is that kind's default role, so a bare
+#: ``images=[...]`` is a first keyframe (fl2va) and bare videos/audios are references (ref2va), as §1.1 infers.
+INPUT_ROLES = (
+    InputRole("first_frame", ("image",), 1, "fl2va: the keyframe the video starts from"),
+    InputRole("last_frame", ("image",), 1, "fl2va: the keyframe the video ends on"),
+    InputRole("reference", ("image", "video", "audio"), 12,
+              "ref2va: up to 9 images, 3 videos (with their soundtracks) and 3 audio clips, in the order the model "
+              "reads them"),
+)
+
+CAPABILITIES = ModelCapabilities(
+    modes=MODES,
+    outputs=("video", "audio"),
+    supports_batching=True,  # requests of any size pack into one DiT forward per step (models.md §1.9)
+    max_outputs_per_request=10,
+    cache_methods=("teacache", "adaln_schedule"),
+    needs_packed_varlen=True,
+    inputs=INPUT_ROLES,
+    max_inputs=12,
+    size_multiple_of=32,
+    fps_range=(24.0, 24.0),
+    frame_rule="17n+5",
+)
+
+DEFAULTS = RequestDefaults(
+    height=768, width=1344, num_frames=209, fps=24.0, num_inference_steps=50, guidance_scale=1.0, flow_shift=12.0,
+    negative_prompt=None, seed=42,
+)
+
+#: Tiny presets answer in about a second: 2 denoise steps (one DiT call) unless a request asks for more.
+TINY_DEFAULTS = RequestDefaults(
+    height=64, width=128, num_frames=107, fps=24.0, num_inference_steps=3, guidance_scale=1.0, flow_shift=12.0,
+    negative_prompt=None, seed=42,
+)
+
+PRESETS = (
+    PresetSpec(name="tiny:minimax-h3", builder="omni_minimax_h3.presets:build_tiny_fl2va",
+               description="random-weight FL2VA partition (t2va, fl2va): DiT hidden 64 x 2 blocks, 51-layer "
+                           "hidden-32 Qwen3-VL, tiny video and audio VAEs, 64-pixel canvas",
+               defaults=TINY_DEFAULTS),
+    PresetSpec(name="tiny:minimax-h3-ref2va", builder="omni_minimax_h3.presets:build_tiny_ref2va",
+               description="random-weight Ref2VA partition (ref2va only), same components as tiny:minimax-h3",
+               defaults=TINY_DEFAULTS),
+)
+
+MODEL_SPEC = ModelSpec(
+    name="minimax-h3",
+    impl="omni_minimax_h3.pipeline:MiniMaxH3Pipeline",
+    description="MiniMax-H3 joint video + audio: text (t2va), first/last keyframes (fl2va), references (ref2va)",
+    aliases=(PIPELINE_CLASS.lower(), TRANSFORMER_CLASS.lower(), "minimaxh3pipeline"),
+    detect="omni_minimax_h3.detect:detect",
+    capabilities=CAPABILITIES,
+    defaults=DEFAULTS,
+    presets=PRESETS,
+)
+
+
+def plugin_info() -> dict[str, Any]:
+    return {"kind": "model", "api": ">=1.0,<2", "version": __version__, "models": [MODEL_SPEC.name],
+            "presets": [p.name for p in PRESETS]}
+
+
+@hookimpl
+def omnicore_register_models(register: Callable[[ModelSpec], None]) -> None:
+    register(MODEL_SPEC)

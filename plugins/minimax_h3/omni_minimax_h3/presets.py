@@ -1,0 +1,205 @@
+"""Tiny random-weight MiniMax-H3 repositories in the diffusers layout (models.md §1.10).
+
+``build_tiny_fl2va(dir)`` writes the FL2VA partition (``transformer/``, tasks t2va and fl2va) and
+``build_tiny_ref2va(dir)`` the Ref2VA one (``transformer_ref/``). Both also write ``text_encoder/`` (a Qwen3-VL
+with 51 hidden-32 decoder layers, so that ``hidden_states[50]`` — the layer the release reads — exists and
+diffusers' own pipeline accepts it), ``tokenizer/`` and ``processor/`` (a byte-level tokenizer holding the Qwen
+special tokens and the Qwen2-VL image processor), ``vae/`` (a tiny
+``AutoencoderKLMiniMaxH3``), ``audio_vae/`` (a tiny ``AutoencoderKLMiniMaxH3Audio`` whose decoder upsamples in two
+stages so 4 s decode in a fraction of a second), ``scheduler/`` + ``audio_scheduler/`` (shift 12 / 3) and
+``model_index.json`` whose ``_minimax_h3`` block names the partition and a 64-pixel canvas (the release uses 768).
+
+Every component is what ``save_pretrained`` writes, so the result loads through the normal loader and through
+diffusers' modular pipeline alike. The same seed always gives the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SEED = 20260601
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    "<|video_pad|>",
+)
+#: The release reads hidden_states[50]; one more layer keeps the read pre-norm (and diffusers accepts it).
+TEXT_LAYERS = 51
+TEXT_HIDDEN = 32
+TINY_CANVAS_SHORT_EDGE = 64
+TINY_CANVAS_MAX_PIXELS = 64 * 112
+TINY_REFERENCE_SHORT_EDGE = 64
+
+TINY_DIT: dict[str, Any] = {
+    "num_layers": 2, "num_refiner_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "attention_head_dim": 32,
+    "ffn_dim": 128, "in_channels": 24, "audio_in_channels": 32, "patch_size": [1, 2, 2], "text_dim": TEXT_HIDDEN,
+    "freq_dim": 32, "time_embed_hidden_dim": 64, "time_embed_dim": 32, "rope_freq_dim": 4,
+}
+TINY_VAE: dict[str, Any] = {
+    "block_out_channels": [32] * 6, "layers_per_block": 1, "norm_num_groups": 8, "decoder_num_layers": 1,
+    "decoder_num_attention_heads": 2, "decoder_attention_head_dim": 16,
+}
+#: Smaller than models.md §1.10 suggests (decoder_dim 256 over 7 stages took ~10 s for 4 s of audio on CPU):
+#: a one-stage encoder and a two-stage decoder (40 x 20 = 800 samples per latent, the release's hop) decode 4 s
+#: in ~0.3 s with the same module types.
+TINY_AUDIO_VAE: dict[str, Any] = {
+    "encoder_dim": 8, "encoder_rates": [800], "latent_dim": 32, "latent_channels": 32, "num_attention_heads": 2,
+    "decoder_dim": 4, "decoder_rates": [40, 20], "decoder_kernel_sizes": [80, 40], "resblock_kernel_sizes": [3],
+    "resblock_dilation_sizes": [[1]],
+}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def randomize_(module: torch.nn.Module, seed: int, *, gain: float = 1.0) -> None:
+    """Non-trivial values everywhere (zero-initialised AdaLN projections and gates would hide bugs): matrices
+    ~ N(0, gain²/fan_in), norm weights ~ 1 + N(0, 0.1²), other vectors ~ N(0, 0.1²)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(module.named_parameters()):
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            parts = name.rsplit(".", 2)
+            if param.dim() >= 2:
+                value = gain * noise / math.sqrt(param[0].numel())
+            elif param.dim() == 1 and parts[-1] == "weight" and "norm" in name:
+                value = 1.0 + 0.1 * noise
+            else:
+                value = 0.1 * noise
+            param.copy_(value.to(param.dtype))
+
+
+def build_tokenizer(target: Path) -> dict[str, int]:
+    """A byte-level BPE without merges (any text encodes) plus the Qwen special tokens; returns their ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(QWEN_SPECIAL_TOKENS))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   model_max_length=131072)
+    fast.save_pretrained(str(target))
+    return {t: tok.token_to_id(t) for t in QWEN_SPECIAL_TOKENS} | {"__vocab_size__": tok.get_vocab_size()}
+
+
+def build_processor(tokenizer_dir: Path, processor_dir: Path) -> None:
+    """``processor/``: the tokenizer plus the Qwen2-VL image processor (patch 16, merge 2, temporal patch 2).
+
+    The release ships a full ``Qwen3VLProcessor`` here; transformers only builds one with torchvision installed
+    (its video processor), so the tiny repository carries the parts the image path reads."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(processor_dir))
+    Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
+                             image_std=[0.5] * 3).save_pretrained(str(processor_dir))
+
+
+def build_text_encoder(target: Path, ids: dict[str, int], seed: int) -> None:
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = Qwen3VLConfig(
+        text_config={
+            "hidden_size": TEXT_HIDDEN, "intermediate_size": 64, "num_hidden_layers": TEXT_LAYERS,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": ids["__vocab_size__"],
+            "max_position_embeddings": 65536,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        },
+        vision_config={
+            "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
+            "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": TEXT_HIDDEN,
+            "num_position_embeddings": 64, "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    )
+    torch.manual_seed(seed)
+    Qwen3VLForConditionalGeneration(config).save_pretrained(str(target))
+
+
+def build_transformer(target: Path, seed: int) -> None:
+    """A diffusers ``MiniMaxH3Transformer3DModel`` (tiny, randomised) written with ``save_pretrained``."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    torch.manual_seed(seed)
+    model = MiniMaxH3Transformer3DModel(**TINY_DIT)
+    randomize_(model, seed)
+    model.save_pretrained(str(target))
+
+
+def build_vaes(root: Path, seed: int) -> None:
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+
+    torch.manual_seed(seed)
+    AutoencoderKLMiniMaxH3(**TINY_VAE).save_pretrained(str(root / "vae"))
+    torch.manual_seed(seed + 1)
+    audio = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE,
+                                        latents_mean=[0.0] * 32, latents_std=[1.0] * 32)
+    audio.save_pretrained(str(root / "audio_vae"))
+
+
+def build_tiny(target_dir: str | Path, partitions: tuple[str, ...], seed: int = SEED) -> Path:
+    """Write a complete tiny repository holding ``partitions`` (``"fl2va"`` and/or ``"ref2va"``)."""
+    root = Path(target_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        if "fl2va" in partitions:
+            build_transformer(root / "transformer", seed)
+        if "ref2va" in partitions:
+            build_transformer(root / "transformer_ref", seed + 7)
+        ids = build_tokenizer(root / "tokenizer")
+        build_processor(root / "tokenizer", root / "processor")
+        build_text_encoder(root / "text_encoder", ids, seed + 1)
+        build_vaes(root, seed + 2)
+    for name, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
+        _write_json(root / name / "scheduler_config.json",
+                    {"_class_name": "MiniMaxH3Scheduler", "_diffusers_version": "0.42.1", "shift": shift})
+    index: dict[str, Any] = {
+        "_class_name": "MiniMaxH3ModularPipeline",
+        "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "Qwen3VLForConditionalGeneration"],
+        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "processor": ["transformers", "Qwen3VLProcessor"],
+        "vae": ["diffusers", "AutoencoderKLMiniMaxH3"],
+        "audio_vae": ["diffusers", "AutoencoderKLMiniMaxH3Audio"],
+        "scheduler": ["diffusers", "MiniMaxH3Scheduler"],
+        "audio_scheduler": ["diffusers", "MiniMaxH3Scheduler"],
+        "_minimax_h3": {
+            "partitions": list(partitions),
+            "tasks": [t for p in partitions for t in (("t2va", "fl2va") if p == "fl2va" else ("ref2va",))],
+            "sigma_shift_scales": {"video": 12.0, "audio": 3.0},
+            "canvas_short_edge": TINY_CANVAS_SHORT_EDGE,
+            "canvas_max_pixels": TINY_CANVAS_MAX_PIXELS,
+            "reference_image_short_edge": TINY_REFERENCE_SHORT_EDGE,
+        },
+    }
+    if "fl2va" in partitions:
+        index["transformer"] = ["diffusers", "MiniMaxH3Transformer3DModel"]
+    if "ref2va" in partitions:
+        index["transformer_ref"] = ["diffusers", "MiniMaxH3Transformer3DModel"]
+    _write_json(root / "model_index.json", index)
+    return root
+
+
+def build_tiny_fl2va(target_dir: str | Path) -> Path:
+    """``tiny:minimax-h3``: the FL2VA partition (t2va and fl2va)."""
+    return build_tiny(target_dir, ("fl2va",))
+
+
+def build_tiny_ref2va(target_dir: str | Path) -> Path:
+    """``tiny:minimax-h3-ref2va``: the Ref2VA partition (ref2va only)."""
+    return build_tiny(target_dir, ("ref2va",))
+
+
+def build_tiny_combined(target_dir: str | Path) -> Path:
+    """Both partitions in one repository (the "combined" deployment; used by tests)."""
+    return build_tiny(target_dir, ("fl2va", "ref2va"))

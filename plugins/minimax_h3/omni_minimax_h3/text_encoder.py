@@ -1,0 +1,133 @@
+"""The Qwen3-VL conditioner and MiniMax-H3's prompt presentation (models.md §1.3 steps 1–2).
+
+Presentation: no chat template and no special tokens; the prompt is tokenised verbatim. fl2va prepends, per
+keyframe, the text ``"<Picture i>: "`` and a vision block (``<|vision_start|>``, one ``<|image_pad|>`` per merged
+patch, ``<|vision_end|>``); ref2va labels its references the same way (``"<Audio j>: "`` alone for audio, which
+never reaches the conditioner). Every row carries a modality tag for the DiT's AdaLN: 1 for text, 0 for the rows of
+a vision block.
+
+Readout: the hidden state *after* decoder layer ``layer - 1`` (``hidden_states[layer]`` in transformers' indexing,
+default 50), before the final norm. transformers records ``hidden_states[i]`` with a forward hook on decoder layer
+``i - 1`` (``_can_record_outputs``) and swaps only the *last* entry for the normed state, so with more than
+``layer`` layers index ``layer`` is the raw output of layer ``layer - 1``. We load only the first ``layer`` decoder
+layers (the rest and the final norm never influence the readout) and read that layer's output with the same kind of
+forward hook, which also keeps the reference's order relative to DeepStack (recorded before the visual features are
+added — the release adds them to the first three layers only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_LAYER = 50
+TEXT_TAG, VIDEO_TAG = 1, 0
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+
+
+class H3TextEncoder:
+    """Turns a presentation (prompt + labelled images) into DiT text rows ``[L, text_dim]`` and their tags."""
+
+    def __init__(self, model: Any, tokenizer: Any, image_processor: Any, layer: int = DEFAULT_LAYER) -> None:
+        self.model = model  # transformers Qwen3VLModel (the generation wrapper's .model)
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.layer = layer
+        layers = model.language_model.layers
+        if len(layers) < layer:
+            raise ValueError(f"the text encoder has {len(layers)} decoder layers; MiniMax-H3 reads the output of "
+                             f"layer {layer - 1}")
+        self.readout = layers[layer - 1]
+        self.merge = int(getattr(image_processor, "merge_size", 2)) ** 2
+        self.image_token_id = int(model.config.image_token_id)
+        self.video_token_id = int(model.config.video_token_id)
+        self._ids = {t: int(tokenizer.convert_tokens_to_ids(t)) for t in (VISION_START, VISION_END, IMAGE_PAD)}
+
+    @classmethod
+    def from_pretrained(cls, text_encoder_dir: Path, tokenizer_dir: Path, processor_dir: Path, *, device: Any,
+                        dtype: torch.dtype, layer: int = DEFAULT_LAYER) -> H3TextEncoder:
+        """Load the conditioner with only its first ``layer`` decoder layers (the later ones' weights are skipped)."""
+        from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+        config = Qwen3VLConfig.from_pretrained(str(text_encoder_dir))
+        text = config.text_config
+        if text.num_hidden_layers < layer:
+            raise ValueError(f"{text_encoder_dir}: {text.num_hidden_layers} decoder layers, MiniMax-H3 reads layer "
+                             f"{layer}")
+        text.num_hidden_layers = layer
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types)[:layer]
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the skipped layers are reported as unused weights
+        try:
+            full = Qwen3VLForConditionalGeneration.from_pretrained(str(text_encoder_dir), config=config, dtype=dtype)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        model = full.model.to(device).eval().requires_grad_(False)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        image_processor = AutoImageProcessor.from_pretrained(str(processor_dir))
+        return cls(model, tokenizer, image_processor, layer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------------------ presentation
+    def text_ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def vision_block(self, num_tokens: int) -> list[int]:
+        return [self._ids[VISION_START]] + [self._ids[IMAGE_PAD]] * num_tokens + [self._ids[VISION_END]]
+
+    def presentation(self, prompt: str, labels: Sequence[tuple[str, int | None]]) -> tuple[list[int], list[int]]:
+        """Token ids and modality tags of ``labels`` (each ``(text, vision tokens or None)``) then the prompt."""
+        ids: list[int] = []
+        tags: list[int] = []
+        for text, vision in labels:
+            label = self.text_ids(text)
+            ids += label
+            tags += [TEXT_TAG] * len(label)
+            if vision is not None:
+                block = self.vision_block(vision)
+                ids += block
+                tags += [VIDEO_TAG] * len(block)
+        prompt_ids = self.text_ids(prompt)
+        return ids + prompt_ids, tags + [TEXT_TAG] * len(prompt_ids)
+
+    # ------------------------------------------------------------------------------ encode
+    @torch.no_grad()
+    def encode(self, prompt: str, items: Sequence[tuple[str, Any]] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """``items``: ``(label, PIL image or None)`` in presentation order (None = a label without vision, e.g.
+        ``"<Audio 1>: "``). Returns the text rows ``[L, text_dim]`` (the conditioner's dtype) and int64 tags ``[L]``.
+        All images go through the image processor in one batch, in order."""
+        images = [img for _, img in items if img is not None]
+        vision: dict[str, Any] = {}
+        counts: list[int] = []
+        if images:
+            processed = self.image_processor(images=images, return_tensors="pt")
+            grid = processed["image_grid_thw"]
+            counts = [int(g.prod()) // self.merge for g in grid]
+            vision = {"pixel_values": processed["pixel_values"].to(self.device, self.model.dtype),
+                      "image_grid_thw": grid.to(self.device)}
+        it = iter(counts)
+        labels = [(text, next(it) if img is not None else None) for text, img in items]
+        ids, tags = self.presentation(prompt, labels)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        mm_types = (input_ids == self.image_token_id).long() + 2 * (input_ids == self.video_token_id).long()
+        captured: list[torch.Tensor] = []
+
+        def grab(module: Any, args: Any, output: Any) -> None:
+            captured.append(output[0] if isinstance(output, tuple) else output)
+
+        handle = self.readout.register_forward_hook(grab)
+        try:
+            self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), mm_token_type_ids=mm_types,
+                       use_cache=False, **vision)
+        finally:
+            handle.remove()
+        return captured[-1][0], torch.tensor(tags, dtype=torch.long)

@@ -1,0 +1,124 @@
+"""MiniMax-H3's video and audio VAEs: diffusers' ``AutoencoderKLMiniMaxH3`` / ``AutoencoderKLMiniMaxH3Audio`` with
+the release's conventions around them (models.md §1.3 steps 3, 8; §1.8).
+
+Video: pixels are ImageNet-normalised for the encoder; a condition's posterior is *sampled* under a fresh generator
+seeded 42 (independent of the request), rounded through float16 and normalised ``(z - mean) / std``; decoding undoes
+the normalisation and maps the decoder's ImageNet-normalised output back to [0, 1]. Tiling is on (the release's
+frames are the blended-tile ones). Audio: 32 kHz stereo, the two channels as two batch items of the mono VAE;
+a soundtrack takes the posterior mean; latents are normalised per channel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
+CONDITION_ENCODE_SEED = 42
+
+
+def _load(cls: Any, folder: Path) -> Any:
+    """Build from ``config.json`` and load the safetensors strictly (diffusers' ``from_pretrained`` for these
+    classes needs ``accelerate``: they pin fp32 modules, which rules out ``low_cpu_mem_usage=False``)."""
+    from safetensors.torch import load_file
+
+    from .loader import weight_files
+
+    model = cls.from_config(cls.load_config(str(folder)))
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder):
+        state.update(load_file(str(file)))
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        from .loader import WeightMismatch
+
+        raise WeightMismatch(folder, result.missing_keys, result.unexpected_keys)
+    return model.float()
+
+
+class H3VideoVAE:
+    def __init__(self, vae: Any) -> None:
+        self.vae = vae
+        cfg = vae.config
+        c = int(cfg.latent_channels)
+        self.latent_channels = c
+        self.mean = torch.tensor(list(cfg.latents_mean), dtype=torch.float32).view(1, c, 1, 1, 1)
+        self.std = torch.tensor(list(cfg.latents_std), dtype=torch.float32).view(1, c, 1, 1, 1)
+        self.spatial_ratio = int(vae.spatial_compression_ratio)
+
+    @classmethod
+    def from_pretrained(cls, folder: Path, *, device: Any) -> H3VideoVAE:
+        from diffusers import AutoencoderKLMiniMaxH3
+
+        return cls(_load(AutoencoderKLMiniMaxH3, folder).to(device).eval().requires_grad_(False))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.vae.parameters()).device
+
+    @torch.no_grad()
+    def encode_condition(self, frames: np.ndarray) -> torch.Tensor:
+        """uint8 ``[F, H, W, 3]`` (F = 1 for a keyframe or an image reference) -> normalised latents
+        ``[1, C, t, H/16, W/16]`` float32 on the CPU."""
+        dev = self.device
+        pixels = torch.from_numpy(np.ascontiguousarray(frames)).to(dev).permute(3, 0, 1, 2)[None]
+        mean = torch.tensor(PIXEL_MEAN, device=dev).view(1, 3, 1, 1, 1)
+        std = torch.tensor(PIXEL_STD, device=dev).view(1, 3, 1, 1, 1)
+        pixels = (pixels.to(torch.float32) / 255.0 - mean) / std
+        posterior = self.vae.encode(pixels, return_dict=False)[0]
+        z = posterior.sample(generator=torch.Generator().manual_seed(CONDITION_ENCODE_SEED))
+        z = z.to(torch.float16).float().cpu()
+        return (z - self.mean) / self.std
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised ``[1, C, t, h, w]`` -> frames ``[F, H, W, 3]`` float32 in [0, 1]."""
+        dev = self.device
+        z = latents.to(dev, torch.float32) * self.std.to(dev) + self.mean.to(dev)
+        video = self.vae.decode(z, return_dict=False)[0].float()
+        mean = torch.tensor(PIXEL_MEAN, device=dev).view(1, 3, 1, 1, 1)
+        std = torch.tensor(PIXEL_STD, device=dev).view(1, 3, 1, 1, 1)
+        video = (video * std + mean).clamp(0, 1)
+        return video[0].permute(1, 2, 3, 0).contiguous()
+
+
+class H3AudioVAE:
+    def __init__(self, vae: Any) -> None:
+        self.vae = vae
+        cfg = vae.config
+        c = int(cfg.latent_channels)
+        self.latent_channels = c
+        mean = cfg.latents_mean if cfg.latents_mean is not None else [0.0] * c
+        std = cfg.latents_std if cfg.latents_std is not None else [1.0] * c
+        self.mean = torch.tensor(list(mean), dtype=torch.float32)
+        self.std = torch.tensor(list(std), dtype=torch.float32)
+        self.sample_rate = int(cfg.sampling_rate)
+        self.hop = int(vae.hop_length)
+
+    @classmethod
+    def from_pretrained(cls, folder: Path, *, device: Any) -> H3AudioVAE:
+        from diffusers import AutoencoderKLMiniMaxH3Audio
+
+        return cls(_load(AutoencoderKLMiniMaxH3Audio, folder).to(device).eval().requires_grad_(False))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.vae.parameters()).device
+
+    @torch.no_grad()
+    def encode_rows(self, waveform: torch.Tensor) -> torch.Tensor:
+        """Stereo ``[2, N]`` at the VAE's rate -> normalised channel-major rows ``[2·T, C]`` (posterior mean)."""
+        posterior = self.vae.encode(waveform.to(self.device, torch.float32)[:, None], return_dict=False)[0]
+        z = posterior.mode().float().cpu().transpose(1, 2)  # [2, T, C]
+        return ((z - self.mean.view(1, 1, -1)) / self.std.view(1, 1, -1)).reshape(-1, self.latent_channels)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised ``[2, C, T]`` -> waveform ``[2, T·hop]`` float32."""
+        dev = self.device
+        z = latents.to(dev, torch.float32) * self.std.to(dev).view(1, -1, 1) + self.mean.to(dev).view(1, -1, 1)
+        return self.vae.decode(z, return_dict=False)[0].float()[:, 0]
