@@ -32,6 +32,7 @@ from omnicore.specs import AttentionRequirement
 from .image_condition import align_image, apply_clean_prefix, load_image
 from .loader import CheckpointError, load_transformer, read_json
 from .plugin import MODEL_SPEC
+from .prompts import PromptTexts, load_prompt_texts
 from .refiner import refiner_sigmas, start_latents
 from .request_rules import resolve_request
 from .scheduler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
@@ -64,7 +65,7 @@ class LingBotPipeline(BasePipeline):
 
     def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
                  scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
-                 path: Path | None = None, refiner: Any = None) -> None:
+                 path: Path | None = None, refiner: Any = None, prompts: PromptTexts | None = None) -> None:
         self.transformer = transformer
         self.refiner = refiner  # the MoE package's refiner DiT, or None
         self.text_encoder = text_encoder
@@ -73,6 +74,7 @@ class LingBotPipeline(BasePipeline):
         self.device = device
         self.dtype = dtype
         self.path = path
+        self.prompts = prompts if prompts is not None else PromptTexts()  # template + default negative prompts
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -105,12 +107,14 @@ class LingBotPipeline(BasePipeline):
                 if mine != base:
                     raise CheckpointError(root / "refiner", f"refiner {key} {mine} differs from the transformer's "
                                                             f"{base}; the two stages share text and latents")
+        # model options first, then files in the checkpoint, then built-in texts (omni_lingbot.prompts)
+        prompts = load_prompt_texts(root, getattr(options, "model_options", None))
         text_encoder = LingBotTextEncoder.from_pretrained(root / "text_encoder", root / "processor",
-                                                          device=device, dtype=dtype)
+                                                          device=device, dtype=dtype, template=prompts.template)
         vae = LingBotVAE.from_pretrained(root / "vae", device=device)
         scheduler_config = read_scheduler_config(root / "scheduler" / "scheduler_config.json")
         return cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
-                   refiner=refiner)
+                   refiner=refiner, prompts=prompts)
 
     # ------------------------------------------------------------------------------------------ admission
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:
@@ -125,6 +129,9 @@ class LingBotPipeline(BasePipeline):
         if resolved.refiner is not None and self.refiner is None:
             raise InvalidRequest("extra.run_refiner", "this checkpoint has no refiner/ stage (the MoE package "
                                                       "ships one); remove run_refiner")
+        negative = resolved.negative_prompt
+        if request.negative_prompt is None and request.extra.get("negative_prompt") is None:
+            negative = self.prompts.negative_prompt(resolved.mode)  # the deployment's default for this mode
         images = tuple(load_image(img, i) for i, img in enumerate(request.images))
         seed = request.params.seed if request.params.seed is not None else random.randint(0, MAX_SEED)
         params = request.params.with_defaults(
@@ -142,7 +149,7 @@ class LingBotPipeline(BasePipeline):
             "vae_tiling": resolved.vae_tiling,  # VaeTiling or None; applied per request, so not in the batch key
         }
         return request.evolve(
-            prompt=resolved.caption, negative_prompt=resolved.negative_prompt, images=images, params=params,
+            prompt=resolved.caption, negative_prompt=negative, images=images, params=params,
             modalities=("image",) if resolved.mode == "t2i" else ("video",), extra=extra, prepared=True,
         )
 
@@ -319,7 +326,8 @@ class LingBotPipeline(BasePipeline):
         if ex["clean"] is not None:
             apply_clean_prefix(latents, ex["clean"])
         n = latents.shape[0]
-        t = model_timestep(state.timesteps[step]).to(self.device).expand(n)
+        # the reference rounds the DiT's timestep input per weight dtype (bf16/fp16: sigma and the product)
+        t = model_timestep(state.timesteps[step], self.dtype).to(self.device).expand(n)
         refining = ex.get("phase") == "refiner"
         if not ex["use_cfg"]:
             return self._forward(ex, "cond", latents, t, ex["cond"], refining)
@@ -352,7 +360,7 @@ class LingBotPipeline(BasePipeline):
         ex["scheduler"] = ex.pop("refiner_scheduler")
         ex["guidance"] = float(options.guidance_scale)
         ex["use_cfg"] = options.guidance_scale > 1.0
-        ex["batch_cfg"] = bool(first.extra["batch_cfg"]) and ex["use_cfg"]
+        ex["batch_cfg"] = options.batch_cfg and ex["use_cfg"]  # the refiner's own switch (refiner_batch_cfg)
         uncond: list[torch.Tensor] = []
         if ex["use_cfg"]:
             uncond = ([torch.zeros_like(row) for row in ex["cond_rows"]] if options.null_cond_clone_zero
@@ -363,7 +371,8 @@ class LingBotPipeline(BasePipeline):
     @torch.no_grad()
     def decode(self, state: DenoiseState) -> list[Output]:
         """One output per request: an image (one frame) for T2I, else a video at the request's fps (the refiner's
-        ``sample_fps`` after a refiner stage, whose frames also have the refiner's size)."""
+        ``output_fps`` — by default its ``sample_fps`` — after a refiner stage, whose frames also have the
+        refiner's size)."""
         outputs = []
         image = state.extras["mode"] == "t2i"
         for i, request in enumerate(state.requests):
@@ -371,7 +380,7 @@ class LingBotPipeline(BasePipeline):
                 frames = self.vae.decode(state.latents[i: i + 1])[0]  # [F, H, W, 3] in [0, 1]
             pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             refiner = request.extra.get("refiner")
-            fps = None if image else refiner.sample_fps if refiner is not None else request.params.fps
+            fps = None if image else refiner.fps if refiner is not None else request.params.fps
             outputs.append(Output(
                 kind="image" if image else "video", frames=pixels, fps=fps,
                 request_id=request.request_id, index=0, seed=request.params.seed,

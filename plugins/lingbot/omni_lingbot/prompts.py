@@ -1,14 +1,29 @@
 """Prompt texts: the chat template the text encoder sees and the default negative prompts (models.md §2.1, §2.3).
 
 The template wraps the caption in a Qwen chat turn; ``crop_start`` (the token count of everything before the
-caption) is cut from the encoder output so the DiT only sees the user turn. The system wording and the default
-negative prompts are our own texts; a real checkpoint may want its upstream system text, which is why the
-template is a parameter of :class:`omni_lingbot.text_encoder.LingBotTextEncoder` rather than hard-wired there.
+caption) is cut from the encoder output so the DiT only sees the user turn. The built-in system wording and
+default negative prompts are our own texts, *not* the ones the checkpoint was trained with; a deployment supplies
+the trained ones (:func:`load_prompt_texts`), first match wins:
+
+1. the model options ``prompt_template``, ``negative_prompt``, ``negative_prompt_image`` (``--model-option
+   KEY=VALUE``; a value ``@PATH`` is read from that file);
+2. files in the checkpoint directory: ``prompt_template.txt``, ``default_negative_prompt.json`` (or ``.txt``)
+   for video modes, ``default_negative_prompt_image.json`` (or ``.txt``) for text-to-image;
+3. the built-in texts below.
+
+A file's text is used as is (surrounding whitespace stripped): a JSON negative prompt reaches the encoder
+exactly as written in the file. A template must hold exactly one ``{}`` caption slot.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from omnicore.errors import ConfigError
 
 SYSTEM_TEXT = (
     "Enhanced prompt: read the structured description of a scene and picture its subjects, their look, "
@@ -63,3 +78,62 @@ def build_prompt(caption: str, *, with_image: bool, template: str = PROMPT_TEMPL
     """The full text for one encoder row (image placeholder not yet expanded)."""
     prefix, suffix = split_template(template)
     return prefix + (IMAGE_PROMPT_PREFIX if with_image else "") + caption + suffix
+
+
+#: model option -> checkpoint files that provide it (first existing wins)
+PROMPT_FILES: dict[str, tuple[str, ...]] = {
+    "prompt_template": ("prompt_template.txt",),
+    "negative_prompt": ("default_negative_prompt.json", "default_negative_prompt.txt"),
+    "negative_prompt_image": ("default_negative_prompt_image.json", "default_negative_prompt_image.txt"),
+}
+
+
+@attrs.frozen
+class PromptTexts:
+    """The template and default negative prompts one loaded model uses, and where each came from."""
+
+    template: str = PROMPT_TEMPLATE
+    negative_video: str = DEFAULT_NEGATIVE_PROMPT_VIDEO
+    negative_image: str = DEFAULT_NEGATIVE_PROMPT_IMAGE
+    sources: Mapping[str, str] = attrs.field(factory=dict)  # option name -> "option" | file path | "built-in"
+
+    def negative_prompt(self, mode: str) -> str:
+        """The default negative prompt of ``mode`` (text-to-image has its own, without motion terms)."""
+        return self.negative_image if mode == "t2i" else self.negative_video
+
+
+def _read_text(path: Path, option: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model_options.{option}", f"cannot read {path}: {exc}") from None
+
+
+def load_prompt_texts(root: Path | None, options: Mapping[str, Any] | None = None) -> PromptTexts:
+    """Resolve the prompt texts of a deployment: model option, then checkpoint file, then built-in."""
+    options = options or {}
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for name, files in PROMPT_FILES.items():
+        value = options.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise ConfigError(f"model_options.{name}", f"must be a string, got {type(value).__name__}")
+            if value.startswith("@"):
+                values[name], sources[name] = _read_text(Path(value[1:]).expanduser(), name), value[1:]
+            else:
+                values[name], sources[name] = value, "option"
+            continue
+        found = next((root / f for f in files if root is not None and (root / f).is_file()), None)
+        if found is not None:
+            values[name], sources[name] = _read_text(found, name), str(found)
+        else:
+            sources[name] = "built-in"
+    template = values.get("prompt_template", PROMPT_TEMPLATE)
+    if template.count("{}") != 1:
+        raise ConfigError("model_options.prompt_template",
+                          f"needs exactly one '{{}}' caption slot (from {sources['prompt_template']})")
+    return PromptTexts(template=template,
+                       negative_video=values.get("negative_prompt", DEFAULT_NEGATIVE_PROMPT_VIDEO),
+                       negative_image=values.get("negative_prompt_image", DEFAULT_NEGATIVE_PROMPT_IMAGE),
+                       sources=sources)

@@ -1,6 +1,6 @@
 """The MoE package's refiner stage (models.md §2.3 step 7): from a decoded base video to the refiner's start latents.
 
-Per request: decode the base latents → pick frames at ``sample_fps`` → bicubic resize to the refiner size → VAE
+Per request: decode the base latents → pick frames at ``sample_fps`` (at most ``max_video_frames``) → bicubic resize to the refiner size → VAE
 encode (posterior sampled) → for TI2V, the clean first latent frame from the original reference image → mix with
 noise at the refiner's starting sigma ``t``: ``x = (1 - t) * x_up + t * noise``. The refiner DiT then denoises
 along :func:`refiner_sigmas` (the low-noise schedule of §2.5).
@@ -45,18 +45,19 @@ def refiner_sigmas(options: RefinerOptions) -> np.ndarray:
     return low_noise_sigmas(options.steps, options.shift, options.t_thresh, options.sigma_tail_steps)
 
 
-def resample_indices(num_frames: int, fps: float, sample_fps: float) -> list[int]:
-    """Base-frame indices of the refiner's clip: ``raw = floor(num_frames * sample_fps / fps)`` frames (at least
-    one), rounded down to ``4k + 1`` for the causal VAE, spread evenly over the base clip (``linspace`` positions
-    rounded half up, so upsampling repeats frames evenly)."""
+def resample_indices(num_frames: int, fps: float, sample_fps: float, max_frames: int | None = None) -> list[int]:
+    """Base-frame indices of the refiner's clip, as the reference budgets it: a clip faster than ``sample_fps``
+    keeps ``raw = int(num_frames / fps * sample_fps)`` frames, a slower one all of them (never upsampled); the
+    count is rounded down to ``4k + 1`` for the causal VAE (at least one), capped at ``max_frames``
+    (``refiner_max_video_frames``), and spread over the clip by ``linspace(0, num_frames - 1, count)`` truncated
+    to integers."""
     if num_frames < 1 or fps <= 0 or sample_fps <= 0:
         raise ValueError(f"need num_frames >= 1 and positive rates, got {num_frames}, {fps}, {sample_fps}")
-    raw = max(1, math.floor(num_frames * sample_fps / fps + 1e-9))
-    count = ((raw - 1) // 4) * 4 + 1
-    if count == 1:
-        return [0]
-    span, gaps = num_frames - 1, count - 1  # position i * span / gaps, rounded half up in exact integers
-    return [(2 * i * span + gaps) // (2 * gaps) for i in range(count)]
+    raw = int(num_frames / fps * sample_fps) if fps > sample_fps else num_frames
+    count = max(((raw - 1) // 4) * 4 + 1, 1)
+    if max_frames is not None and count > max_frames:
+        count = max_frames
+    return [int(i) for i in np.linspace(0, num_frames - 1, count).astype(np.int64)]
 
 
 def resize_video(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -94,7 +95,8 @@ def start_latents(vae: Any, base_latents: torch.Tensor, requests: Sequence[Any],
         generator = torch.Generator(device=device).manual_seed(refiner_seed(p.seed))
         with vae.tiling(request.extra.get("vae_tiling")):
             frames = vae.decode(base_latents[i:i + 1])[0]  # [F, H, W, 3] in [0, 1]
-            index = resample_indices(frames.shape[0], float(p.fps or options.sample_fps), options.sample_fps)
+            index = resample_indices(frames.shape[0], float(p.fps or options.sample_fps), options.sample_fps,
+                                     options.max_video_frames)
             video = resize_video(frames[index], options.height, options.width)
             x_up = vae.encode(video, generator).to(device)
             if request.extra["mode"] == "ti2v":

@@ -151,14 +151,24 @@ def _positive_number(value: Any, field: str, what: str) -> float:
     return float(value)
 
 
+def check_fps(value: Any, field: str = "fps") -> int:
+    """The frame rate, a positive whole number (the reference takes an int fps and rejects others; an integral
+    float such as ``24.0`` from JSON is accepted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidRequest(field, f"fps must be a positive whole number, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise InvalidRequest(field, f"fps must be a whole number of frames per second (LingBot takes an integer "
+                                    f"fps), got {value!r}")
+    return int(value)
+
+
 def frames_from_duration(duration: Any, fps: Any, *, field: str = "duration") -> int:
-    """``ceil(duration × fps)`` rounded up to ``4k + 1``; (4 s, 24 fps) → 97."""
+    """The reference's conversion: ``n = int(duration × fps)`` (truncated, float arithmetic), then the next
+    ``4k + 1`` above ``n - 1``, i.e. ``((n - 1) // 4 + 1) * 4 + 1``: (4 s, 24 fps) → 96 → 97, (1 s, 25 fps) → 25
+    → 29, (0.01 s, 24 fps) → 0 → 1."""
     d = _positive_number(duration, field, "duration")
-    f = _positive_number(fps, "fps", "fps")
-    raw = d * f
-    if raw < 1:
-        raise InvalidRequest(field, f"duration {d} s at {f} fps gives less than one frame; need at least one frame")
-    return round_up_frames(math.ceil(raw - 1e-9))
+    n = int(d * check_fps(fps))
+    return ((n - 1) // 4 + 1) * 4 + 1
 
 
 def pick_duration(
@@ -376,7 +386,7 @@ def resolve_request(
     pdict: Mapping[str, Any] = prompt if isinstance(prompt, Mapping) else {}
 
     fps_src = pdict.get("fps", params.fps)
-    fps = DEFAULT_FPS if fps_src is None else _positive_number(fps_src, "fps", "fps")
+    fps = DEFAULT_FPS if fps_src is None else float(check_fps(fps_src, "prompt.fps" if "fps" in pdict else "fps"))
     explicit = (("prompt.num_frames", pdict["num_frames"]) if pdict.get("num_frames") is not None
                 else ("params.num_frames", params.num_frames) if params.num_frames is not None else None)
     duration = pick_duration(pdict, extra, params.duration)

@@ -17,6 +17,7 @@ from omnicore.errors import InvalidRequest
 REFINER_FIELDS = (
     "run_refiner", "refiner_height", "refiner_width", "refiner_steps", "refiner_guidance_scale", "refiner_shift",
     "refiner_t_thresh", "refiner_sigma_tail_steps", "refiner_sample_fps", "refiner_null_cond_clone_zero",
+    "refiner_output_fps", "refiner_max_video_frames", "refiner_batch_cfg",
 )
 #: VAE tiling fields; a tile size without ``vae_tiling`` turns tiling on.
 TILING_FIELDS = (
@@ -40,6 +41,14 @@ class RefinerOptions:
     sigma_tail_steps: int = 2
     sample_fps: float = 24.0
     null_cond_clone_zero: bool = True
+    output_fps: float | None = None  # the refined video's frame rate; None = sample_fps (both 24 upstream)
+    max_video_frames: int | None = None  # cap on the refiner clip's frames (1 or 4n+1); None = no cap
+    batch_cfg: bool = False  # the refiner's own batch-CFG switch (independent of the base stage's batch_cfg)
+
+    @property
+    def fps(self) -> float:
+        """The frame rate the refined video is written with."""
+        return self.output_fps if self.output_fps is not None else self.sample_fps
 
 
 @attrs.frozen
@@ -95,8 +104,19 @@ def resolve_refiner(extra: Mapping[str, Any], mode: str) -> RefinerOptions | Non
         if given:
             raise InvalidRequest(f"extra.{given[0]}", "refiner options need extra.run_refiner=true")
         return None
-    if mode == "t2i" and "refiner_sample_fps" in extra:
-        raise InvalidRequest("extra.refiner_sample_fps", "text-to-image has no frame rate to resample")
+    if mode == "t2i":
+        for key in ("refiner_sample_fps", "refiner_output_fps", "refiner_max_video_frames"):
+            if key in extra:
+                raise InvalidRequest(f"extra.{key}", "text-to-image has no frame rate or clip to resample")
+    max_frames = extra.get("refiner_max_video_frames")
+    if max_frames is not None:
+        max_frames = _int(extra, "refiner_max_video_frames", 1, low=1)
+        if (max_frames - 1) % 4:
+            raise InvalidRequest("extra.refiner_max_video_frames",
+                                 f"must be 1 or 4n+1 (the causal VAE's clip lengths), got {max_frames}")
+    output_fps = extra.get("refiner_output_fps")
+    if output_fps is not None:
+        output_fps = _number(extra, "refiner_output_fps", 24.0, low=0.0, low_open=True)
     d = RefinerOptions()
     return RefinerOptions(
         height=_int(extra, "refiner_height", d.height, low=REFINER_SIZE_MULTIPLE, multiple=REFINER_SIZE_MULTIPLE),
@@ -108,6 +128,9 @@ def resolve_refiner(extra: Mapping[str, Any], mode: str) -> RefinerOptions | Non
         sigma_tail_steps=_int(extra, "refiner_sigma_tail_steps", d.sigma_tail_steps, low=0),
         sample_fps=_number(extra, "refiner_sample_fps", d.sample_fps, low=0.0, low_open=True),
         null_cond_clone_zero=_bool(extra, "refiner_null_cond_clone_zero", d.null_cond_clone_zero),
+        output_fps=output_fps,
+        max_video_frames=max_frames,
+        batch_cfg=_bool(extra, "refiner_batch_cfg", d.batch_cfg),
     )
 
 

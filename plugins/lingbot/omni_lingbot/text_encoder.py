@@ -36,14 +36,14 @@ class LingBotTextEncoder:
 
     @classmethod
     def from_pretrained(cls, text_encoder_dir: Path, processor_dir: Path, *, device: torch.device,
-                        dtype: torch.dtype) -> LingBotTextEncoder:
+                        dtype: torch.dtype, template: str = PROMPT_TEMPLATE) -> LingBotTextEncoder:
         from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
 
         full = Qwen3VLForConditionalGeneration.from_pretrained(str(text_encoder_dir), dtype=dtype)
         model = full.model.to(device).eval().requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(str(processor_dir))
         image_processor = AutoImageProcessor.from_pretrained(str(processor_dir))
-        return cls(model, tokenizer, image_processor)
+        return cls(model, tokenizer, image_processor, template)
 
     @property
     def device(self) -> torch.device:

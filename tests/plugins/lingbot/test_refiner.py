@@ -65,6 +65,10 @@ def test_refiner_is_off_by_default_and_has_the_packages_defaults():
     assert resolve_refiner({}, "t2v") is None
     opts = resolve_refiner({"run_refiner": True}, "t2v")
     assert attrs_tuple(opts) == (1088, 1920, 8, 3.0, 3.0, 0.85, 2, 24.0, True)
+    assert (opts.output_fps, opts.max_video_frames, opts.batch_cfg, opts.fps) == (None, None, False, 24.0)
+    opts = resolve_refiner({"run_refiner": True, "refiner_output_fps": 30, "refiner_max_video_frames": 9.0,
+                            "refiner_batch_cfg": True}, "t2v")
+    assert (opts.output_fps, opts.max_video_frames, opts.batch_cfg, opts.fps) == (30.0, 9, True, 30.0)
     opts = resolve_refiner({**SMALL, "refiner_height": 1088.0, "refiner_t_thresh": 1, "refiner_guidance_scale": 0,
                             "refiner_sigma_tail_steps": 0, "refiner_null_cond_clone_zero": False}, "ti2v")
     assert (opts.height, opts.t_thresh, opts.guidance_scale, opts.sigma_tail_steps) == (1088, 1.0, 0.0, 0)
@@ -92,6 +96,11 @@ def attrs_tuple(opts: RefinerOptions) -> tuple[Any, ...]:
     ({"run_refiner": True, "refiner_sigma_tail_steps": -1}, "refiner_sigma_tail_steps", ">= 0"),
     ({"run_refiner": True, "refiner_sample_fps": 0}, "refiner_sample_fps", r"\(0, inf\)"),
     ({"run_refiner": True, "refiner_null_cond_clone_zero": 1}, "refiner_null_cond_clone_zero", "true or false"),
+    ({"run_refiner": True, "refiner_max_video_frames": 8}, "refiner_max_video_frames", "1 or 4n\\+1"),
+    ({"run_refiner": True, "refiner_max_video_frames": 0}, "refiner_max_video_frames", ">= 1"),
+    ({"run_refiner": True, "refiner_output_fps": 0}, "refiner_output_fps", r"\(0, inf\)"),
+    ({"run_refiner": True, "refiner_batch_cfg": "yes"}, "refiner_batch_cfg", "true or false"),
+    ({"refiner_output_fps": 24}, "refiner_output_fps", "need extra.run_refiner=true"),
     ({"refiner_steps": 4}, "refiner_steps", "need extra.run_refiner=true"),  # option without the stage
     ({"run_refiner": False, "refiner_height": 64}, "refiner_height", "need extra.run_refiner=true"),
 ])
@@ -101,10 +110,11 @@ def test_refiner_option_errors_name_the_field(moe, extra, field, gist):
     assert info.value.field == f"extra.{field}"
 
 
-def test_text_to_image_has_no_frame_rate_to_resample(moe):
+@pytest.mark.parametrize("key", ["refiner_sample_fps", "refiner_output_fps", "refiner_max_video_frames"])
+def test_text_to_image_has_no_frame_rate_to_resample(moe, key):
     with pytest.raises(InvalidRequest, match="no frame rate") as info:
-        moe.preprocess(request(modalities=("image",), extra={**SMALL, "refiner_sample_fps": 12}))
-    assert info.value.field == "extra.refiner_sample_fps"
+        moe.preprocess(request(modalities=("image",), extra={**SMALL, key: 9}))
+    assert info.value.field == f"extra.{key}"
 
 
 def test_a_checkpoint_without_refiner_rejects_run_refiner(pipe):
@@ -119,11 +129,15 @@ def test_a_checkpoint_without_refiner_rejects_run_refiner(pipe):
 
 def test_refined_video_has_the_refiner_size_frames_and_fps(moe):
     state, (out,) = run(moe, request(num_frames=17, fps=24.0, extra={**SMALL, "refiner_sample_fps": 12.0}))
-    # 17 frames at 24 fps -> floor(17 * 12 / 24) = 8 raw -> 4k+1 = 5 frames, 64x96, reported at 12 fps
+    # 17 frames at 24 fps -> int(17 / 24 * 12) = 8 raw -> 4k+1 = 5 frames, 64x96, reported at 12 fps
     assert out.kind == "video" and out.frames.shape == (5, 64, 96, 3) and out.fps == 12.0
     assert state.latents.shape == (1, 4, 2, 8, 12)
     _, (same_fps,) = run(moe, request(num_frames=9, fps=24.0, extra=SMALL))
     assert same_fps.frames.shape == (9, 64, 96, 3) and same_fps.fps == 24.0
+    # refiner_output_fps only relabels the clip; refiner_max_video_frames caps it (17 -> 5 frames)
+    _, (capped,) = run(moe, request(num_frames=17, fps=24.0, extra={**SMALL, "refiner_max_video_frames": 5,
+                                                                     "refiner_output_fps": 30}))
+    assert capped.frames.shape == (5, 64, 96, 3) and capped.fps == 30.0
 
 
 def test_refined_image_is_an_image_of_the_refiner_size(moe):
@@ -131,17 +145,23 @@ def test_refined_image_is_an_image_of_the_refiner_size(moe):
     assert out.kind == "image" and out.fps is None and out.frames.shape == (1, 64, 96, 3)
 
 
-def test_resample_indices_spread_over_the_clip():
+def test_resample_indices_follow_the_reference_budget():
     assert resample_indices(17, 24.0, 12.0) == [0, 4, 8, 12, 16]
     assert resample_indices(9, 24.0, 24.0) == list(range(9))
-    assert resample_indices(9, 24.0, 12.0) == [0]  # 4 raw frames -> 4k+1 = 1
-    assert resample_indices(5, 12.0, 24.0) == [0, 1, 1, 2, 2, 3, 3, 4, 4]  # upsampling repeats; halves round up
+    assert resample_indices(9, 24.0, 12.0) == [0]  # int(9 / 24 * 12) = 4 raw frames -> 4k+1 = 1
+    assert resample_indices(5, 12.0, 24.0) == list(range(5))  # a slower clip is never upsampled
     assert resample_indices(1, 24.0, 5.0) == [0]
+    # 30 frames at 30 fps -> int(30 / 30 * 24) = 24 raw -> 21; positions 0, 1.45, 2.9, 4.35, 5.8 ... truncated
+    # (rounding half up would give 0, 1, 3, 4, 6 ...)
+    assert resample_indices(30, 30.0, 24.0) == [0, 1, 2, 4, 5, 7, 8, 10, 11, 13, 14, 15, 17, 18, 20, 21, 23, 24,
+                                                26, 27, 29]
+    # refiner_max_video_frames caps the count: 17 -> 9
+    assert resample_indices(17, 24.0, 24.0, max_frames=9) == [0, 2, 4, 6, 8, 10, 12, 14, 16]
 
 
 def _hand_low_noise(steps: int, shift: float, t: float, tail: int) -> list[float]:
     """models.md §2.5 written out with plain floats."""
-    sigma_max, sigma_min = 0.999, 0.0
+    sigma_max, sigma_min = float(np.float32(0.999)), 0.0  # the float32 training sigma (§2.5)
     grid = [sigma_max + (sigma_min - sigma_max) * i / steps for i in range(steps)]  # linspace(max, min, N+1)[:-1]
     shifted = [shift * s / (1 + (shift - 1) * s) for s in grid]
     kept = [s for s in shifted if s <= t + 1e-6]
@@ -178,7 +198,8 @@ def test_refiner_runs_the_low_noise_schedule(moe, recorders, options, expected_l
 
 @pytest.mark.parametrize(("extra", "calls", "batch"), [
     ({}, 16, 1),  # refiner CFG 3.0, sequential: 2 forwards per refiner step
-    ({"batch_cfg": True}, 8, 2),  # one packed forward per step
+    ({"refiner_batch_cfg": True}, 8, 2),  # one packed forward per step (the refiner's own switch)
+    ({"batch_cfg": True}, 16, 1),  # the base stage's batch_cfg does not switch the refiner's
     ({"refiner_guidance_scale": 1.0}, 8, 1),  # no CFG
 ])
 def test_refiner_forward_count(moe, recorders, extra, calls, batch):
@@ -187,6 +208,7 @@ def test_refiner_forward_count(moe, recorders, extra, calls, batch):
     assert len(refiner.calls) == calls and {c["batch"] for c in refiner.calls} == {batch}
     assert {c["shape"][-2:] for c in refiner.calls} == {(8, 12)}  # latents of 64x96
     assert len(base.calls) == 3 * (1 if extra.get("batch_cfg") else 2)
+    assert {c["batch"] for c in base.calls} == {2 if extra.get("batch_cfg") else 1}
     assert state.num_steps == 3 + 8
 
 

@@ -17,8 +17,8 @@ from omni_lingbot.scheduler import (
 
 
 def _reference_grid(n: int, shift: float) -> tuple[list[float], list[int]]:
-    """§2.5 written out with plain Python floats: sigmas from 0.999 down (N of N+1 points), shifted."""
-    sig_max, sig_min = 1.0 - 1.0 / 1000, 0.0
+    """§2.5 written out with plain Python floats: sigmas from float32 0.999 down (N of N+1 points), shifted."""
+    sig_max, sig_min = struct.unpack("<f", struct.pack("<f", 1.0 - 1.0 / 1000))[0], 0.0  # float32 0.999
     sigmas = []
     for i in range(n):
         b = sig_max + (sig_min - sig_max) * i / n
@@ -88,8 +88,9 @@ def test_low_noise_schedule():
     last = kept[-1]
     np.testing.assert_allclose(s[1 + len(kept):], [last * 2 / 3, last * 1 / 3])  # tail towards sigma_min 0
     assert len(s) == 1 + len(kept) + 2
+    assert s.dtype == np.float32  # the reference casts the low-noise grid to float32 before taking timesteps
     scheduler = make_scheduler(read_scheduler_config(None), s)
-    assert scheduler.timesteps.tolist() == [int(x * 1000) for x in s]
+    assert scheduler.timesteps.tolist() == [int(np.float32(x) * np.float32(1000)) for x in s]
     assert len(low_noise_sigmas(10, 3.0, 0.85, 0)) == 1 + len(kept)
 
 
@@ -100,11 +101,51 @@ def _bf16_round(x: float) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
 @pytest.mark.parametrize("t", [999, 899, 749, 499, 123, 1])
-def test_model_timestep_rounds_sigma_to_bf16(t):
-    got = float(model_timestep(torch.tensor(t)))
-    assert got == pytest.approx(_bf16_round(np.float32(t) / np.float32(1000)) * 1000, rel=0, abs=1e-4)
-    assert model_timestep(torch.tensor(999)).item() == 1000.0  # 0.999 rounds up to 1.0 in bf16
+def test_model_timestep_bf16_rounds_sigma_and_the_product(t):
+    """A bf16 DiT: sigma = t/1000 rounded to bf16, times 1000 in bf16 (the product rounded again)."""
+    sigma = _bf16_round(_f32(t / 1000))
+    assert model_timestep(torch.tensor(t), torch.bfloat16).item() == _bf16_round(sigma * 1000)
+    assert model_timestep(torch.tensor(t), torch.bfloat16).dtype == torch.float32
+
+
+def test_model_timestep_per_dtype_worked_values():
+    # 999: sigma 0.999 -> bf16 1.0 -> 1000; 123: 0.123 -> bf16 0.123046875 -> x1000 = 123.046875 -> bf16 123.0
+    assert model_timestep(torch.tensor(999), torch.bfloat16).item() == 1000.0
+    assert model_timestep(torch.tensor(123), torch.bfloat16).item() == 123.0
+    # 749: 0.749 -> bf16 0.75 -> 750 exactly; with the old fp32 product it was also 750, but 499 differs:
+    # 0.499 -> bf16 0.498046875 -> x1000 = 498.046875 -> bf16 498.0 (fp32 product would keep 498.046875)
+    assert model_timestep(torch.tensor(499), torch.bfloat16).item() == 498.0
+    # fp16 rounds in fp16 (10-bit mantissa): 0.123 -> 0.12298583984375 -> x1000 = 122.98583984375 -> fp16 123.0
+    assert model_timestep(torch.tensor(123), torch.float16).item() == 123.0
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_model_timestep_fp32_does_not_round(dtype):
+    """A float32 DiT gets t/1000*1000 in float32: no bf16 rounding at all (integer t comes back within 1 ulp)."""
+    t = torch.arange(1, 1001)
+    got = model_timestep(t, dtype)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, t.float(), rtol=0, atol=1e-4)
+    bf16 = model_timestep(t, torch.bfloat16)
+    assert (bf16 != t.float()).sum().item() == 500  # bf16 has 8 mantissa bits: half the integers move
+    assert (bf16 - t.float()).abs().max().item() == 3.0
+    # rounding only sigma (and multiplying in fp32), as before issue 14, is yet another input for 994 of them
+    sigma_only = (t.float() / 1000).to(torch.bfloat16).float() * 1000
+    assert (sigma_only != bf16).sum().item() == 994
+    assert (sigma_only - bf16).abs().max().item() == 2.0
+
+
+def test_shift_one_thirds_come_from_the_float32_sigma_max():
+    """sigma_max is the float32 training sigma 0.999 (0.99900001...): at shift 1 and 3 steps the last timestep is
+    int(333.000004) = 333, where an exact 0.999 would give int(332.99999999999994) = 332."""
+    scheduler = make_scheduler(read_scheduler_config(None), base_sigmas(3, 1.0))
+    assert scheduler.timesteps.tolist() == [999, 666, 333]
+    assert base_sigmas(3, 1.0)[0] == _f32(0.999) != 0.999
 
 
 def test_scheduler_config_forces_flow_settings(tmp_path):
