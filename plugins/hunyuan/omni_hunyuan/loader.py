@@ -81,7 +81,7 @@ def iter_checkpoint(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
     for path in shard_files(root):
         with safe_open(str(path), framework="pt") as f:
-            for key in f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 yield key, f.get_tensor(key)
 
 
