@@ -149,13 +149,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, _, func_name = _COMMANDS[args.command].partition(":")
     handler = getattr(importlib.import_module(module_name), func_name)
     try:
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is caught below and not at interpreter exit
+        return code
+    except BrokenPipeError:  # `omnicore plugins --json | head`: the reader has what it wanted
+        _discard_stdout()
+        return 0
     except OmnicoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so Python's final flush does not raise again on the closed pipe."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

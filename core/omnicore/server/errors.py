@@ -174,6 +174,22 @@ def pydantic_to_api(exc: Any) -> ApiError:
     return _validation_to_api(RequestValidationError(exc.errors(include_url=False)))
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods of every route whose path matches (routers included without a prefix are walked)."""
+    methods: set[str] = set()
+    pending = list(request.app.routes)
+    while pending:
+        route = pending.pop()
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            pending.extend(inner.routes)
+            continue
+        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(request.url.path):
+            methods |= set(route_methods)
+    return sorted(methods)
+
+
 def install_handlers(app: FastAPI) -> None:
     """Register handlers so no error escapes in another shape."""
 
@@ -190,8 +206,10 @@ def install_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             err = ApiError(404, "route_not_found", f"no route {request.method} {request.url.path}")
         elif exc.status_code == 405:
-            err = ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}",
-                           headers=exc.headers)
+            allowed = _allowed_methods(request)  # every route on this path, not only the first one matched
+            err = ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}"
+                           + (f"; allowed: {', '.join(allowed)}" if allowed else ""),
+                           headers={"Allow": ", ".join(allowed)} if allowed else exc.headers)
         elif exc.status_code == 400:
             err = ApiError(400, "invalid_value", str(exc.detail))
         else:

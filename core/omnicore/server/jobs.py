@@ -330,8 +330,10 @@ class JobManager:
                     device = getattr(getattr(self.engine, "platform", None), "name", None) or "device"
                     self.metrics.device_peak.labels(device=str(device)).set(peak)
 
-    def _timings(self, live: LiveJob, job: Any, completed: float, save_s: float) -> dict[str, float]:
-        """The Job ``timings`` object (§8): seconds per contract stage, from the engine's and our own clocks."""
+    def timings(self, live: LiveJob, job: Any, completed: float, save_s: float) -> dict[str, float]:
+        """The ``timings`` object of videos and images alike (§8): seconds per contract stage (``queued_s``,
+        ``preprocess_s``, ``encode_s``, ``denoise_s``, ``decode_s``, ``encode_output_s``, ``finalize_s``,
+        ``total_s``), from the engine's and our own clocks; ``save_s`` is the time spent encoding the result."""
         metrics = {**(job.metrics or {}), **(live.outputs[0].metrics if live.outputs else {})}
 
         def sec(key: str) -> float:
@@ -364,7 +366,7 @@ class JobManager:
             updated_at=int(completed), expires_at=int(completed + ttl) if ttl > 0 else None, cancel_requested=False,
             seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
             fps=out.fps if out.fps is not None else params.fps, size=f"{out.width}x{out.height}",
-            step=live.total_steps, total_steps=live.total_steps, timings=self._timings(live, job, completed, save_s),
+            step=live.total_steps, total_steps=live.total_steps, timings=self.timings(live, job, completed, save_s),
             usage={"denoise_steps_computed": live.total_steps or 0,
                    "denoise_steps_cached": int(out.metrics.get("denoise_steps_cached", 0) or 0),
                    "peak_device_memory_bytes": out.metrics.get("peak_memory_bytes")},

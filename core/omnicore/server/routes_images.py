@@ -18,17 +18,17 @@ from pydantic import ValidationError
 
 from ..outputs.options import EncodeOptions
 from .errors import ApiError, pydantic_to_api
-from .forms import read_multipart
+from .forms import is_json, read_json, read_multipart
 from .jobs import LiveJob, new_id
 from .media import decode_data_url, decode_image
 from .progress import api_phase, phase_fraction, weighted_progress
-from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, ImagesResponse
+from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, ImagesResponse, inline_schema
 from .sse import encode_event
 from .translate import image_request
 
 router = APIRouter(tags=["images"])
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415,
-                                                                                         429, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413,
+                                                                                         415, 429, 500, 503, 504)}
 
 
 def encode_images(outputs: list[Any], fmt: str, compression: int | None) -> list[str]:
@@ -86,12 +86,10 @@ async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any,
         raise job_failure(live, request.scope.get("state", {}).get("request_id", "-"))
     t0 = time.perf_counter()
     b64 = await anyio.to_thread.run_sync(encode_images, live.outputs, dto.output_format, dto.output_compression)
-    ctx.metrics.stage.labels(stage="encode_output").observe(time.perf_counter() - t0)
+    encode_s = time.perf_counter() - t0
+    ctx.metrics.stage.labels(stage="encode_output").observe(encode_s)
     first = live.outputs[0]
-    job = live.engine_job
-    merged = {**(job.metrics or {}), **first.metrics}
-    timings = {k: round(float(v), 4) for k, v in merged.items() if k.endswith("_s") and isinstance(v, (int, float))}
-    timings["total_s"] = round(time.time() - live.created, 4)
+    timings = jobs.timings(live, live.engine_job, time.time(), encode_s)  # the same keys as a video job's
     return {
         "id": job_id, "created": int(live.created), "model": served.id, "size": f"{first.width}x{first.height}",
         "output_format": dto.output_format,
@@ -149,9 +147,20 @@ async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, 
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@router.post("/v1/images/generations", response_model=ImagesResponse, responses=_ERRORS)
-async def generations(body: ImageGenerationRequest, request: Request) -> Any:
-    """Generate images from a prompt (OpenAI Images API shape)."""
+_GENERATIONS_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": inline_schema(ImageGenerationRequest)}}}}
+
+
+@router.post("/v1/images/generations", response_model=ImagesResponse, responses=_ERRORS,
+             openapi_extra=_GENERATIONS_BODY)
+async def generations(request: Request) -> Any:
+    """Generate images from a prompt (OpenAI Images API shape). JSON only: another body type is a 415."""
+    if not is_json(request):
+        raise ApiError(415, "unsupported_media_type", "images/generations takes an application/json body")
+    try:
+        body = ImageGenerationRequest.model_validate(await read_json(request))
+    except ValidationError as exc:
+        raise pydantic_to_api(exc) from None
     return await _run(request, body, (), "image.generate")
 
 

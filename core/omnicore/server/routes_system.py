@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .errors import ApiError
 from .schemas import ErrorResponse, ModelCard, ModelList
@@ -32,7 +32,9 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 
-@router.get("/metrics", tags=["system"])
+@router.get("/metrics", tags=["system"], response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request) -> Response:
     data = request.app.state.ctx.metrics.render()
     return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")

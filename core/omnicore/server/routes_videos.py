@@ -19,14 +19,22 @@ from .forms import is_json, is_multipart, read_json, read_multipart
 from .jobs import PROGRESS_KEYS, LiveJob, new_id
 from .media import decode_data_url, decode_image, sniff
 from .routes_images import job_failure, wait_or_disconnect
-from .schemas import ErrorResponse, VideoCreateRequest, VideoDeleted, VideoJob, VideoList, video_body_openapi
+from .schemas import (
+    ErrorResponse,
+    VideoCreateRequest,
+    VideoDeleted,
+    VideoDeletePending,
+    VideoJob,
+    VideoList,
+    video_body_openapi,
+)
 from .sse import encode_event
 from .store import TERMINAL
 from .translate import video_request
 
 router = APIRouter(tags=["videos"])
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413,
-                                                                                         415, 429, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413,
+                                                                                         415, 429, 500, 503, 504)}
 _BODY = video_body_openapi()
 
 
@@ -288,7 +296,11 @@ async def _cancel_and_wait(ctx: Any, video_id: str, reason: str) -> bool:
     return await ctx.jobs.wait(live, ctx.settings.cancel_wait_s)
 
 
-@router.post("/v1/videos/{video_id}/cancel", response_model=VideoJob, responses=_ERRORS)
+_NOT_YET_STOPPED = "the worker did not acknowledge within --cancel-wait; the job stops at its next step"
+
+
+@router.post("/v1/videos/{video_id}/cancel", response_model=VideoJob,
+             responses={**_ERRORS, 202: {"model": VideoJob, "description": _NOT_YET_STOPPED}})
 async def cancel_video(video_id: str, request: Request) -> Any:
     """Stop the job at the next step boundary and keep its record (202 if it has not stopped in time)."""
     ctx = request.app.state.ctx
@@ -302,7 +314,8 @@ async def cancel_video(video_id: str, request: Request) -> Any:
     return JSONResponse(record, status_code=200 if stopped else 202)
 
 
-@router.delete("/v1/videos/{video_id}", response_model=VideoDeleted, responses=_ERRORS)
+@router.delete("/v1/videos/{video_id}", response_model=VideoDeleted,
+               responses={**_ERRORS, 202: {"model": VideoDeletePending, "description": _NOT_YET_STOPPED}})
 async def delete_video(video_id: str, request: Request) -> Any:
     """Cancel (if active), then delete the record and its files. ``deleted: true`` only after the work stopped."""
     ctx = request.app.state.ctx

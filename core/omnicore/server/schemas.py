@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_SEED = 2**63 - 1
 SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$"
@@ -74,6 +74,15 @@ class VideoCreateRequest(SharedFields):
     """``POST /v1/videos`` and ``/v1/videos/sync`` (§8.2), JSON form (multipart has the same names)."""
 
     seconds: int | str | None = None
+
+    @field_validator("seconds", mode="before")
+    @classmethod
+    def _whole_seconds(cls, value: Any) -> Any:
+        """A positive whole number of seconds, ``4`` or ``"4"``; ``true`` and ``1.5`` are errors reported on
+        ``seconds`` itself (not coerced to 1, nor blamed on a union member such as ``seconds.int``)."""
+        if value is None or type(value) is int or (isinstance(value, str) and value.strip().isdigit()):
+            return value
+        raise ValueError(f"must be a whole number of seconds (e.g. 4 or \"4\"), got {value!r}")
     num_frames: int | None = Field(default=None, ge=1, le=100_000)
     size: str | None = Field(default=None, pattern=SIZE_PATTERN)
     fps: int | None = Field(default=None, ge=1, le=240)
@@ -159,6 +168,12 @@ class VideoDeleted(BaseModel):
     id: str
     object: Literal["video.deleted"] = "video.deleted"
     deleted: bool
+
+
+class VideoDeletePending(VideoDeleted):
+    """DELETE's 202: the work has not stopped yet (``deleted: false``); the record goes once it does."""
+
+    job: VideoJob
 
 
 class ModelCard(BaseModel):
