@@ -1,9 +1,11 @@
-"""A throwaway third-party plugin distribution, really pip-installed into the running venv (no network).
+"""A throwaway third-party plugin distribution, really pip-installed (no network) into a temporary target.
 
-Two distributions are built in a temp dir: a good one and one whose import raises. ``omnicore plugins --json``
-(the installed console script) lists the good one with what it registered and the broken one as FAILED. The
-good plugin's own test suite, written the way a third party would with ``omnicore.testing``, passes.
-Distribution names are unique per run so a crashed run cannot poison the next; both are uninstalled after.
+Two distributions are built in a temp dir: a good one and one whose import raises. They are installed with
+``pip install --target`` into a temporary directory that the subprocesses put on ``PYTHONPATH``, so the dev
+venv is never modified (a crashed run leaves nothing behind). ``omnicore plugins --json`` (the installed
+console script) lists the good one with what it registered and the broken one as FAILED. The good plugin's
+own test suite, written the way a third party would with ``omnicore.testing``, passes. Our own wheels are
+built from copies of the source trees, so no ``build/`` or ``*.egg-info`` lands in the repository.
 """
 
 from __future__ import annotations
@@ -116,32 +118,32 @@ def installed(tmp_path_factory) -> Iterator[dict[str, str]]:
     bad = _write_dist(root, names["bad_dist"], "0.0.1", names["bad_ep"], names["bad_pkg"], {
         "plugin.py": BROKEN_PLUGIN.format(pkg=names["bad_pkg"]),
     })
-    proc = _pip("install", "--no-build-isolation", "--no-deps", "--no-index", str(good), str(bad))
+    target = root / "site"
+    proc = _pip("install", "--no-build-isolation", "--no-deps", "--no-index", "--target", str(target), str(good),
+                str(bad))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    try:
-        yield names
-    finally:
-        proc = _pip("uninstall", "-y", names["good_dist"], names["bad_dist"])
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield {**names, "site": str(target)}  # nothing to uninstall: the target dir is thrown away with tmp
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _env(site: str | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNICORE_")}
+    if site:
+        env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
     env.update(extra)
     return env
 
 
-def _plugins_json(**env: str) -> tuple[dict[str, dict], dict]:
+def _plugins_json(site: str, **env: str) -> tuple[dict[str, dict], dict]:
     script = Path(sys.executable).with_name("omnicore")  # the installed console script
-    proc = subprocess.run([str(script), "plugins", "--json"], env=_env(**env), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([str(script), "plugins", "--json"], env=_env(site, **env), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)
     return {p["name"]: p for p in payload["plugins"]}, payload
 
 
 def test_installed_plugin_is_listed_with_its_registrations(installed):
-    plugins, payload = _plugins_json()
+    plugins, payload = _plugins_json(installed["site"])
     good = plugins[installed["good_ep"]]
     assert good["status"] == "loaded", good["error"]
     assert (good["dist"], good["version"]) == (installed["good_dist"], "0.3.1")
@@ -152,7 +154,7 @@ def test_installed_plugin_is_listed_with_its_registrations(installed):
 
 
 def test_plugin_whose_import_raises_is_failed_while_others_load(installed):
-    plugins, payload = _plugins_json()
+    plugins, payload = _plugins_json(installed["site"])
     bad = plugins[installed["bad_ep"]]
     assert bad["status"] == "failed"
     assert bad["dist"] == installed["bad_dist"]
@@ -163,7 +165,7 @@ def test_plugin_whose_import_raises_is_failed_while_others_load(installed):
 
 
 def test_deny_list_keeps_the_broken_plugin_from_being_imported(installed):
-    plugins, payload = _plugins_json(OMNICORE_DISABLE_PLUGINS=installed["bad_ep"])
+    plugins, payload = _plugins_json(installed["site"], OMNICORE_DISABLE_PLUGINS=installed["bad_ep"])
     assert plugins[installed["bad_ep"]]["status"] == "disabled"
     assert not any(installed["bad_ep"] in p for p in payload["problems"])
 
@@ -174,7 +176,7 @@ def test_the_authors_conformance_suite_passes(installed, tmp_path):
     test_file.write_text(textwrap.dedent(AUTHOR_TESTS.format(pkg=installed["good_pkg"], ep=installed["good_ep"],
                                                              backend=installed["backend"])))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=_env(installed["site"]), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
     assert "failed" not in summary and " passed" in summary
@@ -190,9 +192,12 @@ DISTRIBUTIONS = [REPO / "core", *sorted(p.parent for p in (REPO / "plugins").glo
 def test_each_distribution_builds_a_complete_wheel_on_its_own(project, tmp_path):
     """DESIGN §2: every distribution builds alone (no workspace tooling), and the wheel carries what an
     installed copy needs: the package, ``py.typed``, the entry points and the ``omnicore`` requirement."""
+    import shutil
     import zipfile
 
-    proc = _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path), str(project))
+    copy = tmp_path / "src" / project.name  # build from a copy: setuptools writes build/ and *.egg-info
+    shutil.copytree(project, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    proc = _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path), str(copy))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [wheel] = tmp_path.glob("*.whl")
     with zipfile.ZipFile(wheel) as zf:
