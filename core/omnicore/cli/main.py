@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve and run diffusion models (images, video, video+audio) through plugins.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and installed plugins")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show third-party progress bars and warnings (diffusers, transformers ...)")
     parser.add_argument("--log-level", help="logging level (env OMNICORE_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -108,10 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--extra", action="append", default=[], metavar="KEY=JSON",
                    help="model-specific field (repeatable), e.g. --extra batch_cfg=true")
     g.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    g.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="show third-party progress bars and warnings")
     _add_engine_flags(g)
 
     s = sub.add_parser("serve", help="run the OpenAI-style HTTP server")
     s.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
+    s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="show third-party progress bars and warnings")
     s.add_argument("--host", help="bind address (env OMNICORE_HOST, default 127.0.0.1)")
     s.add_argument("--port", type=int, help="bind port (env OMNICORE_PORT, default 8000)")
     s.add_argument("--api-key", action="append", default=None,
@@ -146,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 0
+    if not args.verbose:
+        from .quiet import silence_third_party
+
+        silence_third_party()
     module_name, _, func_name = _COMMANDS[args.command].partition(":")
     handler = getattr(importlib.import_module(module_name), func_name)
     try:

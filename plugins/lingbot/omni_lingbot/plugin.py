@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omnicore.hookspecs import hookimpl
-from omnicore.specs import ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults
+from omnicore.specs import ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
 
 from . import __version__
 from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
@@ -46,6 +46,19 @@ PRESETS = (
                description="random-weight LingBot with block 1 a grouped top-2 MoE"),
 )
 
+#: Deployment options (``--model-option KEY=VALUE``; ``@PATH`` reads the value from a file). Unset, each comes from
+#: the checkpoint's file (prompt_template.txt, default_negative_prompt[_image].json/.txt), else our built-in text;
+#: see omni_lingbot.prompts and the README.
+OPTIONS = (
+    ModelOption("prompt_template", "str", None, help="chat template around the caption, exactly one '{}' slot "
+                                                    "(default: the checkpoint's prompt_template.txt, else built-in)"),
+    ModelOption("negative_prompt", "str", None, help="default negative prompt of the video modes (default: the "
+                                                    "checkpoint's default_negative_prompt.json, else built-in)"),
+    ModelOption("negative_prompt_image", "str", None, help="default negative prompt of text-to-image (default: the "
+                                                          "checkpoint's default_negative_prompt_image.json, else "
+                                                          "built-in)"),
+)
+
 MODEL_SPEC = ModelSpec(
     name="lingbot",
     impl="omni_lingbot.pipeline:LingBotPipeline",
@@ -55,6 +68,7 @@ MODEL_SPEC = ModelSpec(
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
     presets=PRESETS,
+    options=OPTIONS,
 )
 
 
