@@ -11,8 +11,9 @@ the trained ones (:func:`load_prompt_texts`), first match wins:
    for video modes, ``default_negative_prompt_image.json`` (or ``.txt``) for text-to-image;
 3. the built-in texts below.
 
-A file's text is used as is (surrounding whitespace stripped): a JSON negative prompt reaches the encoder
-exactly as written in the file. A template must hold exactly one ``{}`` caption slot.
+A negative prompt file's text is used as written, surrounding whitespace stripped (a JSON negative prompt reaches
+the encoder exactly as in the file); a template file is used byte for byte (its trailing newline belongs to the
+assistant turn) and must hold exactly one ``{}`` caption slot.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ class PromptTexts:
 
 def _read_text(path: Path, option: str) -> str:
     try:
-        return path.read_text(encoding="utf-8").strip()
+        text = path.read_text(encoding="utf-8")
+        return text if option == "prompt_template" else text.strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"model_options.{option}", f"cannot read {path}: {exc}") from None
 
