@@ -49,6 +49,14 @@ def test_create_answers_queued_and_events_carry_phase_progress(make_server, clie
     assert final["timings"]["denoise_s"] >= 8 * 0.03 * 0.9  # the slowed steps are where the time went
 
 
+def _wait_for_step(c, vid: str, step: int, timeout_s: float = 30.0) -> None:
+    """Wait (on the job's own progress, not a guessed sleep) until it has done at least ``step`` steps."""
+    deadline = time.monotonic() + timeout_s
+    while (c.get(f"/v1/videos/{vid}").json().get("step") or 0) < step:
+        assert time.monotonic() < deadline, f"job {vid} did not reach step {step}"
+        time.sleep(0.01)
+
+
 def test_sse_reconnect_with_last_event_id_gets_the_missed_events_or_a_snapshot(make_server, client_for):
     srv = make_server(step_delay_s=0.05)
     c = client_for(srv)
@@ -56,7 +64,7 @@ def test_sse_reconnect_with_last_event_id_gets_the_missed_events_or_a_snapshot(m
     with c.stream("GET", f"/v1/videos/{vid}/events") as resp:
         first = read_events(resp, lambda e: e["data"].get("step") and e["data"]["step"] >= 3)
     last = first[-1]
-    time.sleep(0.3)  # several steps happen while the client is away
+    _wait_for_step(c, vid, last["data"]["step"] + 3)  # several steps happen while the client is away
     with c.stream("GET", f"/v1/videos/{vid}/events", headers={"Last-Event-ID": str(last["id"])}) as resp:
         again = read_events(resp, lambda e: e["event"] in _TERMINAL)
     assert again[0]["id"] == last["id"] + 1  # the missed events, from the one right after the last seen
@@ -71,7 +79,7 @@ def test_sse_reconnect_with_last_event_id_gets_the_missed_events_or_a_snapshot(m
     vid2 = c.post("/v1/videos", json={"prompt": "far behind", "num_frames": 2, "num_inference_steps": 40}).json()["id"]
     with c.stream("GET", f"/v1/videos/{vid2}/events") as resp:
         first = read_events(resp, lambda e: e["data"].get("step") and e["data"]["step"] >= 2)
-    time.sleep(0.4)
+    _wait_for_step(c, vid2, first[-1]["data"]["step"] + 5)  # more events than the buffer of 3 holds
     with c.stream("GET", f"/v1/videos/{vid2}/events", headers={"Last-Event-ID": str(first[-1]["id"])}) as resp:
         snap = read_events(resp, lambda e: True)[0]
     assert snap["event"] == "video.progress" and snap["id"] > first[-1]["id"] + 1
