@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._lazy import lazy_getattr
 from ._version import PLUGIN_API_VERSION, __version__
 from .hookspecs import hookimpl
 
@@ -19,15 +20,11 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'omnicore' has no attribute {name!r}")
-    from .specs import resolve
+_lazy = lazy_getattr(__name__, _LAZY)
 
-    value = resolve(target)
-    globals()[name] = value
-    return value
+
+def __getattr__(name: str) -> Any:
+    return _lazy(name)
 
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", "hookimpl", *_LAZY]

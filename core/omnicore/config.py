@@ -1,8 +1,11 @@
 """Settings resolution: CLI flag > ``OMNICORE_*`` environment variable > default.
 
-Every setting is declared once in :data:`OPTIONS`; the README's configuration table is checked against it
-by a test, so there are no hidden switches. Library code never reads the environment: it receives a
-:class:`Settings` object built here.
+Every setting is declared once, in :data:`OPTIONS` (like datasette's ``SETTINGS``): its name, environment
+variable, default, parser, help, CLI flag and the subcommands that take the flag. Everything else is derived
+from that table — the :class:`Settings` record's attributes and defaults, every CLI flag (:func:`add_flags`),
+the server's settings (``omnicore.server.settings``) and the error messages, which name the flag or variable
+the value came from. The README's configuration table is checked against it by a test, so there are no hidden
+switches. Library code never reads the environment: it receives a :class:`Settings` object built here.
 """
 
 from __future__ import annotations
@@ -61,9 +64,34 @@ def _positive_int(name: str, raw: Any) -> int:
     return value
 
 
+def _non_negative_int(name: str, raw: Any) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"must be a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(name, f"must be a non-negative integer, got {raw!r}")
+    return value
+
+
+def _port(name: str, raw: Any) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(name, f"must be a port number 0-65535, got {raw!r}") from None
+    if not 0 <= value <= 65535:
+        raise ConfigError(name, f"must be a port number 0-65535, got {raw!r}")
+    return value
+
+
+#: Which parsers get an option's flag: ``global`` the top-level ``omnicore`` parser, ``engine`` every command that
+#: runs a model (``generate`` and ``serve``), ``server`` only ``serve``.
+SCOPES = ("global", "engine", "server")
+
+
 @attrs.frozen
 class Option:
-    """One documented setting."""
+    """One documented setting (the only place its name, default, flag and help are written)."""
 
     name: str
     env: str
@@ -71,10 +99,20 @@ class Option:
     parse: Callable[[str, Any], Any]
     help: str
     flag: str | None = None  # the CLI flag when it is not --<name with dashes>; "" = environment only
+    scope: str = "server"  # see SCOPES
+    aliases: tuple[str, ...] = ()  # more flags for the same setting (e.g. --storage-dir)
+    repeatable: bool = False  # the flag may be given several times (a list reaches the parser)
+    metavar: str | None = None
 
     @property
     def cli_flag(self) -> str:
+        """The flag (``""`` for environment-only settings)."""
         return self.flag if self.flag is not None else "--" + self.name.replace("_", "-")
+
+    @property
+    def is_switch(self) -> bool:
+        """A boolean setting: its flag takes no value."""
+        return isinstance(self.default, bool)
 
 
 def _default_cache() -> str:
@@ -91,26 +129,30 @@ OPTIONS: tuple[Option, ...] = (
     Option("trace_plugins", "OMNICORE_TRACE_PLUGINS", False, lambda n, v: _parse_bool(n, str(v)),
            "Log every hook call with the plugins it ran and its duration.", flag=""),
     Option("platform", "OMNICORE_PLATFORM", None, lambda n, v: (str(v).strip() or None) if v is not None else None,
-           "Platform to run on (`cpu`, `cuda`, `npu`, ...); default: the available one with the highest priority."),
+           "Platform to run on (`cpu`, `cuda`, `npu`, ...); default: the available one with the highest priority.",
+           scope="engine"),
     Option("attention_backend", "OMNICORE_ATTENTION_BACKEND", None,
            lambda n, v: (str(v).strip() or None) if v is not None else None,
-           "Force an attention backend by name; default: chosen per requirement by the attention hook."),
+           "Force an attention backend by name; default: chosen per requirement by the attention hook.",
+           scope="engine"),
     Option("cache_dir", "OMNICORE_CACHE", None, lambda n, v: str(v) if v else None,
            "Where tiny presets and downloads are written (default `~/.cache/omnicore`).", flag=""),
     Option("state_dir", "OMNICORE_STATE_DIR", None, lambda n, v: str(v) if v else None,
-           "Where the server keeps its job database and results (default `<cache_dir>/state`)."),
+           "Where the server keeps its job database and results (default `<cache_dir>/state`).",
+           aliases=("--storage-dir",)),
     Option("max_num_seqs", "OMNICORE_MAX_NUM_SEQS", 4, _positive_int,
-           "Largest batch the scheduler forms (requests with equal batch keys)."),
+           "Largest batch the scheduler forms (requests with equal batch keys).", scope="engine"),
     Option("max_queue", "OMNICORE_MAX_QUEUE", 256, _positive_int,
-           "Bounded queue length; a request beyond it gets QueueFull (HTTP 429)."),
+           "Bounded queue length; a request beyond it gets QueueFull (HTTP 429).", scope="engine"),
     Option("request_batch_max_wait_ms", "OMNICORE_REQUEST_BATCH_MAX_WAIT_MS", 0.0, finite_non_negative,
-           "Admission wait before a batch starts (ms, finite, >= 0); 0 disables waiting."),
+           "Admission wait before a batch starts (ms, finite, >= 0); 0 disables waiting.", scope="engine"),
     Option("log_level", "OMNICORE_LOG_LEVEL", "WARNING", lambda n, v: str(v).upper(),
-           "Python logging level for omnicore's loggers."),
+           "Python logging level for omnicore's loggers.", scope="global"),
     Option("host", "OMNICORE_HOST", "127.0.0.1", lambda n, v: str(v), "Address `omnicore serve` binds."),
-    Option("port", "OMNICORE_PORT", 8000, _positive_int, "Port `omnicore serve` binds."),
+    Option("port", "OMNICORE_PORT", 8000, _port, "Port `omnicore serve` binds (0 = any free port)."),
     Option("api_key", "OMNICORE_API_KEY", None, lambda n, v: _parse_keys(v),
-           "When set, the server requires `Authorization: Bearer <key>` (the flag is repeatable for several keys)."),
+           "When set, the server requires `Authorization: Bearer <key>` (the flag is repeatable for several keys).",
+           repeatable=True, metavar="KEY"),
     Option("api_key_file", "OMNICORE_API_KEY_FILE", None, lambda n, v: str(v) if v else None,
            "File with one accepted server API key per line (added to `OMNICORE_API_KEY`)."),
     Option("max_queued_jobs", "OMNICORE_MAX_QUEUED_JOBS", 64, _positive_int,
@@ -125,6 +167,14 @@ OPTIONS: tuple[Option, ...] = (
            "Server: whole request body cap; above it HTTP 413."),
     Option("max_prompt_chars", "OMNICORE_MAX_PROMPT_CHARS", 32_768, _positive_int,
            "Server: longest accepted prompt."),
+    Option("max_work", "OMNICORE_MAX_WORK", 50_000_000_000, _non_negative_int,
+           "Server: work budget per job, width x height x frames x steps x outputs of the resolved request; "
+           "above it HTTP 400 naming the limit; 0 = no budget."),
+    Option("read_timeout_s", "OMNICORE_READ_TIMEOUT_S", 30.0, finite_non_negative,
+           "Server: seconds a client may take to send its request headers, or pause while sending the body "
+           "(then 408); 0 = no limit.", flag="--read-timeout"),
+    Option("metrics_auth", "OMNICORE_METRICS_AUTH", False, lambda n, v: _parse_bool(n, str(v)),
+           "Server: with API keys set, `/metrics` requires the key too (`/health` never does)."),
     Option("heartbeat_interval_s", "OMNICORE_HEARTBEAT_INTERVAL_S", 5.0, finite_non_negative,
            "Server: seconds between job heartbeats on progress streams.", flag="--heartbeat-interval"),
     Option("cancel_wait_s", "OMNICORE_CANCEL_WAIT_S", 30.0, finite_non_negative,
@@ -136,43 +186,56 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_ttl_s", "OMNICORE_JOB_TTL_S", 7 * 24 * 3600.0, finite_non_negative,
            "Server: seconds a finished job and its files are kept; 0 = forever.", flag="--job-ttl"),
     Option("cors_origins", "OMNICORE_CORS_ORIGINS", (), lambda n, v: tuple(v) if isinstance(v, (list, tuple))
-           else (_parse_names(n, v) or ()), "Server: allowed CORS origins (comma-separated); none by default.", flag="--cors-origin"),
+           else (_parse_names(n, v) or ()), "Server: allowed CORS origins (comma-separated); none by default.", flag="--cors-origin",
+           repeatable=True, metavar="ORIGIN"),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
 
 
-@attrs.frozen
 class Settings:
-    """Resolved settings. Build with :func:`resolve_settings`; fields mirror :data:`OPTIONS`."""
+    """Resolved settings: one read-only attribute per entry of :data:`OPTIONS`, nothing declared twice.
 
-    plugins: tuple[str, ...] | None = None
-    disable_plugins: tuple[str, ...] = ()
-    trace_plugins: bool = False
-    platform: str | None = None
-    attention_backend: str | None = None
-    cache_dir: str | None = None
-    state_dir: str | None = None
-    max_num_seqs: int = 4
-    max_queue: int = 256
-    request_batch_max_wait_ms: float = 0.0
-    log_level: str = "WARNING"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: tuple[str, ...] | None = None
-    api_key_file: str | None = None
-    max_queued_jobs: int = 64
-    max_image_pixels: int = 4096 * 4096
-    max_input_image_pixels: int = 50_000_000
-    max_upload_bytes: int = 50 * 1024 * 1024
-    max_request_bytes: int = 200 * 1024 * 1024
-    max_prompt_chars: int = 32_768
-    heartbeat_interval_s: float = 5.0
-    cancel_wait_s: float = 30.0
-    shutdown_grace_s: float = 60.0
-    max_job_seconds: float = 0.0
-    job_ttl_s: float = 7 * 24 * 3600.0
-    cors_origins: tuple[str, ...] = ()
+    ``Settings(**values)`` takes option names (the rest keep their defaults); build it from flags and the
+    environment with :func:`resolve_settings`. Equal values make equal (and equally hashed) records.
+    """
+
+    __slots__ = ("_values",)
+    _values: dict[str, Any]
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - _BY_NAME.keys()
+        if unknown:
+            raise TypeError(f"Settings() got an unknown setting {min(unknown)!r}; known: {', '.join(_BY_NAME)}")
+        merged = {opt.name: opt.default for opt in OPTIONS}
+        merged.update(values)
+        object.__setattr__(self, "_values", merged)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"'Settings' has no setting {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise attrs.exceptions.FrozenInstanceError()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Settings) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        changed = ", ".join(f"{k}={v!r}" for k, v in self._values.items() if v != _BY_NAME[k].default)
+        return f"Settings({changed})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def evolve(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied."""
+        return Settings(**{**self._values, **changes})
 
     @property
     def cache_path(self) -> Path:
@@ -193,7 +256,7 @@ def resolve_settings(flags: Mapping[str, Any] | None = None, env: Mapping[str, s
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         if flags.get(opt.name) is not None:
-            raw, source = flags[opt.name], f"--{opt.name.replace('_', '-')}"
+            raw, source = flags[opt.name], opt.cli_flag or opt.name  # errors name the real flag
         elif opt.env in env:
             raw, source = env[opt.env], opt.env
         else:
@@ -201,3 +264,44 @@ def resolve_settings(flags: Mapping[str, Any] | None = None, env: Mapping[str, s
             continue
         values[opt.name] = opt.parse(source, raw)
     return Settings(**values)
+
+
+def options_in(*scopes: str) -> tuple[Option, ...]:
+    """The options whose flag belongs to one of ``scopes`` (environment-only options have no flag)."""
+    return tuple(opt for opt in OPTIONS if opt.cli_flag and opt.scope in scopes)
+
+
+def add_flags(parser: Any, *scopes: str, title: str | None = None) -> None:
+    """Add the flags of the options in ``scopes`` to an ``argparse`` parser, all derived from :data:`OPTIONS`.
+
+    A flag's value is parsed by the option's own parser at once (a bad value is a usage error naming the flag);
+    ``dest`` is the option name and ``None`` means "not given", so :func:`resolve_settings` falls back to the
+    environment and the default. Parsers are idempotent, so resolving the parsed value again is harmless.
+    """
+    import argparse
+
+    def parser_of(opt: Option) -> Callable[[str], Any]:
+        def parse(text: str) -> Any:
+            try:
+                return opt.parse(opt.cli_flag, text)
+            except ConfigError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return parse
+
+    target = parser.add_argument_group(title) if title else parser
+    for opt in options_in(*scopes):
+        shown = "none" if opt.default in (None, ()) else repr(opt.default)
+        help_text = f"{opt.help} (env {opt.env}; default {shown})".replace("%", "%%")
+        names = (opt.cli_flag, *opt.aliases)
+        if opt.is_switch:
+            target.add_argument(*names, dest=opt.name, action="store_true", default=None, help=help_text)
+        else:
+            metavar = opt.metavar or opt.cli_flag.lstrip("-").upper().replace("-", "_")
+            target.add_argument(*names, dest=opt.name, default=None, help=help_text, metavar=metavar,
+                                action="append" if opt.repeatable else "store",
+                                type=None if opt.repeatable else parser_of(opt))
+
+
+def flags_from_args(args: Any, *scopes: str) -> dict[str, Any]:
+    """``{option name: raw flag value}`` for the options of ``scopes`` found on a parsed namespace."""
+    return {opt.name: getattr(args, opt.name, None) for opt in options_in(*scopes)}

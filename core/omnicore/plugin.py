@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._lazy import lazy_getattr
 from ._version import PLUGIN_API_VERSION
 from .hookspecs import hookimpl
 
@@ -73,15 +74,11 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'omnicore.plugin' has no attribute {name!r}")
-    from .specs import resolve
+_lazy = lazy_getattr(__name__, _LAZY)
 
-    value = resolve(target)
-    globals()[name] = value
-    return value
+
+def __getattr__(name: str) -> Any:
+    return _lazy(name)
 
 
 def __dir__() -> list[str]:

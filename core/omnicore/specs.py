@@ -6,12 +6,13 @@ never imports torch. ``provider`` is filled in by the plugin host with the regis
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+
+from ._lazy import resolve
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.:\-]*$")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -32,15 +33,6 @@ def _check_path(instance: Any, attribute: attrs.Attribute, value: str | None) ->
         raise ValueError(
             f"{type(instance).__name__}.{attribute.name}: must be a lazy 'module:attr' path, got {value!r}"
         )
-
-
-def resolve(path: str) -> Any:
-    """Import ``"package.module:attr.sub"`` and return the attribute."""
-    module_name, _, attr_path = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 # ---------------------------------------------------------------------------------------------- models

@@ -2,22 +2,104 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
 import attrs
 import pytest
-from omnicore.config import OPTIONS, Settings, finite_non_negative, resolve_settings
+from omnicore.config import OPTIONS, SCOPES, Settings, finite_non_negative, resolve_settings
 from omnicore.errors import ConfigError
 
 
-def test_every_option_is_a_settings_field_with_the_same_default():
-    fields = {f.name: f.default for f in attrs.fields(Settings)}
-    assert set(fields) == {o.name for o in OPTIONS}
+def test_every_option_is_a_settings_attribute_with_the_same_default():
+    defaults = Settings()
+    assert set(defaults.as_dict()) == {o.name for o in OPTIONS}
     for opt in OPTIONS:
-        assert fields[opt.name] == opt.default, opt.name
+        assert getattr(defaults, opt.name) == opt.default, opt.name
         assert opt.env == "OMNICORE_" + ("CACHE" if opt.name == "cache_dir" else opt.name.upper())
+        assert opt.scope in SCOPES, opt.name
     assert resolve_settings(env={}) == Settings()
+
+
+def test_settings_are_read_only_values():
+    s = Settings(max_queue=3)
+    assert s.max_queue == 3 and s == Settings(max_queue=3) and hash(s) == hash(Settings(max_queue=3))
+    assert s != Settings() and s.evolve(max_queue=256) == Settings()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        s.max_queue = 4  # type: ignore[misc]
+    with pytest.raises(TypeError, match="max_qeue"):
+        Settings(max_qeue=3)
+    with pytest.raises(AttributeError, match="no setting"):
+        _ = s.not_a_setting
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {flag: a for a in parser._actions for flag in a.option_strings}
+
+
+@pytest.mark.parametrize(("command", "scopes"), [("generate", ("engine",)), ("serve", ("engine", "server"))])
+def test_cli_flags_are_derived_from_options(command, scopes):
+    """Every option of a scope has its flag on the subcommand, with the option's name as dest and its
+    variable and default in the help; no other settings flag exists there."""
+    from omnicore.cli.main import build_parser
+
+    top = build_parser()
+    flags = _flags(_subparser(top, command))
+    expected = [o for o in OPTIONS if o.cli_flag and o.scope in scopes]
+    for opt in expected:
+        for flag in (opt.cli_flag, *opt.aliases):
+            action = flags[flag]
+            assert action.dest == opt.name and action.default is None, flag
+            assert opt.env in action.help and opt.help.split(" (")[0][:30] in action.help, flag
+    settings_dests = {a.dest for a in flags.values()} & {o.name for o in OPTIONS}
+    assert settings_dests == {o.name for o in expected}
+    assert _flags(top)["--log-level"].dest == "log_level"
+
+
+def test_flag_errors_name_the_flag_that_exists():
+    """The error for a bad value names the real flag (--heartbeat-interval, not --heartbeat-interval-s)."""
+    with pytest.raises(ConfigError) as info:
+        resolve_settings({"heartbeat_interval_s": "soon"}, env={})
+    assert info.value.name == "--heartbeat-interval"
+    with pytest.raises(ConfigError, match="^--job-ttl:"):
+        resolve_settings({"job_ttl_s": -1}, env={})
+
+
+def test_serve_flags_resolve_through_the_table(capsys):
+    from omnicore.cli.main import build_parser
+    from omnicore.config import flags_from_args
+
+    args = build_parser().parse_args(["serve", "m", "--heartbeat-interval", "2", "--storage-dir", "/tmp/s",
+                                      "--api-key", "a", "--api-key", "b", "--cors-origin", "x", "--max-queue", "7"])
+    settings = resolve_settings(flags_from_args(args, "global", "engine", "server"), env={})
+    assert (settings.heartbeat_interval_s, settings.state_dir, settings.api_key, settings.cors_origins,
+            settings.max_queue) == (2.0, "/tmp/s", ("a", "b"), ("x",), 7)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--heartbeat-interval", "nan"])
+    assert "--heartbeat-interval: must be a finite non-negative number" in capsys.readouterr().err
+
+
+def test_server_settings_are_derived_from_the_server_options(tmp_path):
+    from omnicore.server.settings import SERVER_OPTIONS, ServerSettings, server_settings_from
+
+    assert set(SERVER_OPTIONS) == {o.name for o in OPTIONS if o.scope == "server" and o.cli_flag} - {
+        "api_key", "api_key_file", "state_dir"}
+    ss = ServerSettings(state_dir=tmp_path)
+    for name in SERVER_OPTIONS:
+        assert getattr(ss, name) == getattr(Settings(), name), name
+    keys = tmp_path / "keys"
+    keys.write_text("k2\n\nk1\n")
+    core = resolve_settings({"api_key": ["k1"], "api_key_file": str(keys), "max_work": 5}, env={})
+    ss = server_settings_from(core)
+    assert ss.api_keys == ("k1", "k2") and ss.max_work == 5 and ss.state_dir == core.state_path
+    with pytest.raises(TypeError, match="unknown setting"):
+        ServerSettings(state_dir=tmp_path, max_num_seqs=2)  # an engine setting, not the server's
 
 
 def test_flag_beats_env_beats_default():

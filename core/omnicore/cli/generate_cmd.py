@@ -9,17 +9,14 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..config import Settings, resolve_settings
+from ..config import Settings, flags_from_args, resolve_settings
 from ..errors import InvalidRequest
 
 _SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift",
                    "seed")
-_SETTING_FLAGS = ("platform", "attention_backend", "max_num_seqs", "max_queue", "request_batch_max_wait_ms",
-                  "log_level")
-
-
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return resolve_settings({name: getattr(args, name, None) for name in _SETTING_FLAGS})
+    """The settings of a ``generate`` run: its flags (declared in ``config.OPTIONS``), the environment, defaults."""
+    return resolve_settings(flags_from_args(args, "global", "engine"))
 
 
 def make_host(settings: Settings) -> Any:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._version import PLUGIN_API_VERSION, __version__
-from ..config import finite_non_negative
+from ..config import add_flags
 from ..errors import OmnicoreError
 
 # subcommand -> "module:function" (imported only when that subcommand runs)
@@ -20,13 +20,6 @@ _COMMANDS = {
     "generate": "omnicore.cli.generate_cmd:run",
     "serve": "omnicore.cli.serve_cmd:run",
 }
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        return finite_non_negative("--request-batch-max-wait-ms", text)
-    except OmnicoreError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_cache_arg(text: str) -> str | tuple[str, dict[str, Any]]:
@@ -65,12 +58,7 @@ def _split_top_level(text: str) -> list[str]:
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--platform", help="platform to run on (default: best available; env OMNICORE_PLATFORM)")
-    g.add_argument("--attention-backend", help="force an attention backend (env OMNICORE_ATTENTION_BACKEND)")
-    g.add_argument("--max-num-seqs", type=int, help="largest batch (env OMNICORE_MAX_NUM_SEQS)")
-    g.add_argument("--max-queue", type=int, help="bounded queue length (env OMNICORE_MAX_QUEUE)")
-    g.add_argument("--request-batch-max-wait-ms", type=_non_negative_float,
-                   help="admission wait in ms, finite and >= 0 (env OMNICORE_REQUEST_BATCH_MAX_WAIT_MS)")
+    add_flags(g, "engine")  # settings flags, all declared in config.OPTIONS
     g.add_argument("--cache", action="append", default=[], metavar="METHOD[:KEY=VALUE,...]", type=parse_cache_arg,
                    help="enable a cache method (repeatable): teacache, first_block_cache, adaln_schedule ...; "
                         "options after a colon, e.g. teacache:rel_l1_thresh=0.3 or adaln_schedule:offload_weights=true")
@@ -86,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and installed plugins")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show third-party progress bars and warnings (diffusers, transformers ...)")
-    parser.add_argument("--log-level", help="logging level (env OMNICORE_LOG_LEVEL)")
+    add_flags(parser, "global")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
@@ -118,15 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
     s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="show third-party progress bars and warnings")
-    s.add_argument("--host", help="bind address (env OMNICORE_HOST, default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="bind port (env OMNICORE_PORT, default 8000)")
-    s.add_argument("--api-key", action="append", default=None,
-                   help="require 'Authorization: Bearer KEY' (repeatable; env OMNICORE_API_KEY)")
-    s.add_argument("--state-dir", "--storage-dir", dest="state_dir",
-                   help="job database and results (env OMNICORE_STATE_DIR)")
-    from .serve_cmd import add_arguments as _add_serve_flags  # light: imports argparse only
-
-    _add_serve_flags(s)
+    add_flags(s, "server", title="server (flag > OMNICORE_* env > default)")
     _add_engine_flags(s)
     return parser
 

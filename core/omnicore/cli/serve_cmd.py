@@ -2,8 +2,7 @@
 
 The listener binds first and the model loads in the background (``/health`` says ``loading`` until it is
 ready), then a curl example is printed. ``auto`` picks ``tiny:lingbot`` when installed, else the first
-registered tiny preset. This module imports nothing heavy at import time: the parser uses
-:func:`add_arguments` while building ``omnicore --help``.
+registered tiny preset. Its flags are derived from ``config.OPTIONS`` (scope ``server``) by ``cli.main``.
 """
 
 from __future__ import annotations
@@ -18,34 +17,8 @@ PREFERRED_AUTO = "tiny:lingbot"
 NO_MODEL_MESSAGE = ("no model plugin is installed; install one, e.g. pip install -e plugins/lingbot "
                     "(`omnicore plugins` lists what is installed)")
 
-# flag -> (type, help); each also reads OMNICORE_<NAME> (see omnicore.server.settings)
-_SERVER_FLAGS: dict[str, tuple[Any, str]] = {
-    "max_queued_jobs": (int, "queued plus running jobs before 429 (default 64)"),
-    "max_image_pixels": (int, "output pixels per image (default 4096*4096)"),
-    "max_input_image_pixels": (int, "decode cap for uploaded images (default 50,000,000)"),
-    "max_upload_bytes": (int, "per-file upload cap, 413 above it (default 50 MiB)"),
-    "max_request_bytes": (int, "whole-body cap, 413 above it (default 200 MiB)"),
-    "max_prompt_chars": (int, "prompt length cap (default 32768)"),
-    "heartbeat_interval_s": (float, "job heartbeat period in seconds (default 5)"),
-    "cancel_wait_s": (float, "how long cancel/DELETE wait for the worker before answering 202 (default 30)"),
-    "shutdown_grace_s": (float, "on SIGTERM, how long running work may finish (default 60)"),
-    "max_job_seconds": (float, "operator deadline per job; 0 = none (default)"),
-    "job_ttl_s": (float, "seconds a finished job is kept; 0 = forever (default 7 days)"),
-}
-
-
 class NoModelPlugin(OmnicoreError):
     """``serve auto`` found no registered model with a tiny preset."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Serve-only flags (the parser in ``cli.main`` already has model, host, port, api key and state dir)."""
-    g = p.add_argument_group("server limits (flag > OMNICORE_* env > default)")
-    g.add_argument("--api-key-file", help="file with one API key per line (env OMNICORE_API_KEY_FILE)")
-    g.add_argument("--cors-origin", action="append", default=None, help="allow this CORS origin (repeatable)")
-    for name, (kind, text) in _SERVER_FLAGS.items():
-        flag = "--" + (name[:-2] if name.endswith("_s") else name).replace("_", "-")
-        g.add_argument(flag, dest=name, type=kind, help=text)
 
 
 def resolve_auto(host: Any) -> str:
@@ -75,13 +48,10 @@ def curl_example(base: str, api_key: bool, tasks: tuple[str, ...] = ("image.gene
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import resolve_settings
-    from .generate_cmd import _SETTING_FLAGS, make_host
+    from ..config import flags_from_args, resolve_settings
+    from .generate_cmd import make_host
 
-    names = (*_SETTING_FLAGS, *_SERVER_FLAGS, "host", "port", "api_key", "api_key_file", "state_dir")
-    flags = {name: getattr(args, name, None) for name in names}
-    flags["cors_origins"] = getattr(args, "cors_origin", None)
-    settings = resolve_settings(flags)
+    settings = resolve_settings(flags_from_args(args, "global", "engine", "server"))
     host = make_host(settings)
     model = args.model
     if model == "auto":

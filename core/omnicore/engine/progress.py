@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import attrs
 
-PHASES = ("queued", "preprocess", "encode", "denoise", "decode", "postprocess", "done", "failed", "cancelled")
-TERMINAL_PHASES = frozenset({"done", "failed", "cancelled"})
+from ..phases import ENGINE_PHASES as PHASES
+from ..phases import TERMINAL_PHASES
+
+__all__ = ["DENOISE_END", "DENOISE_START", "PHASES", "TERMINAL_PHASES", "ProgressEvent", "phase_progress"]
 
 # Where each phase starts on the 0..1 scale; denoise spans [DENOISE_START, DENOISE_END] by step.
 _PHASE_START = {"preprocess": 0.0, "queued": 0.0, "encode": 0.02, "denoise": 0.05, "decode": 0.9,

@@ -8,13 +8,13 @@ field (dotted, e.g. ``params.height``) and the rule.
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 import attrs
 
 from ..errors import InvalidRequest
+from ..ids import new_id
 from ..specs import RequestDefaults
 
 OUTPUT_TYPES = ("auto", "image", "video")
@@ -99,7 +99,7 @@ class SamplingParams:
 
 
 def _new_id() -> str:
-    return "req_" + uuid.uuid4().hex[:24]
+    return new_id("req")
 
 
 def _freeze_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:

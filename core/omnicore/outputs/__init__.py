@@ -5,25 +5,26 @@ Names load on first use so ``import omnicore.outputs`` stays cheap (PyAV and Pil
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from .._lazy import lazy_getattr
+
 _LAZY = {
-    "Output": "omnicore.outputs.output",
-    "EncodeOptions": "omnicore.outputs.options",
-    "write_output": "omnicore.outputs.writers",
-    "encode_output": "omnicore.outputs.writers",
-    "SUPPORTED_SUFFIXES": "omnicore.outputs.writers",
-    "write_mp4": "omnicore.outputs.mp4",
-    "read_image": "omnicore.outputs.readers",
-    "read_video": "omnicore.outputs.readers",
-    "DecodedVideo": "omnicore.outputs.readers",
+    "Output": "omnicore.outputs.output:Output",
+    "EncodeOptions": "omnicore.outputs.options:EncodeOptions",
+    "write_output": "omnicore.outputs.writers:write_output",
+    "encode_output": "omnicore.outputs.writers:encode_output",
+    "SUPPORTED_SUFFIXES": "omnicore.outputs.writers:SUPPORTED_SUFFIXES",
+    "write_mp4": "omnicore.outputs.mp4:write_mp4",
+    "read_image": "omnicore.outputs.readers:read_image",
+    "read_video": "omnicore.outputs.readers:read_video",
+    "DecodedVideo": "omnicore.outputs.readers:DecodedVideo",
 }
 
 __all__ = sorted(_LAZY)
 
+_lazy = lazy_getattr(__name__, _LAZY)
+
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    return _lazy(name)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +20,7 @@ import attrs
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..ids import new_id
 from .auth import BearerAuth
 from .errors import ApiError, install_handlers
 from .jobs import JobManager, LiveJob
@@ -122,7 +122,7 @@ class EdgeMiddleware:
             return
         t0 = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        request_id = headers.get("x-request-id") or "req_" + uuid.uuid4().hex[:24]
+        request_id = headers.get("x-request-id") or new_id("req")
         scope.setdefault("state", {})["request_id"] = request_id
         status_holder = [500]
         rid = request_id.encode("latin-1", "replace")

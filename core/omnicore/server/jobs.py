@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import secrets
 import threading
 import time
 from collections import deque
@@ -34,16 +33,7 @@ from .store import JobStore
 logger = logging.getLogger("omnicore.server")
 
 PROGRESS_KEYS = ("status", "phase", "phase_progress", "step", "total_steps", "progress", "updated_at")
-_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 _STARTED = ("encode", "denoise", "decode", "postprocess")  # engine phases that mean the worker has the job
-
-
-def new_id(prefix: str) -> str:
-    """``<prefix>_`` + 26 URL-safe chars: 10 of millisecond time (sortable) and 16 random."""
-    ms = int(time.time() * 1000)
-    head = "".join(_CROCKFORD[(ms >> (5 * i)) & 31] for i in reversed(range(10)))
-    tail = "".join(secrets.choice(_CROCKFORD) for _ in range(16))
-    return f"{prefix}_{head}{tail}"
 
 
 @attrs.define(eq=False)

@@ -1,7 +1,7 @@
 """Job progress as the API reports it (serving-api.md §9): one closed phase enumeration and weighted progress.
 
 The engine emits its own phases (``preprocess`` at admission, then ``encode``, ``denoise``, ``decode``,
-``postprocess``); this module maps them to the API's phases and turns them into ``phase_progress`` (the
+``postprocess``); this module maps them to the API's phases (both vocabularies live in :mod:`omnicore.phases`) and turns them into ``phase_progress`` (the
 fraction done within the current phase, ``None`` where nothing is known) and ``progress``, an integer
 0-99 that is the weighted sum over phases. 100 is reserved for ``completed``, which only the job manager
 sets after the output is written.
@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-PHASES = ("queued", "preparing", "preprocess", "encode", "denoise", "decode", "encode_output", "finalize")
+from ..phases import API_PHASE_OF_ENGINE as _FROM_ENGINE
+from ..phases import API_PHASES as PHASES
+
 DEFAULT_WEIGHTS: Mapping[str, float] = {"preparing": 1, "preprocess": 4, "encode": 5, "denoise": 80, "decode": 7,
                                         "encode_output": 2, "finalize": 1}
-# Engine phases -> API phases. The engine's ``preprocess`` runs at submission (validation, before the job is
-# queued), so from the API's point of view the job is still ``queued`` then.
-_FROM_ENGINE = {"queued": "queued", "preprocess": "queued", "encode": "encode", "denoise": "denoise",
-                "decode": "decode", "postprocess": "encode_output"}
 
 
 def api_phase(engine_phase: str) -> str:

@@ -16,10 +16,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from ..ids import new_id
 from ..outputs.options import EncodeOptions
 from .errors import ApiError, pydantic_to_api
 from .forms import is_json, read_json, read_multipart
-from .jobs import LiveJob, new_id
+from .jobs import LiveJob
 from .media import decode_data_url, decode_image
 from .progress import api_phase, phase_fraction, weighted_progress
 from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, ImagesResponse, inline_schema

@@ -13,10 +13,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from ..ids import new_id
 from .errors import ApiError, pydantic_to_api
 from .http_edge import RangeFileResponse
 from .forms import is_json, is_multipart, read_json, read_multipart
-from .jobs import PROGRESS_KEYS, LiveJob, new_id
+from .jobs import PROGRESS_KEYS, LiveJob
 from .media import decode_data_url, decode_image, sniff
 from .routes_images import job_failure, wait_or_disconnect
 from .schemas import (

@@ -6,43 +6,65 @@ Library code never reads the environment: the CLI (``omnicore serve``) builds th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ..config import Settings
+from ..config import Settings, options_in
 from ..errors import ConfigError
 
-_CORE = Settings()
+#: Options the server reads (scope ``server`` in ``config.OPTIONS``); ``api_key``/``api_key_file`` become
+#: :attr:`ServerSettings.api_keys` and ``state_dir`` becomes a resolved path.
+_MERGED = ("api_key", "api_key_file", "state_dir")
+SERVER_OPTIONS: tuple[str, ...] = tuple(opt.name for opt in options_in("server") if opt.name not in _MERGED)
 
 
-def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(attribute.name, f"must be > 0 (it paces heartbeats, liveness checks and expiry), "
-                                          f"got {value!r}")
-
-
-@attrs.frozen
 class ServerSettings:
-    """Everything the HTTP layer needs to know. Defaults are the core settings' (config.OPTIONS, serving-api.md §12)."""
+    """Everything the HTTP layer needs to know: every server option of ``config.OPTIONS`` under its own name and
+    default (derived, never redeclared), plus ``state_dir`` (a path) and ``api_keys`` (flag keys and key-file
+    keys merged). Read-only; construct with keyword arguments, e.g. ``ServerSettings(state_dir=p, max_work=0)``.
+    """
 
-    state_dir: Path = attrs.field(converter=Path)
-    host: str = _CORE.host
-    port: int = _CORE.port
-    api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    max_queued_jobs: int = _CORE.max_queued_jobs
-    max_image_pixels: int = _CORE.max_image_pixels
-    max_input_image_pixels: int = _CORE.max_input_image_pixels
-    max_upload_bytes: int = _CORE.max_upload_bytes
-    max_request_bytes: int = _CORE.max_request_bytes
-    max_prompt_chars: int = _CORE.max_prompt_chars
-    heartbeat_interval_s: float = attrs.field(default=_CORE.heartbeat_interval_s, validator=_positive)
-    cancel_wait_s: float = _CORE.cancel_wait_s
-    shutdown_grace_s: float = _CORE.shutdown_grace_s
-    max_job_seconds: float = _CORE.max_job_seconds  # 0 = no operator deadline (there is never a default one)
-    job_ttl_s: float = _CORE.job_ttl_s  # 0 = keep forever
-    cors_origins: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    __slots__ = ("_values", "api_keys", "state_dir")
+    state_dir: Path
+    api_keys: tuple[str, ...]
+    _values: dict[str, Any]
+
+    def __init__(self, state_dir: str | Path, api_keys: Iterable[str] = (), **values: Any) -> None:
+        unknown = sorted(set(values) - set(SERVER_OPTIONS))
+        if unknown:
+            raise TypeError(f"ServerSettings() got an unknown setting {unknown[0]!r}; "
+                            f"known: {', '.join(SERVER_OPTIONS)}")
+        merged = Settings(**values).as_dict()
+        if values.get("cors_origins") is not None:
+            merged["cors_origins"] = tuple(values["cors_origins"])
+        if not merged["heartbeat_interval_s"] > 0:
+            raise ConfigError("heartbeat_interval_s", f"must be > 0 (it paces heartbeats, liveness checks and "
+                                                      f"expiry), got {merged['heartbeat_interval_s']!r}")
+        object.__setattr__(self, "state_dir", Path(state_dir))
+        object.__setattr__(self, "api_keys", tuple(api_keys))
+        object.__setattr__(self, "_values", {name: merged[name] for name in SERVER_OPTIONS})
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"'ServerSettings' has no setting {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise attrs.exceptions.FrozenInstanceError()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ServerSettings) and (self.state_dir, self.api_keys, self._values) == (
+            other.state_dir, other.api_keys, other._values)
+
+    def __hash__(self) -> int:
+        return hash((self.state_dir, self.api_keys, tuple(self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"ServerSettings(state_dir={str(self.state_dir)!r}, api_keys=<{len(self.api_keys)}>, {self._values!r})"
 
 
 def server_settings_from(core: Settings) -> ServerSettings:
@@ -50,8 +72,5 @@ def server_settings_from(core: Settings) -> ServerSettings:
     keys: list[str] = list(core.api_key or ())
     if core.api_key_file:
         keys.extend(line.strip() for line in Path(core.api_key_file).read_text().splitlines() if line.strip())
-    values: dict[str, Any] = {"state_dir": core.state_path, "api_keys": tuple(dict.fromkeys(keys))}
-    for field in attrs.fields(ServerSettings):
-        if field.name not in values:
-            values[field.name] = getattr(core, field.name)
-    return ServerSettings(**values)
+    return ServerSettings(state_dir=core.state_path, api_keys=tuple(dict.fromkeys(keys)),
+                          **{name: getattr(core, name) for name in SERVER_OPTIONS})

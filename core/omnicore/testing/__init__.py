@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._lazy import lazy_getattr
+
 _LAZY = {
     "PluginConformance": "omnicore.testing.plugin:PluginConformance",
     "AttentionBackendConformance": "omnicore.testing.attention:AttentionBackendConformance",
@@ -18,15 +20,11 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'omnicore.testing' has no attribute {name!r}")
-    from ..specs import resolve
+_lazy = lazy_getattr(__name__, _LAZY)
 
-    value = resolve(target)
-    globals()[name] = value
-    return value
+
+def __getattr__(name: str) -> Any:
+    return _lazy(name)
 
 
 __all__ = list(_LAZY)
