@@ -71,18 +71,24 @@ class DiTBlock(nn.Module):
         self.adaln_proj = H3AdaLNProjection(c.time_embed_dim, c.hidden_size, BLOCK_EXPAND, MODALITY_NUM)
 
     def modulation(self, t_emb: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Per-row modulation ``[T, 6H]`` (shift, scale, gate, shift2, scale2, gate2) for table rows ``rows``."""
-        table = torch.cat(self.adaln_proj(t_emb), dim=-1)  # [M*3, 6H], a few rows
+        """Per-row modulation ``[T, 6H]`` (shift, scale, gate, shift2, scale2, gate2) for table rows ``rows``.
+
+        The RMSNorm weights are folded into the scales on the (few-row) table: ``rms(x)·w·(1 + s) + b`` ==
+        ``rms(x)·(1 + s') + b`` with ``s' = w·(1 + s) - 1``, so the per-row work skips a multiply by ``w``.
+        """
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln_proj(t_emb)  # [M*3, H] each
+        scale1 = self.norm1.weight.to(scale1.dtype) * (1 + scale1) - 1
+        scale2 = self.norm2.weight.to(scale2.dtype) * (1 + scale2) - 1
+        table = torch.cat([shift1, scale1, gate1, shift2, scale2, gate2], dim=-1)
         return table.index_select(0, rows)
 
     def forward(self, x: torch.Tensor, mod: torch.Tensor, docs: Documents, attention: PackedAttention, ops: Any,
                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """``x [T, H]``, ``mod [T, 6H]`` from :meth:`modulation` -> ``[T, H]``."""
+        """``x [T, H]``, ``mod [T, 6H]`` from :meth:`modulation` (norm weights folded in) -> ``[T, H]``."""
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.split(self.hidden, dim=-1)
-        h = ops.modulate(self.norm1(x, ops), shift1, scale1)
+        h = ops.modulate(ops.rms_norm(x, None, self.norm1.eps), shift1, scale1)
         a = self.attn(h, docs, attention, ops, rope)
-        x, h = ops.gated_residual_norm_modulate(x, a, gate1, shift2, scale2, self.norm2.eps, norm="rms",
-                                                weight=self.norm2.weight)
+        x, h = ops.gated_residual_norm_modulate(x, a, gate1, shift2, scale2, self.norm2.eps, norm="rms")
         return ops.gated_residual(x, self.mlp(h, ops), gate2)
 
 
