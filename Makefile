@@ -1,7 +1,7 @@
 # Quickstart targets. Each creates .venv when missing and installs every distribution in editable mode.
 #   PYTHON=python3.X      interpreter used to create the venv (3.10+)
 #   TORCH_SPEC=...        torch requirement installed first (default torch==2.13.0)
-#   PYTEST_ARGS=...       arguments for pytest (`make test`)
+#   PYTEST_ARGS=...       extra arguments for pytest (`make test`, `make test-all`)
 #   ALLOW_NO_TESTS=1      a selection that collects no tests (pytest exit 5) passes instead of failing
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +12,7 @@ PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml
 PYTEST_ARGS ?=
 ALLOW_NO_TESTS ?= 0
 
-.PHONY: install test serve bench clean
+.PHONY: install test test-all test-isolation serve bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "omnicore needs Python 3.10+; set PYTHON=python3.X")'
@@ -27,12 +27,25 @@ $(STAMP): $(BIN)/python core/pyproject.toml $(wildcard plugins/*/pyproject.toml)
 install: $(STAMP)
 
 # pytest exits 5 when it collected nothing: on the whole suite that means the suite itself is broken.
+define run_pytest
+@$(BIN)/python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
+if [ $$rc -eq 5 ]; then \
+  if [ "$(ALLOW_NO_TESTS)" = 1 ]; then echo "make $@: no tests selected (pytest exit 5); allowed" >&2; exit 0; fi; \
+  echo "make $@: pytest collected no tests (exit 5) with PYTEST_ARGS='$(PYTEST_ARGS)'; failing" >&2; \
+fi; exit $$rc
+endef
+
+# `make test`: the fast default, tests marked slow deselected (a few minutes on 2 cores).
 test: $(STAMP)
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then \
-	  if [ "$(ALLOW_NO_TESTS)" = 1 ]; then echo "make test: no tests selected (pytest exit 5); allowed" >&2; exit 0; fi; \
-	  echo "make test: pytest collected no tests (exit 5) with PYTEST_ARGS='$(PYTEST_ARGS)'; failing" >&2; \
-	fi; exit $$rc
+	$(call run_pytest,-m "not slow")
+
+# `make test-all`: everything, slow tests included (CI runs this; under 10 minutes on 2 cores).
+test-all: $(STAMP)
+	$(call run_pytest,)
+
+# Each test directory alone, its files in reverse order: catches tests that depend on collection order.
+test-isolation: $(STAMP)
+	$(BIN)/python .ci/isolated.py
 
 serve: $(STAMP)
 	$(BIN)/omnicore serve auto

@@ -74,11 +74,11 @@ _LAZY: dict[str, str] = {
 }
 
 
-_lazy = lazy_getattr(__name__, _LAZY)
+_lazy_attr = lazy_getattr(__name__, _LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    return _lazy(name)
+    return _lazy_attr(name)
 
 
 def __dir__() -> list[str]:

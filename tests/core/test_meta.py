@@ -271,4 +271,17 @@ def test_ci_run_goes_through_make_test(ready_venv):
     env["CI_PYTEST_ARGS"] = "tests/core/test_config.py -k zzz_none"  # a narrowed run may select nothing
     proc = subprocess.run(["bash", str(REPO / ".ci/run")], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, **env})
-    assert proc.returncode == 0 and "make test: no tests selected" in proc.stderr
+    assert proc.returncode == 0 and "make test-all: no tests selected" in proc.stderr
+
+
+@pytestmark_make
+def test_make_test_is_the_fast_default_and_ci_runs_everything_then_the_isolation_check(tmp_path):
+    venv = tmp_path / "fresh"
+    fast = [line for line in _make("-n", "test", f"VENV={venv}").stdout.splitlines() if "-m pytest" in line]
+    full = [line for line in _make("-n", "test-all", f"VENV={venv}").stdout.splitlines() if "-m pytest" in line]
+    assert len(fast) == 1 and '-m "not slow"' in fast[0], fast
+    assert len(full) == 1 and "not slow" not in full[0], full
+    isolation = _make("-n", "test-isolation", f"VENV={venv}").stdout
+    assert ".ci/isolated.py" in isolation
+    ci = (REPO / ".ci/run").read_text()
+    assert "make test-all" in ci and "make test-isolation" in ci

@@ -38,8 +38,6 @@ def test_max_wait_is_normalised_to_float(raw, expected):
 def test_decision_values_at_10():
     d = sched().get_admission_wait_decision(10.0)
     assert d == AdmissionDecision(should_wait=True, deadline=11.0, stable_window_s=0.05, max_batch=2)
-    d = sched().get_admission_wait_decision(10.0, dp_concurrent=True)
-    assert d == AdmissionDecision(should_wait=True, deadline=11.0, stable_window_s=0.3, max_batch=2)
 
 
 def test_no_wait_when_max_wait_is_zero():
@@ -53,11 +51,6 @@ def test_no_wait_while_a_batch_runs():
     assert not s.get_admission_wait_decision(10.0).should_wait
     s.running = False
     assert s.get_admission_wait_decision(10.0).should_wait
-
-
-@pytest.mark.parametrize("dp", [False, True])
-def test_step_mode_never_waits(dp):
-    assert not sched(step_mode=True).get_admission_wait_decision(10.0, dp_concurrent=dp).should_wait
 
 
 def test_one_waiting_ends_on_stable_window_then_deadline():
@@ -89,15 +82,6 @@ def test_full_batch_is_counted_in_outputs():
     assert s.should_end_admission_wait(d, 10.01, stable_since=10.0)
 
 
-def test_dp_concurrent_stable_window():
-    s = sched()
-    s.add("a", key="k")
-    d = s.get_admission_wait_decision(10.0, dp_concurrent=True)
-    assert not s.should_end_admission_wait(d, 10.05, stable_since=10.0)
-    assert not s.should_end_admission_wait(d, 10.29, stable_since=10.0)
-    assert s.should_end_admission_wait(d, 10.3, stable_since=10.0)
-
-
 def test_empty_queue_only_ends_at_deadline():
     s = sched()
     d = s.get_admission_wait_decision(10.0)
@@ -127,9 +111,9 @@ class FakeClock:
             self.sched.add(self.arrivals.pop(0)[1], key="k")
 
 
-def run_wait(s: Scheduler, arrivals: dict[float, str], dp: bool = False) -> tuple[float, FakeClock]:
+def run_wait(s: Scheduler, arrivals: dict[float, str]) -> tuple[float, FakeClock]:
     clock = FakeClock(10.0, s, arrivals)
-    decision = s.get_admission_wait_decision(clock(), dp_concurrent=dp)
+    decision = s.get_admission_wait_decision(clock())
     waited = admission_wait(s, clock, decision, clock, lambda: False)
     return waited, clock
 

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -29,7 +28,7 @@ from .model_options import resolve_model_options
 from ..offload.policy import OFFLOAD_MODES, apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
 from .protocol import LoadOptions
-from .request import GenerationRequest, MediaInput, SamplingParams
+from .request import GenerationRequest, MediaInput, SamplingParams, random_seed
 from .runner import BatchRunner, EngineStats
 from .scheduler import Scheduler, admission_wait
 
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("omnicore.engine")
 
-SEED_RANGE = 2**32
 _SAMPLING_FIELDS = frozenset(a.name for a in attrs.fields(SamplingParams))
 CacheMethodArg = str | tuple[str, Any]
 
@@ -163,7 +161,7 @@ class Engine:
         request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
         if request.params.seed is None:
             default = self.spec.defaults.seed
-            seed = default if default is not None else secrets.randbelow(SEED_RANGE)
+            seed = default if default is not None else random_seed(request.params.num_outputs)
             request = request.evolve(params=attrs.evolve(request.params, seed=seed))
         job = Job(request, canceller=self._cancel)
         if on_event is not None:

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("omnicore.engine")
 
 Listener = Callable[[ProgressEvent], Any]
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 
 class Job:

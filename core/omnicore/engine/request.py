@@ -8,6 +8,7 @@ field (dotted, e.g. ``params.height``) and the rule.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -19,7 +20,15 @@ from ..specs import RequestDefaults
 
 OUTPUT_TYPES = ("auto", "image", "video")
 QUALITIES = ("draft", "standard", "high")
+#: The one seed range: seeds are integers in [0, MAX_SEED] (output i of a request uses seed + i), everywhere — the
+#: engine, the HTTP schemas and the plugins' own streams.
 MAX_SEED = 2**63 - 1
+
+
+def random_seed(num_outputs: int = 1) -> int:
+    """A seed for a request that gave none, uniform over the seed range with room for ``seed + i`` of every
+    output (so the drawn seed always validates)."""
+    return secrets.randbelow(MAX_SEED - max(1, num_outputs) + 2)
 
 
 def _opt_int(lo: int, hi: int | None = None) -> Any:

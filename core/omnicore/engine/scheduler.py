@@ -24,7 +24,6 @@ from ..errors import ConfigError, QueueFull
 T = TypeVar("T")
 
 STABLE_WINDOW_S = 0.05
-DP_STABLE_WINDOW_S = 0.3
 WAIT_POLL_S = 0.002
 
 
@@ -52,11 +51,10 @@ class Scheduler(Generic[T]):
     :param max_queue: most items waiting; one more raises :class:`QueueFull`.
     :param request_batch_max_wait_ms: admission wait (finite, >= 0; 0 disables waiting).
     :param supports_batching: the model's capability; ``False`` makes every batch a single request.
-    :param step_mode: step-level scheduling never waits for admission.
     """
 
     def __init__(self, *, max_num_seqs: int, max_queue: int, request_batch_max_wait_ms: Any = 0.0,
-                 supports_batching: bool = True, step_mode: bool = False) -> None:
+                 supports_batching: bool = True) -> None:
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ConfigError("max_num_seqs", f"must be a positive integer, got {max_num_seqs!r}")
         if not isinstance(max_queue, int) or max_queue < 1:
@@ -65,7 +63,6 @@ class Scheduler(Generic[T]):
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
         self.supports_batching = supports_batching
-        self.step_mode = step_mode
         self.running = False  # a batch is executing (set by the engine loop)
         self._queue: deque[_Entry[T]] = deque()
 
@@ -124,12 +121,11 @@ class Scheduler(Generic[T]):
         return [e.item for e in batch]
 
     # ------------------------------------------------------------------ admission wait (pure)
-    def get_admission_wait_decision(self, now: float, dp_concurrent: bool = False) -> AdmissionDecision:
-        """Hold for up to ``request_batch_max_wait_ms`` unless waiting is off, a batch runs, or in step mode."""
-        window = DP_STABLE_WINDOW_S if dp_concurrent else STABLE_WINDOW_S
-        if self.step_mode or self.running or self.max_wait_ms == 0.0:
-            return AdmissionDecision(False, None, window, self.max_batch)
-        return AdmissionDecision(True, now + self.max_wait_ms / 1000.0, window, self.max_batch)
+    def get_admission_wait_decision(self, now: float) -> AdmissionDecision:
+        """Hold for up to ``request_batch_max_wait_ms`` unless waiting is off or a batch runs."""
+        if self.running or self.max_wait_ms == 0.0:
+            return AdmissionDecision(False, None, STABLE_WINDOW_S, self.max_batch)
+        return AdmissionDecision(True, now + self.max_wait_ms / 1000.0, STABLE_WINDOW_S, self.max_batch)
 
     def should_end_admission_wait(self, decision: AdmissionDecision, now: float, stable_since: float) -> bool:
         """End on a full batch, a queue unchanged for the stable window, or the deadline."""

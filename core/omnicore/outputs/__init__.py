@@ -23,8 +23,8 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-_lazy = lazy_getattr(__name__, _LAZY)
+_lazy_attr = lazy_getattr(__name__, _LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    return _lazy(name)
+    return _lazy_attr(name)

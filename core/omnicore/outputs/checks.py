@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from numbers import Real
+from typing import Protocol
 
 import numpy as np
 
@@ -22,8 +23,20 @@ _NTSC_BASES = (24, 30, 48, 60, 120, 240)
 _MAX_FPS = 1000
 
 
+class Encodable(Protocol):
+    """What a writer needs from an output (:class:`~omnicore.outputs.output.Output` is one)."""
+
+    kind: str
+    frames: np.ndarray
+    fps: float | None
+    audio: np.ndarray | None
+    sample_rate: int | None
+
+
 def check_frames(frames: object) -> np.ndarray:
-    """``frames`` must be a uint8 ``[F, H, W, 3]`` array with ``F >= 1``; returns it C-contiguous."""
+    """``frames`` must be a uint8 ``[F, H, W, 3]`` array with ``F >= 1``; returns it C-contiguous.
+
+    The one frame check: ``Output`` runs it on construction, the writers and encoders before encoding."""
     if not isinstance(frames, np.ndarray):
         raise InvalidRequest("frames", f"must be a numpy uint8 array [F, H, W, 3], got {type(frames).__name__}")
     if frames.dtype != np.uint8:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
+from .checks import check_frames
+
 if TYPE_CHECKING:
     from .options import EncodeOptions
 
@@ -35,8 +37,7 @@ class Output:
     def __attrs_post_init__(self) -> None:
         if self.kind not in ("image", "video"):
             raise ValueError(f"Output.kind must be 'image' or 'video', got {self.kind!r}")
-        if self.frames.dtype != np.uint8 or self.frames.ndim != 4 or self.frames.shape[-1] != 3:
-            raise ValueError(f"Output.frames must be uint8 [F, H, W, 3], got {self.frames.dtype} {self.frames.shape}")
+        check_frames(self.frames)  # InvalidRequest("frames", ...), a ValueError, naming what is wrong
         if self.text is not None and not isinstance(self.text, str):
             raise ValueError(f"Output.text must be a string or None, got {type(self.text).__name__}")
         if self.kind == "image" and self.frames.shape[0] != 1:

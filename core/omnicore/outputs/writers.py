@@ -1,5 +1,8 @@
 """Write an :class:`Output` to disk or to bytes; the file suffix (or ``fmt``) picks the container.
 
+Writers take any :class:`~.checks.Encodable` (the ``Output`` record is one) and never import ``output.py``, so
+the dependency runs one way: ``Output.save`` -> writers.
+
 Images: ``.png`` (lossless), ``.webp`` (lossy, or exact with ``EncodeOptions(webp_lossless=True)``),
 ``.jpg``/``.jpeg``. Video: ``.mp4`` (H.264 + AAC, see :mod:`.mp4`). A video output may be saved as an
 image only when it has exactly one frame. Files are written atomically: a temp file in the target folder
@@ -14,14 +17,13 @@ import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import InvalidRequest
-from .checks import check_frames
+from .checks import Encodable, check_frames
 from .images import encode_image, save_image
 from .mp4 import write_mp4
 from .options import DEFAULT_OPTIONS, EncodeOptions
-from .output import Output
 
 # suffix / format name -> canonical format
 FORMATS: dict[str, str] = {"png": "png", "webp": "webp", "jpg": "jpeg", "jpeg": "jpeg", "mp4": "mp4"}
@@ -37,7 +39,7 @@ def format_for(name: str, *, field: str = "format") -> str:
     return FORMATS[key]
 
 
-def _still_frame(output: Output, fmt: str):
+def _still_frame(output: Encodable, fmt: str) -> Any:
     frames = check_frames(output.frames)
     if frames.shape[0] != 1:
         raise InvalidRequest(
@@ -68,7 +70,7 @@ def _write_atomic(path: Path, fill: Callable[[str, BinaryIO], None], durable: bo
     return path
 
 
-def write_output(output: Output, path: str | os.PathLike[str], options: EncodeOptions = DEFAULT_OPTIONS) -> Path:
+def write_output(output: Encodable, path: str | os.PathLike[str], options: EncodeOptions = DEFAULT_OPTIONS) -> Path:
     """Write ``output`` to ``path`` in the format its suffix names; returns the path written."""
     path = Path(path)
     fmt = format_for(path.suffix, field="path")
@@ -83,7 +85,7 @@ def write_output(output: Output, path: str | os.PathLike[str], options: EncodeOp
     return _write_atomic(path, lambda _tmp, fh: save_image(frame, fmt, fh, options), options.durable)
 
 
-def encode_output(output: Output, fmt: str, options: EncodeOptions = DEFAULT_OPTIONS) -> bytes:
+def encode_output(output: Encodable, fmt: str, options: EncodeOptions = DEFAULT_OPTIONS) -> bytes:
     """Encode ``output`` in memory as ``fmt`` (``"png"``, ``"webp"``, ``"jpeg"``/``"jpg"``, ``"mp4"``)."""
     fmt = format_for(fmt)
     if fmt != "mp4":

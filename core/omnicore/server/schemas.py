@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MAX_SEED = 2**63 - 1
+from ..engine.request import MAX_SEED  # the one seed range
+
 SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$"
 
 

@@ -20,11 +20,11 @@ _LAZY = {
 }
 
 
-_lazy = lazy_getattr(__name__, _LAZY)
+_lazy_attr = lazy_getattr(__name__, _LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    return _lazy(name)
+    return _lazy_attr(name)
 
 
 __all__ = list(_LAZY)
