@@ -1,5 +1,9 @@
 """``MiniMaxH3Pipeline``: the omnicore pipeline protocol for MiniMax-H3 (models.md §1.3–§1.5).
 
+Steps: ``num_inference_steps`` counts DiT calls (omnicore's meaning: progress and caches count them), so a
+request's sigma grid has ``steps + 1`` points — the release's 50-point default grid is 49 steps, and diffusers'
+``num_inference_steps=N`` is our ``N - 1``.
+
 Per batch (requests of any size and task of one partition, with equal step counts and shifts): ``encode`` presents
 and encodes every prompt (Qwen3-VL, layer-50 readout), encodes the keyframes / references with the VAEs, draws the
 noise, lays out each output's packed document, lets the DiT prepare it once (RoPE table, refined text) and packs all
@@ -34,7 +38,7 @@ from omnicore.specs import AttentionRequirement
 
 from . import packing
 from .conditions import fit_keyframe, fit_reference_image, stereo_at, to_rgb
-from .plugin import MODEL_SPEC
+from .plugin import DEFAULTS, MODEL_SPEC
 from .request_rules import SAMPLE_RATE, Deployment, MediaSummary, ResolvedRequest, resolve_request
 from .scheduler import euler_step, paired_sigmas, timesteps
 from .text_encoder import H3TextEncoder
@@ -162,7 +166,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         loaded, summaries = [], []
         for i, m in enumerate(request.inputs):
             try:
-                data = m.load()
+                data = m.load(field=f"inputs[{i}].data")
             except InvalidRequest:
                 raise
             except Exception as exc:  # noqa: BLE001 - any decoder failure is the client's media
@@ -186,7 +190,9 @@ class MiniMaxH3Pipeline(BasePipeline):
         media, summaries = self._load_media(request)
         resolved = resolve_request(prompt=request.prompt, negative_prompt=request.negative_prompt,
                                    params=request.params, extra=request.extra, media=summaries,
-                                   deployment=self.deployment)
+                                   deployment=self.deployment, default_steps=self.spec.defaults.num_inference_steps,
+                                   default_frames=None if self.spec.defaults == DEFAULTS else
+                                   self.spec.defaults.num_frames)
         for i, m in enumerate(media):
             if summaries[i].kind == "video":
                 raise InvalidRequest(f"inputs[{i}]", "video references are not supported by this build yet; "
@@ -302,7 +308,7 @@ class MiniMaxH3Pipeline(BasePipeline):
                 plans.append(plan)
                 video.append(v)
                 audio.append(a)
-        sig_v, sig_a = paired_sigmas(first.steps, first.video_shift, first.audio_shift)
+        sig_v, sig_a = paired_sigmas(first.steps + 1, first.video_shift, first.audio_shift)
         extras: dict[str, Any] = {"items": items, "partition": first.partition, "sigmas": (sig_v, sig_a),
                                   "t": (timesteps(sig_v), timesteps(sig_a))}
         self._set_batch(extras, dit, plans)

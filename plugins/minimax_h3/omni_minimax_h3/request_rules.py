@@ -24,7 +24,9 @@ LATENTS_PER_CHUNK = 5  # latent frames a clip keeps
 MIN_DURATION_S = 4.0
 MAX_DURATION_S = 15.0
 DEFAULT_FRAMES = {"t2va": 209, "fl2va": 209, "ref2va": 124}
-DEFAULT_STEPS = 50
+#: Denoise steps (DiT calls). The release's default grid has 50 points including the terminal 0, i.e. 49 calls;
+#: omnicore counts steps as model calls, so the grid of a request has ``steps + 1`` points.
+DEFAULT_STEPS = 49
 DEFAULT_VIDEO_SHIFT = 12.0
 DEFAULT_AUDIO_SHIFT = 3.0
 CANVAS_MULTIPLE = 32
@@ -149,8 +151,11 @@ def pick_duration(params: Any, extra: Mapping[str, Any]) -> tuple[str, float] | 
     return (found[0][0], values.pop()) if found else None
 
 
-def resolve_frames(task: str, params: Any, extra: Mapping[str, Any], max_duration_s: float) -> int:
-    """Aligned frame count: duration x 24 (rounded) > ``num_frames`` > the task default; 4 s <= length <= max."""
+def resolve_frames(task: str, params: Any, extra: Mapping[str, Any], max_duration_s: float,
+                   default: int | None = None) -> int:
+    """Aligned frame count: duration x 24 (rounded) > ``num_frames`` > ``default`` (None: the task's: 209 for
+    t2va/fl2va, 124 for ref2va); the requested length must lie in [4 s, max] (§1.2), then it snaps up to 17n+5
+    (so 15 s = 360 frames -> 362)."""
     duration = pick_duration(params, extra)
     num_frames = getattr(params, "num_frames", None)
     if duration is not None:
@@ -158,14 +163,14 @@ def resolve_frames(task: str, params: Any, extra: Mapping[str, Any], max_duratio
     elif num_frames is not None and num_frames > 1:
         field, frames = "params.num_frames", int(num_frames)
     else:
-        field, frames = "params.num_frames", DEFAULT_FRAMES[task]
+        field, frames = "params.num_frames", default or DEFAULT_FRAMES[task]
     if frames / FPS < MIN_DURATION_S:
         raise InvalidRequest(field, f"MiniMax-H3 generates at least {MIN_DURATION_S:g} s ({int(MIN_DURATION_S * FPS)} "
                                     f"frames at {FPS} fps), got {frames} frames")
+    if frames / FPS > max_duration_s:  # the serving contract bounds the requested length (diffusers: the aligned)
+        raise InvalidRequest(field, f"MiniMax-H3 generates at most {max_duration_s:g} s ({int(max_duration_s * FPS)} "
+                                    f"frames at {FPS} fps), got {frames} frames")
     aligned = align_frames(frames)
-    if aligned / FPS > max_duration_s:
-        raise InvalidRequest(field, f"MiniMax-H3 generates at most {max_duration_s:g} s at {FPS} fps; {frames} frames "
-                                    f"round up to {aligned} (17n+5), {aligned / FPS:.2f} s")
     return aligned
 
 
@@ -334,12 +339,11 @@ def check_unsupported(params: Any, negative_prompt: Any) -> None:
         raise InvalidRequest("params.num_outputs", f"must be between 1 and {MAX_OUTPUTS}, got {n}")
 
 
-def resolve_steps(params: Any) -> int:
+def resolve_steps(params: Any, default: int = DEFAULT_STEPS) -> int:
     steps = getattr(params, "num_inference_steps", None)
-    steps = DEFAULT_STEPS if steps is None else steps
-    if steps < 2:
-        raise InvalidRequest("params.num_inference_steps", f"the sigma grid counts its terminal 0, so at least 2 "
-                                                           f"points (one model call) are needed, got {steps}")
+    steps = default if steps is None else steps
+    if steps < 1:
+        raise InvalidRequest("params.num_inference_steps", f"must be at least 1, got {steps}")
     return int(steps)
 
 
@@ -380,15 +384,17 @@ def resolve_canvas(task: str, params: Any, extra: Mapping[str, Any], media: Sequ
 
 
 def resolve_request(*, prompt: Any, negative_prompt: Any, params: Any, extra: Mapping[str, Any],
-                    media: Sequence[MediaSummary], deployment: Deployment) -> ResolvedRequest:
-    """Apply every rule to one request (``params`` is an omnicore ``SamplingParams``)."""
+                    media: Sequence[MediaSummary], deployment: Deployment, default_steps: int = DEFAULT_STEPS,
+                    default_frames: int | None = None) -> ResolvedRequest:
+    """Apply every rule to one request (``params`` is an omnicore ``SamplingParams``). ``default_steps`` /
+    ``default_frames`` come from the served spec (a tiny preset's are smaller)."""
     check_extra(extra)
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt", "MiniMax-H3 takes a non-empty text prompt")
     check_unsupported(params, negative_prompt)
     task = resolve_task(extra, media, deployment)
     check_media_roles(task, media)
-    num_frames = resolve_frames(task, params, extra, deployment.max_duration_s)
+    num_frames = resolve_frames(task, params, extra, deployment.max_duration_s, default_frames)
     keyframes: tuple[tuple[int, str], ...] = ()
     references: tuple[int, ...] = ()
     if task == "fl2va":
@@ -401,7 +407,7 @@ def resolve_request(*, prompt: Any, negative_prompt: Any, params: Any, extra: Ma
     return ResolvedRequest(
         task=task, prompt=prompt, height=height, width=width, num_frames=num_frames,
         num_latent_frames=latent_frames(num_frames), num_audio_latents=audio_latents(num_frames),
-        keyframes=keyframes, references=references, steps=resolve_steps(params),
+        keyframes=keyframes, references=references, steps=resolve_steps(params, default_steps),
         video_shift=resolve_shift(extra.get("flow_shift", getattr(params, "flow_shift", None)),
                                   "extra.flow_shift" if "flow_shift" in extra else "params.flow_shift",
                                   deployment.video_shift),

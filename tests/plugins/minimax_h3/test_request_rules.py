@@ -1,0 +1,184 @@
+"""MiniMax-H3 request rules (models.md §1.1–§1.2, seed-contracts §2.3): pure functions, no model."""
+
+from __future__ import annotations
+
+import pytest
+from omni_minimax_h3.request_rules import (
+    Deployment,
+    MediaSummary,
+    align_frames,
+    audio_latents,
+    canvas_for_ratio,
+    latent_frames,
+    resolve_request,
+)
+from omnicore.engine.request import SamplingParams
+from omnicore.errors import InvalidRequest
+
+FL2VA = Deployment(partitions=("fl2va",))
+REF2VA = Deployment(partitions=("ref2va",))
+BOTH = Deployment(partitions=("fl2va", "ref2va"))
+
+
+def resolve(prompt="rain", *, media=(), extra=None, deployment=FL2VA, **params):
+    extra = {"aspect_ratio": "16:9"} if extra is None else extra
+    return resolve_request(prompt=prompt, negative_prompt=params.pop("negative_prompt", None),
+                           params=SamplingParams(**params), extra=extra, media=tuple(media), deployment=deployment)
+
+
+def img(role, w=512, h=288):
+    return MediaSummary("image", role, size=(w, h))
+
+
+def field_of(fn, *args, **kwargs):
+    with pytest.raises(InvalidRequest) as info:
+        fn(*args, **kwargs)
+    return info.value.field
+
+
+# ---------------------------------------------------------------------------------------------- frames
+
+
+@pytest.mark.parametrize(("n", "aligned"), [(29, 39), (96, 107), (107, 107), (108, 124), (209, 209), (5, 5)])
+def test_frames_snap_up_to_17n_plus_5(n, aligned):
+    assert align_frames(n) == aligned
+    assert aligned % 17 == 5
+
+
+@pytest.mark.parametrize(("frames", "latent"), [(5, 2), (22, 7), (107, 32), (209, 62)])
+def test_latent_frames(frames, latent):
+    assert latent_frames(frames) == latent
+
+
+def test_four_seconds_is_107_frames_and_178_audio_latents():
+    r = resolve(duration=4.0)
+    assert (r.num_frames, r.num_latent_frames, r.num_audio_latents) == (107, 32, 178)
+    assert audio_latents(107) == round(107 / 24 * 40)
+
+
+def test_duration_beats_num_frames_and_defaults_per_task():
+    assert resolve(duration=4.0, num_frames=29).num_frames == 107  # seed-contracts: duration overrides num_frames
+    assert resolve(num_frames=120).num_frames == 124
+    assert resolve().num_frames == 209
+    assert resolve(media=[MediaSummary("image", "reference", size=(512, 512))], deployment=REF2VA,
+                   extra={}).num_frames == 124
+    assert resolve_request(prompt="x", negative_prompt=None, params=SamplingParams(), extra={"aspect_ratio": "1:1"},
+                           media=(), deployment=FL2VA, default_frames=107).num_frames == 107
+
+
+def test_duration_limits_name_the_field():
+    assert field_of(resolve, duration=3.9) == "params.duration"
+    assert field_of(resolve, num_frames=95) == "params.num_frames"
+    assert field_of(resolve, extra={"aspect_ratio": "1:1", "duration": 15.1}) == "extra.duration"
+    assert resolve(duration=15.0).num_frames == 362  # the requested 360 frames are within 15 s, then snap up
+
+
+def test_duration_given_twice_must_agree():
+    assert field_of(resolve, duration=4.0, extra={"aspect_ratio": "1:1", "duration": 5.0}) == "extra.duration"
+    assert resolve(duration=4.0, extra={"aspect_ratio": "1:1", "duration_seconds": 4.0}).num_frames == 107
+
+
+# ---------------------------------------------------------------------------------------------- canvas
+
+
+@pytest.mark.parametrize("ratio", ["21:9", "16:9", "4:3", "1:1", "3:4", "9:16"])
+def test_release_canvas_matches_diffusers(ratio):
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
+
+    aw, ah = (int(x) for x in ratio.split(":"))
+    r = resolve(extra={"aspect_ratio": ratio})
+    assert (r.height, r.width) == resolve_canvas_size(aw, ah, 32, 768, 768 * 1344)
+    if ratio == "16:9":
+        assert (r.height, r.width) == (768, 1344)
+
+
+def test_t2va_requires_an_aspect_ratio():
+    with pytest.raises(InvalidRequest) as info:
+        resolve(extra={})
+    assert info.value.field == "extra.aspect_ratio" and "t2va requires an explicit aspect_ratio" in str(info.value)
+    assert field_of(resolve, extra={"aspect_ratio": "2:1"}) == "extra.aspect_ratio"
+
+
+def test_explicit_size_wins_floored_to_32():
+    r = resolve(height=300, width=500)
+    assert (r.height, r.width) == (288, 480)
+    assert field_of(resolve, height=64) == "params.width"
+    assert field_of(resolve, height=32, width=320) == "params.width"  # 10:1 is outside 1:4 .. 4:1
+
+
+def test_tiny_canvas():
+    assert canvas_for_ratio(16, 9, short_edge=64, max_pixels=64 * 112) == (64, 128)
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+
+
+def test_task_inference():
+    assert resolve().task == "t2va"
+    assert resolve(media=[img("first_frame")], extra={}).task == "fl2va"
+    assert resolve(media=[img("reference")], extra={}, deployment=BOTH).task == "ref2va"
+    assert resolve(media=[img("reference")], extra={}, deployment=REF2VA).task == "ref2va"
+    assert field_of(resolve, extra={}, deployment=REF2VA) == "inputs"  # ref2va needs a reference
+    assert field_of(resolve, media=[img("reference")], extra={}) == "inputs"  # FL2VA-only deployment
+    assert field_of(resolve, extra={"task": "ref2va"}) == "extra.task"
+    assert field_of(resolve, extra={"task": "v2v"}) == "extra.task"
+
+
+def test_mixed_roles_are_rejected():
+    assert field_of(resolve, media=[img("first_frame"), img("reference")], extra={}, deployment=BOTH) \
+        == "inputs[0].role"
+    assert field_of(resolve, media=[img("first_frame")], extra={"task": "t2va", "aspect_ratio": "1:1"}) \
+        == "inputs[0].role"
+
+
+def test_fl2va_keyframes_and_canvas_from_the_first():
+    r = resolve(media=[img("last_frame", 300, 400), img("first_frame", 800, 450)], extra={})
+    assert r.keyframes == ((1, "first"), (0, "last"))
+    assert (r.height, r.width) == (768, 1344)  # the first keyframe (packed order) is 16:9
+    last_only = resolve(media=[img("last_frame", 450, 800)], extra={})
+    assert last_only.keyframes == ((0, "last"),) and (last_only.height, last_only.width) == (1344, 768)
+    assert resolve(media=[img("first_frame")], extra={"frame_indices": [-1]}).keyframes == ((0, "last"),)
+    assert field_of(resolve, media=[img("first_frame")], extra={"frame_indices": [0, -1]}) == "extra.frame_indices"
+    assert field_of(resolve, media=[img("first_frame"), img("first_frame")], extra={}) == "inputs[1].role"
+    assert field_of(resolve, media=[MediaSummary("video", "first_frame")], extra={}) == "inputs[0].kind"
+
+
+def test_ref2va_limits():
+    def refs(*items):
+        return resolve(media=list(items), extra={}, deployment=REF2VA)
+
+    image = MediaSummary("image", "reference", size=(512, 512))
+    audio = MediaSummary("audio", "reference", duration_s=3.0)
+    assert refs(image, audio).references == (0, 1)
+    assert field_of(refs, *[image] * 10) == "inputs[9]"
+    assert field_of(refs, audio) == "inputs"  # audio alone
+    assert field_of(refs, image, *[audio] * 4) == "inputs[4]"
+    assert field_of(refs, MediaSummary("image", "reference", size=(200, 512))) == "inputs[0].data"  # side < 256
+    assert field_of(refs, MediaSummary("image", "reference", size=(1400, 512))) == "inputs[0].data"  # ratio > 2.5
+    assert field_of(refs, image, MediaSummary("audio", "reference", duration_s=1.0)) == "inputs[1].data"
+    assert field_of(refs, image, *[MediaSummary("audio", "reference", duration_s=6.0)] * 3) == "inputs"
+    r = refs(image)
+    assert (r.height, r.width) == (768, 1344)  # ref2va defaults to 16:9
+
+
+# ---------------------------------------------------------------------------------------------- others
+
+
+def test_fixed_fps_no_guidance_no_negative_prompt():
+    assert field_of(resolve, fps=30.0) == "params.fps"
+    assert resolve(fps=24.0).num_frames == 209
+    assert field_of(resolve, guidance_scale=5.0) == "params.guidance_scale"
+    assert field_of(resolve, negative_prompt="blurry") == "negative_prompt"
+
+
+def test_steps_shifts_pad_and_unknown_fields():
+    r = resolve()
+    assert (r.steps, r.video_shift, r.audio_shift, r.pad_seq_len) == (49, 12.0, 3.0, None)
+    r = resolve(num_inference_steps=4, flow_shift=5.0, extra={"aspect_ratio": "1:1", "audio_flow_shift": 2.0,
+                                                              "pad_seq_len": 4096})
+    assert (r.steps, r.video_shift, r.audio_shift, r.pad_seq_len) == (4, 5.0, 2.0, 4096)
+    assert field_of(resolve, extra={"aspect_ratio": "1:1", "pad_seq_len": 100}) == "extra.pad_seq_len"
+    assert field_of(resolve, extra={"aspect_ratio": "1:1", "audio_flow_shift": -1}) == "extra.audio_flow_shift"
+    assert field_of(resolve, extra={"aspect_ratio": "1:1", "cfg_scale": 3}) == "extra.cfg_scale"
+    assert field_of(resolve, prompt="   ") == "prompt"
+    assert resolve(num_outputs=3).num_outputs == 3
