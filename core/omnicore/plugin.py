@@ -45,6 +45,16 @@ _LAZY: dict[str, str] = {
     "SamplingParams": "omnicore.engine.request:SamplingParams",
     "Output": "omnicore.outputs.output:Output",
     "read_image": "omnicore.outputs.readers:read_image",
+    # -- media inputs with roles and deployment options -------------------------------------------------------
+    "MediaInput": "omnicore.engine.request:MediaInput",
+    "InputRole": "omnicore.specs:InputRole",
+    "ModelOption": "omnicore.specs:ModelOption",
+    "VideoClip": "omnicore.media:VideoClip",
+    "AudioClip": "omnicore.media:AudioClip",
+    "load_media": "omnicore.media:load_media",
+    # -- cancellation points inside a long stage (decode chunks) ---------------------------------------------
+    "raise_if_cancelled": "omnicore.engine.cancellation:raise_if_cancelled",
+    "cancel_points": "omnicore.engine.cancellation:cancel_points",
     # -- errors (name the field: ``InvalidRequest("params.height", "must be a multiple of 16")``) ----------
     "OmnicoreError": "omnicore.errors:OmnicoreError",
     "InvalidRequest": "omnicore.errors:InvalidRequest",

@@ -22,6 +22,9 @@ PUBLIC_NAMES = frozenset({
     # pipeline protocol
     "Pipeline", "BasePipeline", "DenoiseState", "LoadOptions", "output_seeds", "GenerationRequest",
     "SamplingParams", "Output", "read_image",
+    # media inputs, model options, cancellation points
+    "MediaInput", "InputRole", "ModelOption", "VideoClip", "AudioClip", "load_media", "raise_if_cancelled",
+    "cancel_points",
     # errors
     "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
     "Cancelled",
