@@ -144,7 +144,9 @@ def test_cpu_platform_impl_resolves_lazily():
     spec = host().select_platform()
     platform = spec.load_impl()()
     assert platform.name == "cpu" and str(platform.device()) == "cpu"
-    assert platform.max_memory_allocated() > 0
+    assert platform.max_memory_allocated() is None  # no window opened yet: unknown, not a lifetime peak
+    platform.reset_peak_memory()
+    assert platform.max_memory_allocated() >= platform.memory_allocated() > 0
 
 
 # ------------------------------------------------------------------------------------------- attention

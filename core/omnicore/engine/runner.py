@@ -122,7 +122,7 @@ class BatchRunner:
         platform.synchronize()
         timings["decode_s"] = time.perf_counter() - t
         per_job = self._split(outputs, members)
-        peak = int(platform.max_memory_allocated())
+        peak = platform.max_memory_allocated()  # the batch's peak window, or None where it cannot be measured
         batch_outputs = len(outputs)
         for job, job_outputs in zip(members, per_job):
             if job.done:  # cancelled while its rows were computed with the others

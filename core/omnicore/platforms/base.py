@@ -24,9 +24,10 @@ class Platform:
         """Bytes currently held by tensors on this device (0 when the platform cannot tell)."""
         return 0
 
-    def max_memory_allocated(self) -> int:
-        """Peak bytes since the last :meth:`reset_peak_memory` (0 when unknown)."""
-        return 0
+    def max_memory_allocated(self) -> int | None:
+        """Peak bytes since the last :meth:`reset_peak_memory`, or ``None`` when this platform cannot measure a
+        window (never a number that means something else, e.g. a process-lifetime peak)."""
+        return None
 
     def reset_peak_memory(self) -> None:
         """Start a new peak-memory window."""

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import resource
-import sys
-
 from .base import Platform
 
 
@@ -13,7 +10,39 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     dist_backend = "gloo"
 
-    def max_memory_allocated(self) -> int:
-        """Peak resident set size of the process (the closest CPU analogue of a device peak)."""
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
+    _window_open = False
+
+    def memory_allocated(self) -> int:
+        """The process's resident set size now (``VmRSS``; 0 where ``/proc`` is missing)."""
+        return _status_bytes("VmRSS") or 0
+
+    def reset_peak_memory(self) -> None:
+        """Start a peak window: reset the kernel's resident-set high-water mark to the current RSS (Linux
+        ``/proc/self/clear_refs`` value 5). Where that is impossible the window stays closed and
+        :meth:`max_memory_allocated` says ``None``."""
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+        except OSError:
+            self._window_open = False
+        else:
+            self._window_open = _status_bytes("VmHWM") is not None
+
+    def max_memory_allocated(self) -> int | None:
+        """The process's peak resident set size since :meth:`reset_peak_memory` (``VmHWM``: weights, activations
+        and anything else the process held while the batch ran), or ``None`` without a window. The engine opens
+        a window per batch, so this is the batch's peak, not the process lifetime's ``ru_maxrss``."""
+        return _status_bytes("VmHWM") if self._window_open else None
+
+
+def _status_bytes(key: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` in bytes (``None`` when absent)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                if name == key:
+                    return int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -82,9 +82,10 @@ class PlatformConformance:
         x = torch.ones(256, 256, device=device)
         plat.synchronize()
         plat.reset_peak_memory()
-        for name in ("memory_allocated", "max_memory_allocated"):
-            value = getattr(plat, name)()
-            assert isinstance(value, int) and value >= 0, f"{name}() returned {value!r}"
+        value = plat.memory_allocated()
+        assert isinstance(value, int) and value >= 0, f"memory_allocated() returned {value!r}"
+        peak = plat.max_memory_allocated()  # None = cannot measure a window (never a lifetime number)
+        assert peak is None or (isinstance(peak, int) and peak >= 0), f"max_memory_allocated() returned {peak!r}"
         plat.empty_cache()
         assert isinstance(plat.default_dtype(), torch.dtype)
         assert float((x @ x).sum()) == 256.0 ** 3
