@@ -35,7 +35,7 @@ def omnicore_register_platforms(register: Callable[[PlatformSpec], None]) -> Non
         impl="omnicore.platforms.cpu:CpuPlatform",
         device_type="cpu",
         priority=0,
-        attention_preference=("sdpa",),
+        attention_preference=(),  # no ranking: a plugin's CPU kernel with a higher priority wins over the reference
         description="Host CPU (always available; lowest priority).",
     ))
 
@@ -51,9 +51,12 @@ def omnicore_register_attention_backends(register: Callable[[AttentionBackendSpe
             head_dims=(1, 1024),
             packed_varlen=True,
             packed_mask_free=True,
+            prefix_kv_slicing=True,
+            spans=True,
         ),
         priority=0,
-        description="Reference: PyTorch SDPA, packed documents computed one by one (no O(S^2) mask).",
+        description="Reference: PyTorch SDPA, packed documents computed one by one from host-int metadata "
+                    "(valid_kv_length, prefix K/V, causal spans; no O(S^2) mask).",
     ))
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         AttentionRequirement,
         CacheMethodSpec,
         ModelSpec,
+        OpSpec,
         PlatformSpec,
     )
 
@@ -86,6 +87,22 @@ def omnicore_register_cache_methods(register: Callable[[CacheMethodSpec], None])
     Return value is ignored. Wrappers are not allowed.
 
     Use in plugins: the core (its built-in caches) and third-party acceleration plugins.
+    """
+
+
+@hookspec
+def omnicore_register_ops(register: Callable[[OpSpec], None]) -> None:
+    """Register faster implementations of the platform ops (``omnicore.ops``: RMSNorm, AdaLN modulate, RoPE ...).
+
+    :param register: call ``register(OpSpec(name=..., platform=..., impl=..., applies=...))`` zero or more
+        times. ``name`` is one of ``omnicore.ops.OP_NAMES``; ``impl`` takes the eager reference's signature;
+        ``applies`` (optional, same arguments) returns whether ``impl`` handles those inputs. Several plugins may
+        provide one op for a platform: they are tried by ``priority`` (highest first), then the eager reference.
+
+    Return value is ignored. Wrappers are not allowed.
+
+    Use in plugins: hardware backend plugins (fused Triton / vendor kernels). Models reach the ops only through
+    the platform they were loaded with (``options.platform.ops.<name>(...)``) and never import a backend.
     """
 
 

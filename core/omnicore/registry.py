@@ -12,6 +12,13 @@ from .errors import DuplicateRegistration, UnknownName
 T = TypeVar("T")
 
 
+def key_of(record: object) -> str:
+    """The registry key of a record: its ``registry_key`` when it has one (platform ops are keyed by op,
+    platform and provider), else its ``name``; lower-case."""
+    key = getattr(record, "registry_key", None) or record.name  # type: ignore[attr-defined]
+    return str(key).lower()
+
+
 class Registry(Generic[T]):
     """Records of one kind keyed by lower-case name; aliases resolve to the same record.
 
@@ -28,7 +35,7 @@ class Registry(Generic[T]):
 
     def register(self, record: T, provider: str, *, replace: bool = False) -> T:
         record = attrs.evolve(record, provider=provider)  # type: ignore[misc]
-        name = record.name.lower()  # type: ignore[attr-defined]
+        name = key_of(record)
         aliases = [a.lower() for a in getattr(record, "aliases", ())]
         for key in (name, *aliases):
             owner = self._owner(key)

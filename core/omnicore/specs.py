@@ -229,10 +229,11 @@ class AttentionCapabilities:
     platforms: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     head_dims: tuple[int, int] = (1, 1024)  # inclusive range
-    packed_varlen: bool = False  # honours cu_seqlens documents
+    packed_varlen: bool = False  # honours cu_seqlens documents (AttentionMetadata)
     packed_mask_free: bool = False  # [real | pad] packing needs no mask
-    sparse: bool = False
-    prefix_kv_slicing: bool = False
+    sparse: bool = False  # executes AttentionMetadata.sparse_plan (dense backends ignore the plan)
+    prefix_kv_slicing: bool = False  # honours AttentionMetadata.valid_kv_length (keys past it are padding)
+    spans: bool = False  # honours causal attention with bidirectional AttentionMetadata.spans
 
 
 @attrs.frozen
@@ -245,6 +246,8 @@ class AttentionRequirement:
     packed_varlen: bool = False
     packed_mask_free: bool = False
     sparse: bool = False
+    prefix_kv_slicing: bool = False
+    spans: bool = False
 
     def unmet_by(self, caps: AttentionCapabilities) -> list[str]:
         """Every reason ``caps`` cannot serve this requirement (empty when it can)."""
@@ -256,7 +259,7 @@ class AttentionRequirement:
         lo, hi = caps.head_dims
         if not lo <= self.head_dim <= hi:
             reasons.append(f"head_dim {self.head_dim} outside [{lo}, {hi}]")
-        for flag in ("packed_varlen", "packed_mask_free", "sparse"):
+        for flag in ("packed_varlen", "packed_mask_free", "sparse", "prefix_kv_slicing", "spans"):
             if getattr(self, flag) and not getattr(caps, flag):
                 reasons.append(f"{flag} not supported")
         return reasons
@@ -295,11 +298,49 @@ class CacheMethodSpec:
         return resolve(self.impl)
 
 
+# ---------------------------------------------------------------------------------------------- platform ops
+
+
+def _check_op_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    from .ops.names import OP_NAMES
+
+    if value not in OP_NAMES:
+        raise ValueError(f"OpSpec.name: unknown op {value!r}; the core defines {', '.join(OP_NAMES)} "
+                         "(each has an eager reference in omnicore.ops.reference)")
+
+
+@attrs.frozen
+class OpSpec:
+    """A faster implementation of a named platform op (``omnicore.ops``) for one platform.
+
+    ``impl`` takes the op's reference signature. ``applies`` (same arguments) says whether ``impl`` handles
+    these inputs; when it returns False the next implementation (by ``priority``, highest first) or the eager
+    reference runs instead. Several plugins may provide the same op for a platform.
+    """
+
+    name: str = attrs.field(validator=_check_op_name)
+    platform: str = attrs.field(validator=_check_name)
+    impl: str = attrs.field(validator=_check_path)
+    applies: str | None = attrs.field(default=None, validator=_check_path)
+    priority: int = 0
+    description: str = ""
+    provider: str = ""
+
+    @property
+    def registry_key(self) -> str:
+        """Key in the op registry: one implementation per (op, platform, provider)."""
+        return f"{self.name}@{self.platform}:{self.provider}"
+
+    def load_impl(self) -> Any:
+        return resolve(self.impl)
+
+
 SPEC_KINDS: Mapping[str, type] = {
     "model": ModelSpec,
     "platform": PlatformSpec,
     "attention_backend": AttentionBackendSpec,
     "cache_method": CacheMethodSpec,
+    "op": OpSpec,
 }
 
 RegisterFn = Callable[[Any], None]

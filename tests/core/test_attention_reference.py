@@ -178,8 +178,10 @@ def test_packed_errors_name_the_problem(kwargs, message):
 
 
 def test_shape_errors():
-    with pytest.raises(ValueError, match=r"packed attention expects q as \[T, H, D\]"):
-        sdpa_attention(rand(1, 6, 2, 4), rand(1, 6, 2, 4), rand(1, 6, 2, 4), cu_seqlens_q=torch.tensor([0, 6]))
+    with pytest.raises(ValueError, match=r"packed attention takes \[T, H, D\] \(or a batch of one\)"):
+        sdpa_attention(rand(2, 6, 2, 4), rand(2, 6, 2, 4), rand(2, 6, 2, 4), cu_seqlens_q=torch.tensor([0, 6]))
+    with pytest.raises(ValueError, match=r"packed attention expects q, k, v as \[T, H, D\]"):
+        sdpa_attention(rand(6, 2, 4), rand(6, 2), rand(6, 2), cu_seqlens_q=torch.tensor([0, 6]))
     with pytest.raises(ValueError, match=r"dense attention expects q as \[B, S, H, D\]"):
         sdpa_attention(rand(6, 2, 4), rand(6, 2, 4), rand(6, 2, 4))
     with pytest.raises(ValueError, match=r"query heads \(3\) must be a multiple of key/value heads \(2\)"):

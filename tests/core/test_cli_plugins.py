@@ -111,11 +111,16 @@ def test_broken_plugin_is_failed_and_the_others_still_load(site):
 def test_table_marks_failed_plugins_and_reports_the_error_once_on_stderr(site):
     proc = run_cli(site, "plugins")
     assert proc.returncode == 0, proc.stderr
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line}
+    plugin_table, platform_table = proc.stdout.split("\n\n")  # plugins, then platforms (availability, ops)
+    rows = {line.split()[0]: line for line in plugin_table.splitlines() if line}
     assert rows["NAME"].split()[:4] == ["NAME", "DISTRIBUTION", "VERSION", "STATUS"]
     assert "FAILED" in rows["broken"] and "model: alpha-model" in rows["alpha"]
     payload, _ = plugins_json(site)
-    assert set(rows) == {"NAME"} | set(by_name(payload))  # one row per plugin and nothing else on stdout
+    assert set(rows) == {"NAME"} | set(by_name(payload))  # one row per plugin and nothing else
+    platforms = {line.split()[0]: line.split() for line in platform_table.splitlines() if line}
+    assert platforms["PLATFORM"][:4] == ["PLATFORM", "PROVIDER", "PRIORITY", "AVAILABLE"]
+    assert set(platforms) == {"PLATFORM"} | {p["name"] for p in payload["platforms"]}
+    assert platforms["cpu"][:4] == ["cpu", "omnicore", "0", "yes"]
     assert "libmissing" not in proc.stdout
     errors = [line for line in proc.stderr.splitlines() if "'broken'" in line]  # other installed plugins aside
     assert errors == ["error: plugin 'broken' FAILED: import of "

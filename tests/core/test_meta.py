@@ -22,6 +22,7 @@ FIXED_HOOKS = {  # DESIGN §3: these names are the public contract
     "omnicore_register_models", "omnicore_register_platforms", "omnicore_register_attention_backends",
     "omnicore_register_cache_methods", "omnicore_preprocess", "omnicore_denoise", "omnicore_cache",
     "omnicore_attention_backend", "omnicore_postprocess",
+    "omnicore_register_ops",  # the kernel seam (DESIGN §3.2, core-extensions issue)
 }
 HOOKS = sorted(n for n, f in vars(hookspecs).items()
                if inspect.isfunction(f) and hasattr(f, f"{hookspecs.PROJECT}_spec"))
@@ -71,7 +72,8 @@ def test_public_surface_is_exactly_all_and_every_name_resolves():
 
 
 KIT_FOR_KIND = {"model": "ModelPluginConformance", "platform": "PlatformConformance",
-                "attention_backend": "AttentionBackendConformance", "cache_method": "CacheMethodConformance"}
+                "attention_backend": "AttentionBackendConformance", "cache_method": "CacheMethodConformance",
+                "op": "PlatformOpConformance"}
 
 
 def test_every_registry_record_type_is_exercised_by_the_conformance_kit():

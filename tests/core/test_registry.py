@@ -107,6 +107,9 @@ def test_resolve_follows_dotted_attributes_and_specs_load_lazily():
         ModelSpec(name="m", impl="omnitest_missing_module_q:Pipe").load_impl()
 
 
-def test_spec_kinds_cover_the_four_registries():
+def test_spec_kinds_cover_the_five_registries():
+    from omnicore.specs import OpSpec
+
     assert SPEC_KINDS == {"model": ModelSpec, "platform": PlatformSpec,
-                          "attention_backend": AttentionBackendSpec, "cache_method": CacheMethodSpec}
+                          "attention_backend": AttentionBackendSpec, "cache_method": CacheMethodSpec,
+                          "op": OpSpec}

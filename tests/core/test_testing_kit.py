@@ -12,6 +12,7 @@ from omnicore.testing import (
     CacheMethodConformance,
     ModelPluginConformance,
     PlatformConformance,
+    PlatformOpConformance,
     PluginConformance,
 )
 
@@ -42,6 +43,20 @@ class TestToyModelConforms(ModelPluginConformance):
 
 class TestCpuPlatformConforms(PlatformConformance):
     platform = "cpu"
+
+
+class TestToyRmsNormOpConforms(PlatformOpConformance):
+    op = "rms_norm"
+    platform = "cpu"
+    plugin_module = "toy.ops_backend:ToyOpsBackend"
+    plugin_name = "toy-ops"
+
+
+class TestToySwigluOpConforms(PlatformOpConformance):
+    op = "swiglu"
+    platform = "cpu"
+    plugin_module = "toy.ops_backend:ToyOpsBackend"
+    plugin_name = "toy-ops"
 
 
 class TestTeaCacheOnToyConforms(CacheMethodConformance):
@@ -208,10 +223,10 @@ LEAKY_BACKEND = {
         from omnicore import hookimpl
         from omnicore.specs import AttentionBackendSpec, AttentionCapabilities
 
-        def leaky(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, **kwargs):
+        def leaky(q, k, v, *, metadata=None, **kwargs):
             # claims packed support but attends across the whole packed sequence
             from omnicore.attention.reference import sdpa_attention
-            if cu_seqlens_q is None:
+            if metadata is None:
                 return sdpa_attention(q, k, v, **kwargs)
             return sdpa_attention(q[None], k[None], v[None])[0]
 
@@ -238,7 +253,8 @@ def test_attention_conformance_catches_a_backend_that_leaks_across_documents(pyt
     failed = failing(out, "test_inner.py::TestLeaky")
     assert failed == {"test_packed_matches_reference", "test_packed_cross_attention_matches_reference",
                       "test_packed_documents_are_isolated", "test_padding_never_leaks_into_real_rows",
-                      "test_rejects_inconsistent_inputs"}
+                      "test_rejects_inconsistent_inputs", "test_packed_causal_matches_reference",
+                      "test_packed_gqa_matches_reference"}
     assert out["test_inner.py::TestLeaky::test_dense_matches_reference"] == "passed"
     assert out["test_inner.py::TestLeaky::test_selection_honours_the_declaration"] == "passed"
 

@@ -1,28 +1,33 @@
-"""The CPU reference attention (PyTorch SDPA), dense and packed-varlen.
+"""The CPU reference attention (PyTorch SDPA), dense and packed-varlen; every backend is tested against it.
 
-Layouts follow flash-attention: dense ``[B, S, H, D]``; packed ``[T, H, D]`` where documents are delimited by
-``cu_seqlens`` (int32/int64 prefix sums, ``cu_seqlens[0] == 0``, ``cu_seqlens[-1] <= T``). Packed attention
-runs one SDPA call per document, so memory is O(Σ Sᵢ²) instead of the O(T²) of a block-diagonal mask, and
-tokens of one document can never see another's. Rows past ``cu_seqlens[-1]`` (padding) come back as zeros.
+Call signature shared by every attention backend::
+
+    fn(q, k, v, *, metadata=None, attn_mask=None, scale=None, causal=False) -> Tensor
+
+Dense (``metadata is None``): ``q [B, Sq, H, D]``, ``k, v [B, Sk, Hkv, D]`` (GQA when ``H`` is a multiple of
+``Hkv``), optional boolean ``attn_mask`` broadcastable to ``[B, H, Sq, Sk]`` (True = attend). Packed: ``q [Tq, H, D]``,
+``k, v [Tk, Hkv, D]`` (a leading batch of 1 is accepted) described by an
+:class:`~omnicore.attention.metadata.AttentionMetadata` — documents, ``valid_kv_length`` (``[real | pad]``),
+prefix K/V (more keys than queries), causal and bidirectional spans, an optional sparse plan (a dense backend
+ignores it; selection never gives a dense backend to a call site that requires sparsity).
+
+The reference runs one SDPA call per document on host-int offsets: memory is O(Σ Sᵢ²), documents never see each
+other, no device tensor is read on the host, and a mask is built — per document, small — only where the layout
+needs one (causal with prefix keys, or spans). Query rows outside every document (or past ``valid_kv_length``)
+come back as zeros.
+
+The keywords ``cu_seqlens_q`` / ``cu_seqlens_k`` (tensors) of the first wave are still accepted for
+compatibility; they are read on the host once per call (a device sync), so new code passes ``metadata``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-
-def _check_cu(name: str, cu: torch.Tensor, total: int) -> list[int]:
-    if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"{name} must be a 1-D tensor with at least 2 entries, got shape {tuple(cu.shape)}")
-    bounds = [int(x) for x in cu.tolist()]
-    if bounds[0] != 0:
-        raise ValueError(f"{name}[0] must be 0, got {bounds[0]}")
-    if any(b < a for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"{name} must be non-decreasing, got {bounds}")
-    if bounds[-1] > total:
-        raise ValueError(f"{name}[-1]={bounds[-1]} exceeds the packed length {total}")
-    return bounds
+from .metadata import AttentionMetadata
 
 
 def sdpa_attention(
@@ -30,43 +35,107 @@ def sdpa_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
+    metadata: AttentionMetadata | None = None,
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
     causal: bool = False,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Scaled dot-product attention.
-
-    Dense: ``q [B, Sq, H, D]``, ``k, v [B, Sk, Hkv, D]`` (GQA when ``H`` is a multiple of ``Hkv``), optional
-    boolean ``attn_mask`` broadcastable to ``[B, H, Sq, Sk]`` (True = attend). Packed: ``q [Tq, H, D]``,
-    ``k, v [Tk, Hkv, D]`` with ``cu_seqlens_q`` (and ``cu_seqlens_k``, defaulting to ``cu_seqlens_q``); masks
-    are not accepted in packed mode because documents already isolate each other.
-    """
-    if cu_seqlens_q is None:
-        if cu_seqlens_k is not None:
-            raise ValueError("cu_seqlens_k given without cu_seqlens_q")
+    """Scaled dot-product attention (see the module docstring for layouts and metadata semantics)."""
+    if metadata is None and (cu_seqlens_q is not None or cu_seqlens_k is not None):
+        metadata = legacy_metadata(cu_seqlens_q, cu_seqlens_k)
+    elif cu_seqlens_q is not None or cu_seqlens_k is not None:
+        raise ValueError("pass either metadata= or the legacy cu_seqlens_q/cu_seqlens_k, not both")
+    if metadata is None:
         if q.dim() != 4:
             raise ValueError(f"dense attention expects q as [B, S, H, D], got shape {tuple(q.shape)}")
+        if causal and q.shape[1] != k.shape[1]:
+            mask = _causal_mask(q.shape[1], k.shape[1], None, q.device)
+            attn_mask = mask if attn_mask is None else attn_mask & mask
+            causal = False
         return _dense(q, k, v, attn_mask, scale, causal)
     if attn_mask is not None:
-        raise ValueError("packed attention takes no attn_mask: cu_seqlens already isolates documents")
-    if q.dim() != 3:
-        raise ValueError(f"packed attention expects q as [T, H, D], got shape {tuple(q.shape)}")
-    cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
-    bq = _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0])
-    bk = _check_cu("cu_seqlens_k", cu_k, k.shape[0])
-    if len(bq) != len(bk):
-        raise ValueError(f"cu_seqlens_q has {len(bq) - 1} documents but cu_seqlens_k has {len(bk) - 1}")
+        raise ValueError("packed attention takes no attn_mask: the metadata's documents already isolate rows")
+    batched = q.dim() == 4
+    if batched:
+        if q.shape[0] != 1 or k.dim() != 4 or k.shape[0] != 1 or v.shape[0] != 1:
+            raise ValueError(f"packed attention takes [T, H, D] (or a batch of one), got q {tuple(q.shape)}, "
+                             f"k {tuple(k.shape)}")
+        q, k, v = q[0], k[0], v[0]
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"packed attention expects q, k, v as [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    out = packed_reference(q, k, v, metadata, scale=scale, causal=causal or metadata.causal)
+    return out[None] if batched else out
+
+
+def legacy_metadata(cu_q: torch.Tensor | None, cu_k: torch.Tensor | None) -> AttentionMetadata:
+    """Metadata from first-wave ``cu_seqlens`` tensors (reads them on the host)."""
+    if cu_q is None:
+        raise ValueError("cu_seqlens_k given without cu_seqlens_q")
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if cu is not None and (cu.dim() != 1 or cu.numel() < 2):
+            raise ValueError(f"{name} must be a 1-D tensor with at least 2 entries, got shape {tuple(cu.shape)}")
+    return AttentionMetadata(cu_seqlens_q=[int(x) for x in cu_q.tolist()],
+                             cu_seqlens_k=None if cu_k is None else [int(x) for x in cu_k.tolist()])
+
+
+def packed_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    metadata: AttentionMetadata,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Packed attention, one document at a time, from the metadata's host ints."""
+    cu_q, cu_k = metadata.cu_seqlens_q, metadata.cu_k
+    if cu_q[-1] > q.shape[0]:
+        raise ValueError(f"cu_seqlens_q[-1]={cu_q[-1]} exceeds the packed length {q.shape[0]}")
+    if cu_k[-1] > k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"cu_seqlens_k[-1]={cu_k[-1]} exceeds the packed key length {k.shape[0]} "
+                         f"(or k and v differ: {tuple(k.shape)} vs {tuple(v.shape)})")
+    valid = metadata.valid_kv_length
+    spans = metadata.spans if causal else None
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
-    for i in range(len(bq) - 1):
-        qs, qe, ks, ke = bq[i], bq[i + 1], bk[i], bk[i + 1]
+    for i in range(metadata.num_docs):
+        qs, qe, ks, ke = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+        if valid is not None:
+            qe = min(qe, max(qs, valid)) if metadata.cu_seqlens_k is None else qe
+            ke = min(ke, max(ks, valid))
         if qe == qs:
             continue
         if ke == ks:
+            if valid is not None and ks >= valid:
+                continue  # a padding document: its outputs are unspecified (zeros here)
             raise ValueError(f"document {i} has {qe - qs} queries but no keys")
-        out[qs:qe] = _dense(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], None, scale, causal)[0]
+        # causal positions come from the document's full lengths (queries are its last lq_full positions)
+        lq_full, lk_full = cu_q[i + 1] - qs, cu_k[i + 1] - ks
+        doc_spans = spans[i] if spans is not None else ()
+        mask = None
+        is_causal = False
+        if causal:
+            if doc_spans or lq_full != lk_full or qe - qs != ke - ks:
+                mask = _causal_mask(lq_full, lk_full, doc_spans, q.device)[: qe - qs, : ke - ks]
+            else:
+                is_causal = True
+        out[qs:qe] = _dense(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask, scale, is_causal)[0]
     return out
+
+
+def _causal_mask(lq: int, lk: int, spans: Any, device: torch.device) -> torch.Tensor:
+    """``[lq, lk]`` bool: query ``i`` sits at key position ``lk - lq + i``; it sees keys at or before it, and
+    every key of a bidirectional span that contains it."""
+    pos = torch.arange(lk - lq, lk, device=device)
+    keys = torch.arange(lk, device=device)
+    mask = keys[None, :] <= pos[:, None]
+    for span in spans or ():
+        q_in = (pos >= span.start) & (pos < span.end)
+        k_in = (keys >= span.start) & (keys < span.end)
+        mask |= q_in[:, None] & k_in[None, :]
+    return mask
 
 
 def _dense(

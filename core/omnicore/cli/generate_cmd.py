@@ -76,12 +76,13 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.api import Engine, make_request
-
     sampling = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name, None) is not None}
     sampling["output_type"] = output_type_for(args.output)
     settings = settings_from_args(args)
     host = make_host(settings)
+    host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded
+    from ..engine.api import Engine, make_request  # imports torch: only once the platform is known to be usable
+
     request = make_request(args.prompt, images=tuple(args.image), negative_prompt=args.negative_prompt,
                            extra=parse_extra(args.extra), **sampling)
     t0 = time.perf_counter()

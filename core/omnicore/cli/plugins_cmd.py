@@ -1,5 +1,8 @@
 """``omnicore plugins``: what is installed, its status and what it registered — without importing torch.
 
+Also lists every platform with its availability (and the reason when it cannot run here) and the platform ops
+each backend provides (fast kernels registered through ``omnicore_register_ops``).
+
 Every problem (a failed or incompatible plugin, an unknown name in ``OMNICORE_PLUGINS`` /
 ``OMNICORE_DISABLE_PLUGINS``, a duplicate) is printed exactly once, as one ``error:`` line on stderr; stdout
 carries only the listing (a table, ``--json``, or ``--requirements`` lines), so it stays machine-readable.
@@ -33,9 +36,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{rec.dist}=={rec.version}")
         return 0
     overrides = _overrides(host)
+    platforms = host.platform_availability()
     if args.json:
         payload = {
             "plugins": [r.to_json() for r in records],
+            "platforms": platforms,
             "registries": {kind: reg.providers() for kind, reg in host.registries.items()},
             "overrides": overrides,
             "problems": host.problems,
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     header = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "IMPORT", "REGISTERS")
     rows = [header]
     for rec in records:
-        registers = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(rec.registered.items())) or "-"
+        registers = "; ".join(f"{k}: {', '.join(_labels(host, k, v))}" for k, v in sorted(rec.registered.items())) or "-"
         status = rec.status.upper() if rec.status != LOADED else rec.status
         rows.append((rec.name, rec.dist or "-", rec.version or "-", status,
                      f"{rec.import_s * 1000:.1f} ms", registers))
@@ -54,7 +59,28 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     for o in overrides:
         print(f"override: {o['kind']} {o['name']!r} from {o['replaced']!r} replaced by {o['by']!r}")
+    print()
+    _platform_table(platforms)
     return 0
+
+
+def _labels(host: PluginHost, kind: str, keys: list[str]) -> list[str]:
+    """Registered names as listed: ops as ``op@platform`` (their registry key also names the provider)."""
+    if kind != "op":
+        return keys
+    return [f"{spec.name}@{spec.platform}" for spec in (host.ops.get(k) for k in keys)]
+
+
+def _platform_table(platforms: list[dict[str, Any]]) -> None:
+    header = ("PLATFORM", "PROVIDER", "PRIORITY", "AVAILABLE", "FAST OPS")
+    rows = [header]
+    for p in platforms:
+        available = "yes" if p["available"] else f"no: {p['reason']}"
+        ops = ", ".join(f"{op} ({', '.join(by)})" for op, by in p["ops"].items()) or "-"
+        rows.append((p["name"], p["provider"], str(p["priority"]), available, ops))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
 
 
 def _overrides(host: PluginHost) -> list[dict[str, Any]]:

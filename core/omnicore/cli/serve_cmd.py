@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = resolve_settings(flags_from_args(args, "global", "engine", "server"))
     host = make_host(settings)
+    host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded, nothing bound
     model = args.model
     if model == "auto":
         try:

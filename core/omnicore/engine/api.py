@@ -45,13 +45,15 @@ CacheMethodArg = str | tuple[str, Any]
 
 
 def _instantiate_platform(host: PluginHost, platform: str | Platform | None) -> Platform:
+    """The platform instance, bound to the host's op table (``platform.ops``, fast kernels of its plugins)."""
     if platform is not None and not isinstance(platform, str):
-        return platform
+        return host.bind_platform_ops(platform)
     spec = host.select_platform(platform)
     try:
-        return spec.load_impl()()
+        instance = spec.load_impl()()
     except Exception as exc:
         raise PluginError(spec.provider or spec.name, f"creating platform {spec.name!r} failed: {exc}") from exc
+    return host.bind_platform_ops(instance, spec.name)
 
 
 def _check_forced_attention(spec: ModelSpec, forced: str | None) -> None:
@@ -98,6 +100,7 @@ class Engine:
         if self.resolved.spec.provider:
             host.require_loaded(self.resolved.spec.provider)
         method_specs = host.check_cache_methods([m for m, _ in methods], self.resolved.spec)  # before loading
+        host.check_model_platform(self.resolved.spec, self.platform.name)  # before any weight is read
         _check_forced_attention(self.resolved.spec, self.settings.attention_backend or host.settings.attention_backend)
         self.model_options = resolve_model_options(self.resolved.spec, model_options)
         options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),

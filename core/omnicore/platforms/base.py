@@ -1,8 +1,11 @@
-"""The platform interface every backend implements: device, sync, memory queries, cache release."""
+"""The platform interface every backend implements: device, sync, memory queries, cache release, named ops."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..ops.table import PlatformOps
 
 
 class Platform:
@@ -10,7 +13,24 @@ class Platform:
 
     name = "base"
     device_type = "cpu"
-    dist_backend = "gloo"
+    _ops: PlatformOps | None = None
+
+    @property
+    def ops(self) -> PlatformOps:
+        """The platform's op table (``platform.ops.rms_norm(x, w, eps)``; see :mod:`omnicore.ops`).
+
+        The engine binds the table its plugin host built for this platform (fast kernels registered through
+        ``omnicore_register_ops``); a platform used on its own has the eager references only.
+        """
+        if self._ops is None:
+            from ..ops.table import PlatformOps
+
+            self._ops = PlatformOps(self.name)
+        return self._ops
+
+    @ops.setter
+    def ops(self, table: PlatformOps) -> None:
+        self._ops = table
 
     def device(self, index: int = 0) -> Any:
         import torch

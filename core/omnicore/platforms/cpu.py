@@ -8,7 +8,6 @@ from .base import Platform
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
-    dist_backend = "gloo"
 
     _window_open = False
 

@@ -10,7 +10,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import importlib_metadata
 import pluggy
@@ -24,13 +24,14 @@ from ..errors import (
     UnknownName,
     UnsupportedFeature,
 )
-from ..registry import Registry
+from ..registry import Registry, key_of
 from ..specs import (
     SPEC_KINDS,
     AttentionBackendSpec,
     AttentionRequirement,
     CacheMethodSpec,
     ModelSpec,
+    OpSpec,
     PlatformSpec,
 )
 from ._compat import (
@@ -43,6 +44,9 @@ from ._compat import (
 )
 from ._trace import install_tracing, log_call
 from .records import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginRecord
+
+if TYPE_CHECKING:
+    from ..ops.table import PlatformOps
 
 logger = logging.getLogger("omnicore.plugins")
 
@@ -108,6 +112,11 @@ class PluginHost:
     @property
     def cache_methods(self) -> Registry[CacheMethodSpec]:
         return self.registries["cache_method"]
+
+    @property
+    def ops(self) -> Registry[OpSpec]:
+        """Fast op implementations, keyed ``"<op>@<platform>:<provider>"`` (see :meth:`platform_ops`)."""
+        return self.registries["op"]
 
     # ------------------------------------------------------------------ loading
     def load_entry_points(self, entry_points: Iterable[Any] | None = None) -> None:
@@ -254,8 +263,8 @@ class PluginHost:
             if not isinstance(spec, spec_type):
                 raise PluginError(record.name, f"register() for {kind} expects {spec_type.__name__}, "
                                   f"got {type(spec).__name__}")
-            registry.register(spec, record.name, replace=replace)
-            record.registered.setdefault(kind, []).append(spec.name)
+            stored = registry.register(spec, record.name, replace=replace)
+            record.registered.setdefault(kind, []).append(key_of(stored))
 
         return register
 
@@ -322,8 +331,54 @@ class PluginHost:
             logger.info("platform %s not selected: %s", spec.name, reason)
         raise PlatformUnavailable("any", "no registered platform is available")
 
+    def platform_availability(self) -> list[dict[str, Any]]:
+        """Every registered platform with whether it can run here and why not (for ``omnicore plugins``).
+
+        A raising probe is reported as unavailable with the error (never raised)."""
+        rows = []
+        for spec in sorted(self.platforms, key=lambda s: (-s.priority, s.name)):
+            try:
+                reason = spec.unavailable_reason()
+            except Exception as exc:
+                reason = f"probe raised {_one_line(exc)}"
+            rows.append({"name": spec.name, "provider": spec.provider, "device_type": spec.device_type,
+                         "priority": spec.priority, "available": reason is None, "reason": reason,
+                         "attention_preference": list(spec.attention_preference),
+                         "ops": self.platform_ops(spec.name).provided()})
+        return rows
+
+    def platform_ops(self, platform: str) -> PlatformOps:
+        """The op table of ``platform``: every registered fast op for it, eager references for the rest."""
+        from ..ops.table import PlatformOps
+
+        return PlatformOps(platform, self.ops)
+
+    def bind_platform_ops(self, platform: Any, name: str | None = None) -> Any:
+        """Give a platform instance this host's op table (``platform.ops``); returns the instance."""
+        platform.ops = self.platform_ops(name or platform.name)
+        return platform
+
+    def check_model_platform(self, model: ModelSpec, platform: str) -> None:
+        """Fail before any weight is read when the model needs packed-varlen attention (its capability
+        ``needs_packed_varlen``) and no registered backend offers it on ``platform``."""
+        if not model.capabilities.needs_packed_varlen:
+            return
+        if any(platform in s.capabilities.platforms and s.capabilities.packed_varlen for s in self.attention_backends):
+            return
+        raise UnsupportedFeature(f"model {model.name!r} on platform {platform!r}",
+                                 "it needs a packed-varlen attention backend (cu_seqlens documents) and none "
+                                 f"is registered for {platform!r} (registered: "
+                                 f"{', '.join(self.attention_backends.names()) or 'none'})")
+
+    def _preference(self, platform: str) -> tuple[str, ...]:
+        return self.platforms.get(platform).attention_preference if platform in self.platforms else ()
+
     def select_attention(self, requirement: AttentionRequirement) -> AttentionBackendSpec:
-        """Pick the attention backend for a call site; every unmet constraint is reported together."""
+        """Pick the attention backend for a call site; every unmet constraint is reported together.
+
+        Candidates are the backends meeting the requirement, ordered by the requirement platform's
+        ``attention_preference`` (listed backends first, in that order), then by priority; the
+        ``omnicore_attention_backend`` hook chooses among them (the core's default takes the first)."""
         forced = self.settings.attention_backend
         if forced:
             spec = self.attention_backends.get(forced)
@@ -331,9 +386,11 @@ class PluginHost:
             if unmet:
                 raise UnsupportedFeature(f"attention backend {spec.name!r}", "; ".join(unmet))
             return spec
+        preference = self._preference(requirement.platform)
+        rank = {name: i for i, name in enumerate(preference)}
         candidates = sorted(
             (s for s in self.attention_backends if not requirement.unmet_by(s.capabilities)),
-            key=lambda s: -s.priority,
+            key=lambda s: (rank.get(s.name, len(rank)), -s.priority),
         )
         chosen = self.pm.hook.omnicore_attention_backend(requirement=requirement, candidates=candidates)
         if chosen is None:

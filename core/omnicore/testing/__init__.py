@@ -16,6 +16,7 @@ _LAZY = {
     "ModelPluginConformance": "omnicore.testing.model:ModelPluginConformance",
     "PlatformConformance": "omnicore.testing.platform:PlatformConformance",
     "CacheMethodConformance": "omnicore.testing.cache:CacheMethodConformance",
+    "PlatformOpConformance": "omnicore.testing.ops:PlatformOpConformance",
     "isolated_host": "omnicore.testing.plugin:isolated_host",
 }
 

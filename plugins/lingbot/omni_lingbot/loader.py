@@ -105,8 +105,9 @@ def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.M
     return model.cast(dtype)
 
 
-def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtype, attention: Any = None) -> Any:
-    """Build our DiT from ``config.json`` and load its safetensors strictly."""
+def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtype, attention: Any = None,
+                     ops: Any = None) -> Any:
+    """Build our DiT from ``config.json`` and load its safetensors strictly; ``ops`` is the platform's op table."""
     from .transformer.config import LingBotTransformerConfig
     from .transformer.model import LingBotVideoTransformer3DModel
 
@@ -115,7 +116,7 @@ def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtyp
         config = LingBotTransformerConfig.from_dict(raw)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(model_dir, f"bad transformer config: {exc}") from None
-    model = LingBotVideoTransformer3DModel(config, attention=attention)
+    model = LingBotVideoTransformer3DModel(config, attention=attention, ops=ops)
     load_strict(model, read_state_dict(model_dir), model_dir)
     return cast_for_inference(model, dtype).to(device).eval().requires_grad_(False)
 

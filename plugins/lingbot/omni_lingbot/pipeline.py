@@ -95,7 +95,8 @@ class LingBotPipeline(BasePipeline):
                 attention = options.attention(AttentionRequirement(
                     platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim,
                     packed_varlen=True))
-            return load_transformer(folder, device=device, dtype=dtype, attention=attention)
+            return load_transformer(folder, device=device, dtype=dtype, attention=attention,
+                                    ops=options.platform.ops)
 
         transformer = dit(root / "transformer")
         # loaded eagerly when present: the refiner is a second full DiT, so it adds its whole weight size to the

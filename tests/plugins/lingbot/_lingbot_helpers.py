@@ -47,8 +47,8 @@ def recording_attention(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     """An attention backend (lazy path ``_lingbot_helpers:recording_attention``) that records how it is called
     and answers with the core's SDPA reference."""
     ATTENTION_CALLS.append({"rows": q.shape[0], "keywords": sorted(kwargs),
-                            "cu_seqlens": None if kwargs.get("cu_seqlens_q") is None
-                            else kwargs["cu_seqlens_q"].tolist()})
+                            "cu_seqlens": None if kwargs.get("metadata") is None
+                            else list(kwargs["metadata"].cu_seqlens_q)})
     return sdpa_attention(q, k, v, **kwargs)
 
 

@@ -84,14 +84,16 @@ def test_metadata_parts_match_independent_computations(model):
     lengths = [8, 3, 2]
     assert md.layout.grid == grid and md.layout.text_lengths == tuple(lengths)
     bounds = np.cumsum([0] + [n_video + n for n in lengths]).tolist()  # [0, 20, 35, 49]
-    assert md.layout.cu_seqlens.tolist() == bounds
+    attention = md.layout.attention  # the padding is a trailing [real | pad] document, keys past 49 excluded
+    assert attention.cu_seqlens_q == (*bounds, 64) and attention.valid_kv_length == 49
+    assert attention.max_seqlen_q == attention.max_seqlen_k == n_video + 8
     assert md.layout.segments == tuple(itertools.pairwise(bounds))
     assert md.layout.total == 64 and md.layout.token_mask.tolist() == [True] * 49 + [False] * 15
     positions = torch.cat([sample_positions(grid, n) for n in lengths] + [torch.zeros(15, 3, dtype=torch.long)])
     assert torch.equal(md.layout.positions, positions)
     assert torch.equal(md.freqs, model.rope(positions))
     assert torch.equal(md.real_text(text), text[mask])  # the boolean-mask gather, row-major
-    assert md.nbytes == (md.freqs.numel() * 8 + md.text_rows.numel() * 8 + 4 * 4 + 64 * 3 * 8 + 64)
+    assert md.nbytes == (md.freqs.numel() * 8 + md.text_rows.numel() * 8 + 64 * 3 * 8 + 64)
 
 
 def test_all_real_mask_needs_no_text_index(model):

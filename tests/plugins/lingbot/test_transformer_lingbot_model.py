@@ -87,7 +87,7 @@ def test_padding_rows_to_a_multiple_change_nothing(model):
 
 
 @torch.no_grad()
-def test_attention_gets_cu_seqlens_documents_and_no_mask():
+def test_attention_gets_host_metadata_documents_and_no_mask():
     spy = RecordingAttention()
     model = _model(TINY_MOE, attention=spy)
     x, t, e = _inputs(2, 6, seed=4)
@@ -99,8 +99,11 @@ def test_attention_gets_cu_seqlens_documents_and_no_mask():
     for call in spy.calls:
         assert "attn_mask" not in call
         assert call["shape"] == (2 * n_video + 6 + 2, 2, 32)
-        assert call["cu_seqlens_q"].tolist() == [0, n_video + 6, 2 * n_video + 8]
-        assert call["cu_seqlens_q"].dtype == torch.int32
+        md = call["metadata"]  # host ints: the backend never reads a device tensor to plan the call
+        assert md.cu_seqlens_q == (0, n_video + 6, 2 * n_video + 8) and md.cu_seqlens_k is None
+        assert md.max_seqlen_q == n_video + 6 and md.valid_kv_length is None and not md.causal
+        assert md.latent_grid == (2, 2, 3)
+        assert "cu_seqlens_q" not in call and "cu_seqlens_k" not in call
 
 
 @torch.no_grad()

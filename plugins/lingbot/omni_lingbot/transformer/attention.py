@@ -1,8 +1,9 @@
 """Self-attention of a LingBot block (models.md §2.4) on a packed ``[T, hidden]`` sequence.
 
-q/k/v projections -> per-head RMSNorm -> complex RoPE -> a packed attention backend (``cu_seqlens`` documents,
-no mask) -> ``to_out``. The backend is any callable with the signature of
-``omnicore.attention.reference.sdpa_attention``.
+q/k/v projections -> per-head RMSNorm -> complex RoPE -> a packed attention backend (documents described by an
+``AttentionMetadata`` with host-int lengths, no mask) -> ``to_out``. The backend is any callable with the signature
+of ``omnicore.attention.reference.sdpa_attention``. (The RoPE is interleaved-complex, not the rotate-half op of
+``omnicore.ops``, so it stays local.)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from collections.abc import Callable
 
 import torch
+from omnicore.attention.metadata import AttentionMetadata
 from torch import nn
 
 from .embeddings import linear
@@ -36,7 +38,7 @@ class LingBotAttention(nn.Module):
         self,
         x: torch.Tensor,
         freqs: torch.Tensor,
-        cu_seqlens: torch.Tensor,
+        metadata: AttentionMetadata,
         attention: AttentionFn,
     ) -> torch.Tensor:
         """``x [T, hidden]`` (any float dtype), ``freqs [T, head_dim/2]`` complex -> ``[T, hidden]`` (Linear dtype)."""
@@ -46,5 +48,5 @@ class LingBotAttention(nn.Module):
         v = linear(self.to_v, x).view(t, self.heads, self.head_dim)
         q = apply_rotary(self.norm_q(q), freqs)
         k = apply_rotary(self.norm_k(k), freqs)
-        out = attention(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, scale=1.0 / math.sqrt(self.head_dim))
+        out = attention(q, k, v, metadata=metadata, scale=1.0 / math.sqrt(self.head_dim))
         return linear(self.to_out, out.reshape(t, -1))

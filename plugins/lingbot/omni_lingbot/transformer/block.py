@@ -9,7 +9,10 @@ The residual stream and the modulation are fp32; tensors are cast to the weight 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from omnicore.ops import reference as eager_ops
 from torch import nn
 
 from .attention import AttentionFn, LingBotAttention
@@ -38,6 +41,8 @@ def build_ffn(config: LingBotTransformerConfig, index: int) -> nn.Module:
 
 
 class LingBotBlock(nn.Module):
+    ops: Any = eager_ops  # platform ops (``modulate``, ``gated_residual``); see norm.bind_ops
+
     def __init__(self, config: LingBotTransformerConfig, index: int) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.norm_eps
@@ -60,9 +65,10 @@ class LingBotBlock(nn.Module):
         """``x [T, H]`` fp32 packed rows, ``temb6 [B, 6H]`` per-sample time modulation -> ``[T, H]`` fp32."""
         mod = temb6.float() + self.scale_shift_table.float()
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod.chunk(6, dim=-1)
-        h = layout.modulate(self.norm1(x), shift_msa, scale_msa)
-        attn = self.norm_post_attn(self.attn(h, freqs, layout.cu_seqlens, attention))
-        x = layout.gated_add(x, torch.tanh(gate_msa), attn)
-        h = layout.modulate(self.norm2(x), shift_mlp, scale_mlp)
+        ops = self.ops
+        h = layout.modulate(self.norm1(x), shift_msa, scale_msa, ops)
+        attn = self.norm_post_attn(self.attn(h, freqs, layout.attention, attention))
+        x = layout.gated_add(x, torch.tanh(gate_msa), attn, ops)
+        h = layout.modulate(self.norm2(x), shift_mlp, scale_mlp, ops)
         ffn = self.norm_post_ffn(self.ffn(h, layout.token_mask))
-        return layout.gated_add(x, torch.tanh(gate_mlp), ffn)
+        return layout.gated_add(x, torch.tanh(gate_mlp), ffn, ops)

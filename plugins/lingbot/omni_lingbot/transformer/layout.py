@@ -2,16 +2,22 @@
 
 Sample ``i`` contributes one document ``[video_i ; text_i]`` (video first, only the real text tokens), documents are
 laid end to end and optionally zero-padded to a multiple of ``pad_to_multiple`` rows. Attention sees the documents
-through ``cu_seqlens`` only (no O(S^2) mask); per-sample modulation is applied segment by segment.
+through the packed :class:`~omnicore.attention.metadata.AttentionMetadata` only (host-int ``cu_seqlens``; padding is
+a trailing ``[real | pad]`` document with ``valid_kv_length``, so no O(S^2) mask); per-sample modulation is applied
+segment by segment through the platform ops ``modulate`` / ``gated_residual``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from typing import Any
+
 import attrs
 import torch
+from omnicore.attention.metadata import AttentionMetadata
 from omnicore.attention.packed import PackedSequence
+from omnicore.ops import reference as eager_ops
 
 from .rope import sample_positions
 
@@ -23,10 +29,10 @@ class JointLayout:
     grid: tuple[int, int, int]
     text_lengths: tuple[int, ...]
     packed: PackedSequence
-    cu_seqlens: torch.Tensor
     positions: torch.Tensor
     token_mask: torch.Tensor | None  # [T] bool, None when there are no padding rows
     segments: tuple[tuple[int, int], ...]  # (start, end) row range of each sample's document
+    attention: AttentionMetadata  # what every attention call of the forward receives as ``metadata=``
 
     @classmethod
     def build(
@@ -48,8 +54,9 @@ class JointLayout:
             token_mask[: packed.valid_length] = True
         o = packed.offsets
         segments = tuple((o[i], o[i + 1]) for i in range(len(lengths)))
-        return cls(tuple(grid), tuple(int(n) for n in text_lengths), packed, packed.cu_seqlens(device), positions,
-                   token_mask, segments)
+        metadata = AttentionMetadata.from_packed(packed, latent_grid=tuple(grid))
+        return cls(tuple(grid), tuple(int(n) for n in text_lengths), packed, positions, token_mask, segments,
+                   metadata)
 
     @property
     def batch(self) -> int:
@@ -82,21 +89,21 @@ class JointLayout:
         """``[T, H]`` -> ``[B, Nv, H]``: each sample's video rows (they lead its document)."""
         return torch.stack([x[s:s + self.n_video] for s, _ in self.segments], dim=0)
 
-    def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, ops: Any = eager_ops) -> torch.Tensor:
         """``x * (1 + scale_i) + shift_i`` per sample (``shift, scale [B, H]`` fp32); padding rows become 0."""
         if self._single:
-            return torch.addcmul(shift, x, 1 + scale)
-        parts = [torch.addcmul(shift[i], x[s:e], 1 + scale[i]) for i, (s, e) in enumerate(self.segments)]
+            return ops.modulate(x, shift, scale)
+        parts = [ops.modulate(x[s:e], shift[i], scale[i]) for i, (s, e) in enumerate(self.segments)]
         pad = self.total - self.packed.valid_length
         if pad:
             parts.append(x.new_zeros(pad, x.shape[-1], dtype=parts[0].dtype))
         return torch.cat(parts, dim=0)
 
-    def gated_add(self, x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def gated_add(self, x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, ops: Any = eager_ops) -> torch.Tensor:
         """``x + gate_i * y`` per sample (``gate [B, H]``, already tanh-ed); padding rows keep ``x``."""
         if self._single:
-            return torch.addcmul(x, gate, y.to(x.dtype))
-        parts = [torch.addcmul(x[s:e], gate[i], y[s:e].to(x.dtype)) for i, (s, e) in enumerate(self.segments)]
+            return ops.gated_residual(x, y.to(x.dtype), gate)
+        parts = [ops.gated_residual(x[s:e], y[s:e].to(x.dtype), gate[i]) for i, (s, e) in enumerate(self.segments)]
         valid = self.packed.valid_length
         if self.total > valid:
             parts.append(x[valid:])

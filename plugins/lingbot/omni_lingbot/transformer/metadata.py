@@ -1,6 +1,6 @@
 """Per-forward metadata of the LingBot DiT, built once per request branch (models.md §2.7).
 
-Everything a forward derives from shapes and the text mask alone — the packed layout (segments, ``cu_seqlens``,
+Everything a forward derives from shapes and the text mask alone — the packed layout (segments, attention metadata,
 padding rows), the RoPE positions and their complex frequencies, and where the real text tokens sit — is the same
 at every denoise step of one request branch. Building it reads the mask on the host (a device sync), gathers RoPE
 tables and allocates small device tensors; :class:`ForwardMetadata` keeps the result so a caller can build it once
@@ -62,7 +62,7 @@ class ForwardMetadata:
     def nbytes(self) -> int:
         """Device bytes this record keeps alive (what reuse costs per branch)."""
         layout = self.layout
-        tensors = [self.freqs, self.text_rows, layout.cu_seqlens, layout.positions, layout.token_mask]
+        tensors = [self.freqs, self.text_rows, layout.positions, layout.token_mask]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 

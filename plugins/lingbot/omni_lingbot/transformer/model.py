@@ -10,6 +10,7 @@ loads with ``strict=True``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from omnicore.attention.reference import sdpa_attention
@@ -20,7 +21,7 @@ from .block import LingBotBlock
 from .config import LingBotTransformerConfig
 from .embeddings import TextEmbedder, TimestepEmbedding, linear, patchify, sinusoidal_timestep_embedding, unpatchify
 from .metadata import ForwardMetadata, build_forward_metadata
-from .norm import FP32LayerNorm
+from .norm import FP32LayerNorm, bind_ops
 from .rope import LingBotRotaryEmbedding
 
 #: Name segments of parameters/buffers kept in fp32 when the model runs in bf16 (models.md §2.4; ``router``
@@ -50,7 +51,7 @@ class LingBotVideoTransformer3DModel(nn.Module):
 
     keep_fp32_modules: tuple[str, ...] = KEEP_FP32_MODULES
 
-    def __init__(self, config: LingBotTransformerConfig, attention: AttentionFn | None = None) -> None:
+    def __init__(self, config: LingBotTransformerConfig, attention: AttentionFn | None = None, ops: Any = None) -> None:
         super().__init__()
         self.config = config
         self.attention: AttentionFn = attention or sdpa_attention
@@ -64,6 +65,8 @@ class LingBotVideoTransformer3DModel(nn.Module):
         self.norm_out = FP32LayerNorm(hidden, eps=config.norm_eps, elementwise_affine=False)
         self.norm_out_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden))
         self.proj_out = nn.Linear(hidden, config.patch_volume * config.out_channels)
+        if ops is not None:  # a platform's op table (options.platform.ops); default: the eager references
+            bind_ops(self, ops)
 
     # ------------------------------------------------------------------ dtype policy
     def cast(self, dtype: torch.dtype) -> LingBotVideoTransformer3DModel:

@@ -12,10 +12,11 @@ fp32. Shared experts are added to every row; rows flagged as padding receive no 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
+from omnicore.ops import reference as eager_ops
 from torch.nn import functional as F
 
 from .ffn import SwiGLUFeedForward
@@ -101,6 +102,8 @@ class MoERouter(nn.Module):
 class MoEExperts(nn.Module):
     """Stacked SwiGLU experts: ``w2(silu(w1 x) * w3 x)`` with ``w1, w3 [E, I, H]`` and ``w2 [E, H, I]``."""
 
+    ops: Any = eager_ops  # platform ops (``swiglu``); see norm.bind_ops
+
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
@@ -135,7 +138,7 @@ class MoEExperts(nn.Module):
         impl = resolve_impl(impl, xs, self.w1)
         counts = counts_t.tolist() if impl == "loop" else []
         gate = grouped_linear(xs, self.w1, counts, offsets, impl)
-        h = F.silu(gate) * grouped_linear(xs, self.w3, counts, offsets, impl)
+        h = self.ops.swiglu(gate, grouped_linear(xs, self.w3, counts, offsets, impl))
         y = grouped_linear(h, self.w2, counts, offsets, impl)
         out = torch.zeros(t, x.shape[-1], dtype=torch.float32, device=x.device)
         return out.index_add_(0, tok_sorted, y.float() * flat_w[order, None])

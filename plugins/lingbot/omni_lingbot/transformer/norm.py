@@ -1,9 +1,24 @@
-"""Normalisation layers of the LingBot DiT (models.md §0.2, §2.4), computed in fp32 whatever the input dtype."""
+"""Normalisation layers of the LingBot DiT (models.md §0.2, §2.4), computed in fp32 whatever the input dtype.
+
+RMSNorm runs through the platform op ``rms_norm`` (``omnicore.ops``): the eager reference by default, a backend's
+fused kernel once the model is bound to a platform's op table (:func:`bind_ops`).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from omnicore.ops import reference as eager_ops
 from torch import nn
+
+
+def bind_ops(model: nn.Module, ops: Any) -> nn.Module:
+    """Route every op-using submodule of ``model`` through ``ops`` (a platform's op table); returns ``model``."""
+    for module in model.modules():
+        if hasattr(type(module), "ops"):
+            module.ops = ops
+    return model
 
 
 class RMSNorm(nn.Module):
@@ -13,15 +28,15 @@ class RMSNorm(nn.Module):
     ``weight.float()`` before casting back.
     """
 
+    ops: Any = eager_ops
+
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class FP32LayerNorm(nn.LayerNorm):
