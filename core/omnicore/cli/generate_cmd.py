@@ -7,10 +7,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ..config import Settings, flags_from_args, resolve_settings
 from ..errors import InvalidRequest
+from .progress import ProgressPrinter
 
 _SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift",
                    "seed")
@@ -49,32 +50,6 @@ def output_type_for(path: str) -> str:
     return "video" if format_for(Path(path).suffix, field="output") == "mp4" else "image"
 
 
-class ProgressBar:
-    """A plain-text bar on ``stream``: redrawn in place on a terminal, one line per change otherwise."""
-
-    def __init__(self, stream: TextIO, width: int = 30) -> None:
-        self.stream = stream
-        self.width = width
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self._last: tuple[str, int] | None = None
-
-    def __call__(self, event: Any) -> None:
-        key = (event.phase, event.step)
-        if key == self._last:
-            return
-        self._last = key
-        filled = int(round(event.progress * self.width))
-        bar = "#" * filled + "." * (self.width - filled)
-        steps = f" step {event.step}/{event.total_steps}" if event.total_steps else ""
-        eta = f" eta {event.eta_s:.1f}s" if event.eta_s is not None and not event.terminal else ""
-        line = f"[{bar}] {event.progress * 100:3.0f}% {event.phase}{steps} {event.elapsed_s:.1f}s{eta}"
-        if self.tty:
-            self.stream.write("\r" + line.ljust(self.width + 50) + ("\n" if event.terminal else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-
 def run(args: argparse.Namespace) -> int:
     sampling = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name, None) is not None}
     sampling["output_type"] = output_type_for(args.output)
@@ -88,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with Engine(args.model, host=host, settings=settings, cache_methods=tuple(args.cache),
                 offload=args.offload) as engine:
-        listener = None if args.no_progress else ProgressBar(sys.stderr)
+        listener = None if args.no_progress else ProgressPrinter(sys.stderr)
         outputs = engine.submit(request, on_event=listener).result()
     out = outputs[0]
     path = out.save(args.output)
