@@ -225,7 +225,7 @@ class MiniMaxH3Pipeline(BasePipeline):
             for k, (index, _anchor) in enumerate(r.keyframes):
                 image = fit_keyframe(media[index], r.height, r.width, index=k)
                 items.append((f"<Picture {k + 1}>: ", image))
-                visual.append(self.video_vae.encode_condition(np.asarray(image)[None]))
+                visual.append(self.video_vae.encode_condition(np.array(image)[None]))
         elif r.task == "ref2va":
             counts = {"image": 0, "audio": 0}
             for index in r.references:
@@ -234,7 +234,7 @@ class MiniMaxH3Pipeline(BasePipeline):
                     counts["image"] += 1
                     image = fit_reference_image(data, self.reference_short_edge)
                     items.append((f"<Picture {counts['image']}>: ", image))
-                    latents = self.video_vae.encode_condition(np.asarray(image)[None])
+                    latents = self.video_vae.encode_condition(np.array(image)[None])
                     visual.append(latents)
                     blocks.append(packing.ReferenceBlock("image", tuple(latents.shape[2:5])))
                 else:

@@ -1,0 +1,119 @@
+"""MiniMax-H3 pipeline on the tiny repositories: outputs, the three tasks, packed batching of different requests,
+several outputs per request, cancellation inside a batch, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _h3_helpers import image, keyframe, reference, request, run, tone
+from omnicore.errors import InvalidRequest
+
+
+def test_t2va_output_is_video_with_stereo_32k_audio(pipe):
+    state, (out,) = run(pipe, request())
+    assert state.num_steps == 2
+    assert out.kind == "video" and out.fps == 24.0 and out.frames.dtype == np.uint8
+    assert out.frames.shape == (107, 64, 128, 3)  # 4 s -> 107 frames, 16:9 on the tiny 64-pixel canvas
+    assert out.sample_rate == 32000 and out.audio.dtype == np.float32
+    assert out.audio.shape == (2, 178 * 800) and np.isfinite(out.audio).all()
+    assert out.seed == 7 and out.index == 0
+
+
+def test_deterministic_and_seed_sensitive(pipe):
+    _, (a,) = run(pipe, request())
+    _, (b,) = run(pipe, request())
+    _, (c,) = run(pipe, request(seed=8))
+    assert np.array_equal(a.frames, b.frames) and np.array_equal(a.audio, b.audio)
+    assert not np.array_equal(a.frames, c.frames) and not np.array_equal(a.audio, c.audio)
+
+
+def test_preprocess_fills_the_request_once(pipe):
+    prepared = pipe.preprocess(request(extra={"aspect_ratio": "1:1"}))
+    p = prepared.params
+    assert (p.height, p.width, p.num_frames, p.fps, p.num_inference_steps, p.flow_shift) == (64, 64, 107, 24.0, 2, 12.0)
+    assert prepared.extra["h3"].task == "t2va" and pipe.preprocess(prepared) is prepared
+
+
+def test_fl2va_keyframes_are_held_and_change_the_video(pipe):
+    first, last = image(seed=1), image(seed=2)
+    plain = run(pipe, request())[1][0]
+    state, (out,) = run(pipe, request(inputs=(keyframe("first_frame", first), keyframe("last_frame", last)),
+                                      extra={"aspect_ratio": "16:9"}))
+    assert state.extras["items"][0].layout.num_condition_video_rows == 2 * (4 // 2) * (8 // 2)
+    assert out.frames.shape == plain.frames.shape and not np.array_equal(out.frames, plain.frames)
+    # the anchors never move: the conditioning rows after the loop are the noised latents from encode
+    fresh = pipe.encode([pipe.preprocess(request(inputs=(keyframe("first_frame", first),
+                                                         keyframe("last_frame", last))))])
+    n = state.extras["items"][0].layout.num_condition_video_rows
+    assert torch.equal(state.latents[0][:n], fresh.latents[0][:n])
+
+
+def test_fl2va_canvas_follows_the_first_keyframe(pipe):
+    prepared = pipe.preprocess(request(inputs=(keyframe("first_frame", image(64, 128)),), extra={}))
+    assert (prepared.params.height, prepared.params.width) == (128, 64)  # 1:2 portrait on the tiny canvas
+
+
+def test_packed_batch_of_different_requests_equals_solo_runs(pipe):
+    """Two requests of different sizes, lengths and tasks in one packed forward per step."""
+    a = request(seed=3)
+    b = request(seed=4, duration=5.0, inputs=(keyframe("first_frame", image(seed=5)),), extra={"aspect_ratio": "1:1"})
+    state, batched = run(pipe, a, b)
+    assert state.extras["batch"].num_requests == 2
+    solo = [run(pipe, r)[1][0] for r in (a, b)]
+    for got, want in zip(batched, solo):
+        assert got.frames.shape == want.frames.shape and got.seed == want.seed
+        assert np.abs(got.frames.astype(int) - want.frames.astype(int)).max() <= 1
+        np.testing.assert_allclose(got.audio, want.audio, atol=1e-5)
+    assert batched[1].frames.shape == (124, 64, 64, 3)
+
+
+def test_num_outputs_use_consecutive_seeds(pipe):
+    state, outs = run(pipe, request(num_outputs=2))
+    assert [(o.index, o.seed) for o in outs] == [(0, 7), (1, 8)]
+    _, (second,) = run(pipe, request(seed=8))
+    assert np.abs(outs[1].frames.astype(int) - second.frames.astype(int)).max() <= 1
+
+
+def test_select_requests_keeps_the_survivor_exact(pipe):
+    a, b = request(seed=3), request(seed=4, extra={"aspect_ratio": "1:1"})
+    state = pipe.encode([pipe.preprocess(a), pipe.preprocess(b)])
+    state = pipe.denoise_step(state, 0)
+    state = pipe.select_requests(state, [1])
+    assert state.extras["batch"].num_requests == 1 and len(state.requests) == 1
+    for step in range(1, state.num_steps):
+        state = pipe.denoise_step(state, step)
+    (kept,) = pipe.decode(state)
+    _, (solo,) = run(pipe, b)
+    assert kept.seed == 4 and np.abs(kept.frames.astype(int) - solo.frames.astype(int)).max() <= 1
+
+
+def test_ref2va_on_a_combined_deployment(combined):
+    assert combined.partition == "combined"
+    refs = (reference("image", image(320, 256, seed=3)), reference("audio", tone(2.5)))
+    state, (out,) = run(combined, request(inputs=refs, extra={}))
+    assert state.extras["partition"] == "ref2va"
+    items = state.extras["items"]
+    assert items[0].layout.num_condition_audio_rows == 2 * 100  # 2.5 s of audio = 100 latents per channel
+    assert out.frames.shape == (107, 64, 128, 3) and out.audio.shape == (2, 178 * 800)
+    _, (t2va,) = run(combined, request())
+    assert combined.preprocess(request()).extra["h3"].partition == "fl2va"
+    assert not np.array_equal(out.frames, t2va.frames)
+
+
+def test_errors_name_the_field(pipe, combined):
+    with pytest.raises(InvalidRequest) as info:
+        pipe.preprocess(request(extra={}))
+    assert info.value.field == "extra.aspect_ratio"
+    with pytest.raises(InvalidRequest) as info:
+        pipe.preprocess(request(inputs=(reference("image", image(320, 256)),), extra={}))
+    assert info.value.field == "inputs"  # an FL2VA deployment has no Ref2VA DiT
+    with pytest.raises(InvalidRequest) as info:
+        combined.preprocess(request(inputs=(reference("audio", tone()),), extra={}))
+    assert info.value.field == "inputs"  # audio alone
+    with pytest.raises(InvalidRequest) as info:
+        pipe.preprocess(request(inputs=(keyframe("first_frame", b"not an image"),), extra={}))
+    assert info.value.field == "inputs[0].data"
+    with pytest.raises(InvalidRequest) as info:
+        pipe.preprocess(request(fps=25.0))
+    assert info.value.field == "params.fps"
