@@ -15,15 +15,14 @@ negative) and guidance. ``decode`` then yields the refined size and the refiner'
 
 from __future__ import annotations
 
-import random
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
-from omnicore.engine.request import MAX_SEED, GenerationRequest
+from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
+from omnicore.engine.request import GenerationRequest
 from omnicore.errors import InvalidRequest
 from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
@@ -134,10 +133,9 @@ class LingBotPipeline(BasePipeline):
         if request.negative_prompt is None and request.extra.get("negative_prompt") is None:
             negative = self.prompts.negative_prompt(resolved.mode)  # the deployment's default for this mode
         images = tuple(load_image(img, i) for i, img in enumerate(request.images))
-        seed = request.params.seed if request.params.seed is not None else random.randint(0, MAX_SEED)
         params = request.params.with_defaults(
             self.spec.defaults, height=resolved.height, width=resolved.width, num_frames=resolved.num_frames,
-            fps=resolved.fps, flow_shift=resolved.shift, seed=seed,
+            fps=resolved.fps, flow_shift=resolved.shift,
             output_type="image" if resolved.mode == "t2i" else "video",
         )
         extra = {
@@ -184,7 +182,8 @@ class LingBotPipeline(BasePipeline):
         latent_shape = (1, vae.z_dim, (p.num_frames - 1) // vae.temporal_ratio + 1, p.height // vae.spatial_ratio,
                         p.width // vae.spatial_ratio)
         use_cfg = p.guidance_scale > 1.0
-        generators = [torch.Generator(device=self.device).manual_seed(r.params.seed) for r in reqs]
+        # the engine fills every request's seed before preprocess (output_seeds raises when one is missing)
+        generators = [torch.Generator(device=self.device).manual_seed(output_seeds(r)[0]) for r in reqs]
 
         pixels: list[torch.Tensor | None] = [None] * len(reqs)
         clean = None
