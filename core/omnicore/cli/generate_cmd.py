@@ -13,8 +13,8 @@ from ..config import Settings, flags_from_args, resolve_settings
 from ..errors import InvalidRequest
 from .progress import ProgressPrinter
 
-_SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift",
-                   "seed")
+_SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "duration", "num_inference_steps", "guidance_scale",
+                   "flow_shift", "seed")
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The settings of a ``generate`` run: its flags (declared in ``config.OPTIONS``), the environment, defaults."""
     return resolve_settings(flags_from_args(args, "global", "engine"))
@@ -41,6 +41,50 @@ def parse_extra(items: list[str]) -> dict[str, Any]:
     return extra
 
 
+def media_inputs_from_args(args: argparse.Namespace) -> tuple[Any, ...]:
+    """``--first-frame``/``--last-frame`` (images), ``--reference`` (kind read from the file's content), in that
+    order; ``--image`` is passed separately (the model's default image role). A file that cannot be read or
+    recognised is an ``InvalidRequest`` naming the flag, before any model is loaded."""
+    from ..engine.request import MediaInput
+    from ..media import sniff_kind
+
+    inputs = []
+    for flag, role in (("first_frame", "first_frame"), ("last_frame", "last_frame")):
+        path = getattr(args, flag, None)
+        if path is not None:
+            name = "--" + flag.replace("_", "-")
+            if sniff_kind(path, field=name) != "image":
+                raise InvalidRequest(name, f"{path} is not an image")
+            inputs.append(MediaInput("image", role, path))
+    for i, path in enumerate(getattr(args, "reference", None) or ()):
+        inputs.append(MediaInput(sniff_kind(path, field=f"--reference[{i}]"), "reference", path))
+    return tuple(inputs)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The Engine keywords shared by ``generate`` and ``serve`` (caches, offload, model options, VAE precision)."""
+    from ..engine.model_options import parse_option_args
+
+    return {"cache_methods": tuple(getattr(args, "cache", ()) or ()),
+            "offload": getattr(args, "offload", "none") or "none",
+            "model_options": parse_option_args(getattr(args, "model_option", None) or ()),
+            "vae_decode_precision": getattr(args, "vae_decode_precision", None)}
+
+
+def precheck(model: str, host: Any, request: Any, model_options: dict[str, Any]) -> None:
+    """For a ``tiny:`` preset (whose spec is known without loading anything), check the request's inputs and
+    outputs and the model options against it now, so a mistake costs no model load."""
+    if not model.lower().startswith("tiny:"):
+        return  # the engine checks the same at load and at submit
+    from ..engine.inputs import check_request
+    from ..engine.loading import find_preset, preset_spec
+    from ..engine.model_options import resolve_model_options
+
+    spec = preset_spec(*find_preset(host, model))
+    resolve_model_options(spec, model_options)
+    check_request(request, spec)
+
+
 def output_type_for(path: str) -> str:
     """The output kind the file suffix asks for (models that make both images and video decide by it).
 
@@ -58,11 +102,13 @@ def run(args: argparse.Namespace) -> int:
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded
     from ..engine.api import Engine, make_request  # imports torch: only once the platform is known to be usable
 
-    request = make_request(args.prompt, images=tuple(args.image), negative_prompt=args.negative_prompt,
-                           extra=parse_extra(args.extra), **sampling)
+    request = make_request(args.prompt, images=tuple(args.image), inputs=media_inputs_from_args(args),
+                           negative_prompt=args.negative_prompt, extra=parse_extra(args.extra),
+                           quality=getattr(args, "quality", None) or "standard", **sampling)
+    kwargs = engine_kwargs(args)
+    precheck(args.model, host, request, kwargs["model_options"])
     t0 = time.perf_counter()
-    with Engine(args.model, host=host, settings=settings, cache_methods=tuple(args.cache),
-                offload=args.offload) as engine:
+    with Engine(args.model, host=host, settings=settings, **kwargs) as engine:
         listener = None if args.no_progress else ProgressPrinter(sys.stderr)
         outputs = engine.submit(request, on_event=listener).result()
     out = outputs[0]

@@ -19,6 +19,7 @@ _COMMANDS = {
     "plugins": "omnicore.cli.plugins_cmd:run",
     "generate": "omnicore.cli.generate_cmd:run",
     "serve": "omnicore.cli.serve_cmd:run",
+    "models": "omnicore.cli.models_cmd:run",
 }
 
 
@@ -64,6 +65,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "options after a colon, e.g. teacache:rel_l1_thresh=0.3 or adaln_schedule:offload_weights=true")
     g.add_argument("--offload", choices=("none", "model", "layerwise"), default="none",
                    help="CPU offload of weights between uses")
+    g.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a deployment option the model declares (repeatable); `omnicore models` lists them")
+    g.add_argument("--vae-decode-precision", choices=("fp32", "fp16", "bf16"),
+                   help="precision of the VAE decode, for models that support another one than the DiT's")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser, "global")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    m = sub.add_parser("models", help="list registered models: modes, input roles, presets and options")
+    m.add_argument("--json", action="store_true", help="machine-readable output")
+
     p = sub.add_parser("plugins", help="list installed plugins and what they register")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--requirements", action="store_true", help="print name==version lines to reinstall plugins")
@@ -85,7 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
     g.add_argument("prompt")
     g.add_argument("-o", "--output", required=True, help="output file: .png/.webp for images, .mp4 for video")
-    g.add_argument("--image", action="append", default=[], metavar="PATH", help="reference image (repeatable)")
+    g.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="input image in the model's default image role (repeatable)")
+    g.add_argument("--first-frame", metavar="PATH", help="image conditioning the first frame")
+    g.add_argument("--last-frame", metavar="PATH", help="image conditioning the last frame")
+    g.add_argument("--reference", action="append", default=[], metavar="PATH",
+                   help="reference image, video or audio (kind read from the file's content; repeatable)")
+    g.add_argument("--duration", type=float, metavar="SECONDS", help="video length in seconds")
+    g.add_argument("--quality", choices=("draft", "standard", "high"), default="standard",
+                   help="quality tier the model may trade speed for (default standard)")
     g.add_argument("--negative-prompt")
     g.add_argument("--height", type=int)
     g.add_argument("--width", type=int)

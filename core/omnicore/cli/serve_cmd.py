@@ -79,9 +79,17 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     if ss.host not in ("127.0.0.1", "localhost", "::1") and not ss.api_keys:
         log.warning("binding %s without an API key: anyone who can reach this address can use the server", ss.host)
 
+    from .generate_cmd import engine_kwargs
+
+    kwargs = engine_kwargs(args)  # a malformed --model-option fails before the listener starts
+    if kwargs["model_options"] and model.lower().startswith("tiny:"):  # unknown names/bad values too, when cheap
+        from ..engine.loading import find_preset
+        from ..engine.model_options import resolve_model_options
+
+        resolve_model_options(find_preset(host, model)[0], kwargs["model_options"])
+
     def loader() -> Any:
-        return Engine(model, host=host, settings=settings, cache_methods=tuple(getattr(args, "cache", ()) or ()),
-                      offload=getattr(args, "offload", "none") or "none")
+        return Engine(model, host=host, settings=settings, **kwargs)
 
     app = create_app(settings=ss, loader=loader, model_arg=model)
     config = uvicorn_config(app, host=ss.host, port=ss.port, read_timeout_s=getattr(ss, "read_timeout_s", 30.0),

@@ -19,7 +19,7 @@ from .errors import ApiError
 
 _BRACKET = re.compile(r"^([A-Za-z_][\w]*)((?:\[[^\[\]]*\])*)$")
 _JSON_FIELDS = ("model_params", "extra_params", "lora")
-_LIST_FIELDS = ("image_url", "reference_images")
+_LIST_FIELDS = ("image_url", "reference_images", "reference_video", "reference_audio")
 
 
 MAX_JSON_DEPTH = 64  # no field of the contract nests anywhere near this deep

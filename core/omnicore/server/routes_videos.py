@@ -14,11 +14,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from ..ids import new_id
+from . import video_media
 from .errors import ApiError, pydantic_to_api
-from .http_edge import RangeFileResponse
 from .forms import is_json, is_multipart, read_json, read_multipart
+from .http_edge import RangeFileResponse
 from .jobs import PROGRESS_KEYS, LiveJob
-from .media import decode_data_url, decode_image, sniff
 from .routes_images import job_failure, wait_or_disconnect
 from .schemas import (
     ErrorResponse,
@@ -40,22 +40,18 @@ _BODY = video_body_openapi()
 
 
 # ---------------------------------------------------------------------------------------------- parsing
-async def _parse(request: Request) -> tuple[VideoCreateRequest, list[bytes], str]:
-    """The DTO, the raw reference image bytes, and a hash of the whole body (for Idempotency-Key)."""
+async def _parse(request: Request) -> tuple[VideoCreateRequest, list[tuple[str, bytes]], str]:
+    """The DTO, the raw conditioning media as ``(field, bytes)``, and a hash of the whole body (Idempotency-Key)."""
     ctx = request.app.state.ctx
+    files: dict[str, list[bytes]] = {}
     if is_multipart(request):
         fields, files = await read_multipart(request, max_upload_bytes=ctx.settings.max_upload_bytes,
-                                             file_fields=("input_reference",))
-        raw = list(files.get("input_reference", []))
-        ref = fields.get("input_reference")
-        if isinstance(ref, str):
-            fields["input_reference"] = {"image_url": ref}
+                                             file_fields=video_media.FILE_FIELDS)
+        video_media.json_fields_from_multipart(fields)
         digest_src = json.dumps(fields, sort_keys=True, default=str).encode() + b"".join(
-            hashlib.sha256(r).digest() for r in raw)
-        if len(raw) > 1:
-            raise ApiError(400, "invalid_value", "input_reference was given more than once", param="input_reference")
+            name.encode() + hashlib.sha256(r).digest() for name, rs in sorted(files.items()) for r in rs)
     elif is_json(request):
-        fields, raw = await read_json(request), []
+        fields = await read_json(request)
         digest_src = json.dumps(fields, sort_keys=True, default=str).encode()
     else:
         raise ApiError(415, "unsupported_media_type", "send application/json or multipart/form-data")
@@ -63,16 +59,7 @@ async def _parse(request: Request) -> tuple[VideoCreateRequest, list[bytes], str
         dto = VideoCreateRequest.model_validate(fields)
     except ValidationError as exc:
         raise pydantic_to_api(exc) from None
-    if dto.input_reference is not None:
-        if raw:
-            raise ApiError(400, "invalid_value", "give input_reference as a file or as an image_url, not both",
-                           param="input_reference")
-        raw = [decode_data_url(dto.input_reference.image_url, param="input_reference")]
-    return dto, raw, hashlib.sha256(digest_src).hexdigest()
-
-
-def _decode_all(raw: list[bytes], max_pixels: int) -> tuple[Any, ...]:
-    return tuple(decode_image(r, param="input_reference", max_pixels=max_pixels) for r in raw)
+    return dto, video_media.collect(dto, files), hashlib.sha256(digest_src).hexdigest()
 
 
 def _seconds_text(params: Any, dto_seconds: Any) -> str:
@@ -106,9 +93,8 @@ def rebuild_request(ctx: Any, job_id: str) -> Any:
     if doc is None:
         raise KeyError(job_id)
     dto = VideoCreateRequest.model_validate(doc["body"])
-    raw = [open(p, "rb").read() for p in doc.get("inputs", [])]
-    images = _decode_all(raw, ctx.settings.max_input_image_pixels)
-    return video_request(dto, ctx.served, ctx.settings, request_id=job_id, images=images)
+    media = video_media.decode(video_media.load_persisted(doc.get("inputs", [])), ctx.served, ctx.settings)
+    return video_request(dto, ctx.served, ctx.settings, request_id=job_id, media=media)
 
 
 def _with_position(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
@@ -138,18 +124,12 @@ async def create_video(request: Request) -> Any:
             if found[1] != digest:
                 raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different body")
             return _with_position(ctx, _get_record(ctx, found[0]))
-    images = await anyio.to_thread.run_sync(_decode_all, raw, ctx.settings.max_input_image_pixels)
+    media = await anyio.to_thread.run_sync(video_media.decode, raw, served, ctx.settings)
     job_id = new_id("video")
-    greq = video_request(dto, served, ctx.settings, request_id=job_id, images=images)
+    greq = video_request(dto, served, ctx.settings, request_id=job_id, media=media)
     # Persist the request and its inputs before the job exists for anyone (restart re-enqueues it).
-    inputs = []
-    if raw:
-        folder = ctx.store.inputs_dir(job_id)
-        for i, data in enumerate(raw):
-            path = folder / f"input_reference_{i}.{sniff(data) or 'bin'}"
-            path.write_bytes(data)
-            inputs.append(str(path))
-    body = dto.model_dump(mode="json", exclude_none=True, exclude={"input_reference"})
+    inputs = video_media.persist(ctx.store.inputs_dir(job_id), raw) if raw else []
+    body = dto.model_dump(mode="json", exclude_none=True, exclude=set(video_media.FILE_FIELDS))
     body["seed"] = greq.params.seed
     created = _new_record(job_id, dto, greq, served.id)
     try:
@@ -339,9 +319,9 @@ async def create_video_sync(request: Request) -> Any:
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     dto, raw, _ = await _parse(request)
-    images = await anyio.to_thread.run_sync(_decode_all, raw, ctx.settings.max_input_image_pixels)
+    media = await anyio.to_thread.run_sync(video_media.decode, raw, served, ctx.settings)
     job_id = new_id("video")
-    greq = video_request(dto, served, ctx.settings, request_id=job_id, images=images)
+    greq = video_request(dto, served, ctx.settings, request_id=job_id, media=media)
     live = LiveJob(id=job_id, kind="sync", task="video.generate", persisted=False, deadline_s=dto.timeout_s)
     await anyio.to_thread.run_sync(jobs.submit, live, greq)
     if not await wait_or_disconnect(request, jobs, live):

@@ -51,8 +51,8 @@ class ImageGenerationRequest(SharedFields):
     output_compression: int | None = Field(default=None, ge=0, le=100)
     stream: bool = False
     partial_images: int = Field(default=0, ge=0, le=3)
+    quality: str | None = Field(default=None, max_length=64)  # draft | standard | high | auto (= standard)
     # OpenAI fields omnicore does not implement: accepted only at their neutral value.
-    quality: str | None = Field(default=None, max_length=64)
     style: str | None = Field(default=None, max_length=64)
     background: str | None = Field(default=None, max_length=64)
     moderation: str | None = Field(default=None, max_length=64)
@@ -71,8 +71,26 @@ class ImageReference(BaseModel):
     image_url: str = Field(min_length=1)
 
 
+class VideoReference(BaseModel):
+    """A JSON video reference: a data URL (``data:video/mp4;base64,...``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    video_url: str = Field(min_length=1)
+
+
+class AudioReference(BaseModel):
+    """A JSON audio reference: a data URL (``data:audio/wav;base64,...``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    audio_url: str = Field(min_length=1)
+
+
 class VideoCreateRequest(SharedFields):
-    """``POST /v1/videos`` and ``/v1/videos/sync`` (§8.2), JSON form (multipart has the same names)."""
+    """``POST /v1/videos`` and ``/v1/videos/sync`` (§8.2), JSON form (multipart has the same names, with files).
+
+    Conditioning media map to roles: ``input_reference`` -> ``first_frame``, ``last_frame`` -> ``last_frame``,
+    ``reference_images``/``reference_video``/``reference_audio`` -> ``reference``; each is gated by the model.
+    """
 
     seconds: int | str | None = None
 
@@ -90,7 +108,10 @@ class VideoCreateRequest(SharedFields):
     generate_audio: bool | None = None
     input_reference: ImageReference | None = None
     last_frame: ImageReference | None = None
-    reference_images: list[ImageReference] | None = None
+    reference_images: list[ImageReference] | None = Field(default=None, max_length=64)
+    reference_video: list[VideoReference] | None = Field(default=None, max_length=16)
+    reference_audio: list[AudioReference] | None = Field(default=None, max_length=16)
+    quality: str | None = Field(default=None, max_length=64)  # draft | standard | high | auto (= standard)
 
 
 # ---------------------------------------------------------------------------------------------- responses
@@ -224,6 +245,11 @@ VIDEO_MULTIPART_SCHEMA: dict[str, Any] = {
         "negative_prompt": {"type": "string"},
         "model_params": {"type": "string", "description": "JSON object of model-specific fields"},
         "input_reference": {"type": "string", "format": "binary"},
+        "last_frame": {"type": "string", "format": "binary"},
+        "reference_images": {"type": "array", "items": {"type": "string", "format": "binary"}},
+        "reference_video": {"type": "array", "items": {"type": "string", "format": "binary"}},
+        "reference_audio": {"type": "array", "items": {"type": "string", "format": "binary"}},
+        "quality": {"type": "string", "enum": ["auto", "draft", "standard", "high"]},
     },
 }
 

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ..engine.request import GenerationRequest, SamplingParams
+from ..engine.request import QUALITIES, GenerationRequest, MediaInput, SamplingParams
 from .errors import ApiError
 from .schemas import ImageGenerationRequest, SharedFields, VideoCreateRequest
 from .settings import ServerSettings
 
-NEUTRAL_FIELDS = ("quality", "style", "background", "moderation")
+NEUTRAL_FIELDS = ("style", "background", "moderation")
+
+#: Video conditioning fields (serving-api.md §8.2) -> (media kind, role in the Python API).
+VIDEO_MEDIA_FIELDS: dict[str, tuple[str, str]] = {
+    "input_reference": ("image", "first_frame"),
+    "last_frame": ("image", "last_frame"),
+    "reference_images": ("image", "reference"),
+    "reference_video": ("video", "reference"),
+    "reference_audio": ("audio", "reference"),
+}
 
 
 @attrs.frozen
@@ -35,40 +45,64 @@ class ServedModel:
     audio: bool
     defaults: Any
     created: int = 0
+    spec: Any = None  # the served ModelSpec (roles, limits, options)
+    model_options: dict[str, Any] = attrs.field(factory=dict)  # the values the engine loaded the model with
 
     @classmethod
-    def from_spec(cls, spec: Any, requested: str | None = None, created: int = 0) -> ServedModel:
+    def from_spec(cls, spec: Any, requested: str | None = None, created: int = 0,
+                  model_options: dict[str, Any] | None = None) -> ServedModel:
         caps = spec.capabilities
         names = [spec.name, f"tiny:{spec.name}", *spec.aliases]
         if requested and requested not in names:
             names.append(requested)
+        image_role = caps.default_role("image")
+        max_images = image_role.max_count if image_role is not None else 0
         tasks = []
         if "image" in caps.outputs:
             tasks.append("image.generate")
-            if caps.max_reference_images > 0 and any(m in caps.modes for m in ("i2i", "edit", "ti2i")):
+            if max_images > 0 and any(m in caps.modes for m in ("i2i", "edit", "ti2i", "it2i")):
                 tasks.append("image.edit")
         if "video" in caps.outputs:
             tasks.append("video.generate")
         return cls(
             id=spec.name, names=tuple(dict.fromkeys(names)), owned_by=spec.provider or "omnicore",
             tasks=tuple(tasks), max_outputs=min(10, caps.max_outputs_per_request),
-            max_reference_images=caps.max_reference_images,
+            max_reference_images=max_images,
             multiple_of=getattr(caps, "size_multiple_of", None) or getattr(caps, "multiple_of", None),
-            audio="audio" in caps.outputs, defaults=spec.defaults, created=created,
+            audio="audio" in caps.outputs, defaults=spec.defaults, created=created, spec=spec,
+            model_options=dict(model_options or {}),
         )
 
+    def role(self, name: str) -> Any:
+        """The model's declared :class:`~omnicore.specs.InputRole` called ``name``, or ``None``."""
+        caps = self.spec.capabilities if self.spec is not None else None
+        return next((r for r in caps.input_roles() if r.role == name), None) if caps is not None else None
+
     def card(self, backend: str | None = None) -> dict[str, Any]:
+        """The ``/v1/models`` entry (serving-api.md §5): modes, input roles, size/fps/frame limits, options."""
         d = self.defaults
+        caps = self.spec.capabilities if self.spec is not None else None
+        roles = [r.to_json() for r in caps.input_roles()] if caps is not None else []
+        options = [{**o.to_json(), "value": self.model_options.get(o.name, o.default)}
+                   for o in (self.spec.options if self.spec is not None else ())]
         return {
             "id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by,
             "omnicore": {
                 "aliases": [n for n in self.names if n != self.id], "tasks": list(self.tasks),
+                "modes": list(caps.modes) if caps is not None else [],
                 "plugin": self.owned_by, "backend": backend,
-                "sizes": {"default": f"{d.width}x{d.height}", "multiple_of": self.multiple_of},
-                "video": {"default_fps": d.fps, "default_frames": d.num_frames, "audio": self.audio},
-                "defaults": {"num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale},
-                "inputs": {"max_input_images": self.max_reference_images,
+                "sizes": {"default": f"{d.width}x{d.height}", "multiple_of": self.multiple_of,
+                          "max_pixels": getattr(caps, "max_pixels", None)},
+                "video": {"default_fps": d.fps, "default_frames": d.num_frames, "audio": self.audio,
+                          "fps_range": list(caps.fps_range) if caps is not None and caps.fps_range else None,
+                          "frame_rule": getattr(caps, "frame_rule", None),
+                          "max_frames": getattr(caps, "max_frames", None)},
+                "defaults": {"num_inference_steps": d.num_inference_steps, "guidance_scale": d.guidance_scale,
+                             "seed": getattr(d, "seed", None)},
+                "inputs": {"roles": roles, "max_inputs": getattr(caps, "max_inputs", None),
+                           "max_input_images": self.max_reference_images,
                            "supports_negative_prompt": True, "partial_images": False},
+                "options": options,
                 "max_outputs": self.max_outputs, "loras": [],
             },
         }
@@ -124,8 +158,22 @@ def _shared(dto: SharedFields, served: ServedModel, settings: ServerSettings, ta
     if dto.lora is not None:
         raise _bad("lora.name", f"no adapter named {dto.lora.name!r} is registered on this server "
                                 f"(registered: none); adapters are registered at startup with --lora")
-    seed = dto.seed if dto.seed is not None else random.randrange(0, 2**31)
-    return {"extra": dict(dto.model_params or dto.extra_params or {}), "seed": seed}
+    # no seed: the model's default seed when it declares one (RequestDefaults.seed), else a random one
+    default_seed = getattr(served.defaults, "seed", None)
+    seed = dto.seed if dto.seed is not None else default_seed if default_seed is not None \
+        else random.randrange(0, 2**31)
+    return {"extra": dict(dto.model_params or dto.extra_params or {}), "seed": seed,
+            "quality": parse_quality(getattr(dto, "quality", None))}
+
+
+def parse_quality(value: str | None) -> str:
+    """``quality``: ``draft``, ``standard`` or ``high`` (omnicore's tiers); ``auto``/null = ``standard``."""
+    if value in (None, "auto"):
+        return "standard"
+    if value not in QUALITIES:
+        raise _bad("quality", f"quality={value!r} is not supported; use one of {', '.join(QUALITIES)} or 'auto'",
+                   code="unsupported_parameter")
+    return value
 
 
 def image_request(dto: ImageGenerationRequest, served: ServedModel, settings: ServerSettings, *, request_id: str,
@@ -159,7 +207,7 @@ def image_request(dto: ImageGenerationRequest, served: ServedModel, settings: Se
         seed=common["seed"], num_outputs=dto.n, output_type="image",
     )
     return GenerationRequest(prompt=dto.prompt, params=params, negative_prompt=dto.negative_prompt,
-                             images=images, extra=common["extra"], request_id=request_id)
+                             images=images, extra=common["extra"], request_id=request_id, quality=common["quality"])
 
 
 def parse_seconds(value: int | str | None) -> float | None:
@@ -176,18 +224,45 @@ def parse_seconds(value: int | str | None) -> float | None:
     return float(seconds)
 
 
+def _roles_text(served: ServedModel) -> str:
+    caps = served.spec.capabilities if served.spec is not None else None
+    roles = caps.input_roles() if caps is not None else ()
+    return ", ".join(f"{r.role} ({'/'.join(r.kinds)}, up to {r.max_count})" for r in roles) or "none"
+
+
+def video_inputs(served: ServedModel, media: Sequence[tuple[str, Any]]) -> tuple[MediaInput, ...]:
+    """``(http field, data)`` pairs -> role-tagged inputs, each field gated by the model's declared roles (§8.2):
+    a role it lacks is 400 ``unsupported_for_model``, more than the role takes is 400 (``too_many_input_images``
+    for images). A model that declares no roles (only ``max_reference_images``) gets ``input_reference`` in its
+    default image role."""
+    declared = bool(served.spec is not None and served.spec.capabilities.inputs)
+    counts: dict[str, int] = {}
+    inputs = []
+    for field, data in media:
+        kind, role_name = VIDEO_MEDIA_FIELDS[field]
+        role = served.role(role_name)
+        if role is None and not declared and field == "input_reference" and served.max_reference_images:
+            role = served.spec.capabilities.default_role("image")
+        if role is None or kind not in role.kinds:
+            raise _bad(field, f"model {served.id} does not take {field} ({kind} as {role_name}); it accepts: "
+                              f"{_roles_text(served)}", code="unsupported_for_model")
+        counts[role.role] = counts.get(role.role, 0) + 1
+        if counts[role.role] > role.max_count:
+            raise _bad(field, f"model {served.id} takes at most {role.max_count} {role.role} input(s)",
+                       code="too_many_input_images" if kind == "image" else "invalid_value")
+        inputs.append(MediaInput(kind, role.role, data))
+    cap = served.spec.capabilities.max_inputs if served.spec is not None else None
+    if cap is not None and len(inputs) > cap:
+        raise _bad(media[cap][0], f"model {served.id} takes at most {cap} conditioning inputs in total, "
+                                  f"got {len(inputs)}")
+    return tuple(inputs)
+
+
 def video_request(dto: VideoCreateRequest, served: ServedModel, settings: ServerSettings, *, request_id: str,
-                  images: tuple[Any, ...] = ()) -> GenerationRequest:
+                  images: tuple[Any, ...] = (), media: Sequence[tuple[str, Any]] = ()) -> GenerationRequest:
+    """``media`` holds ``(field, data)`` for the conditioning fields (``images`` = ``input_reference`` data)."""
     common = _shared(dto, served, settings, "video.generate")
-    if dto.last_frame is not None:
-        raise _bad("last_frame", f"model {served.id} does not support last-frame conditioning",
-                   code="unsupported_for_model")
-    if dto.reference_images:
-        raise _bad("reference_images", f"model {served.id} does not support subject references",
-                   code="unsupported_for_model")
-    if images and served.max_reference_images < len(images):
-        raise _bad("input_reference", f"model {served.id} does not accept a reference image",
-                   code="unsupported_for_model")
+    inputs = video_inputs(served, [*(("input_reference", im) for im in images), *media])
     if dto.generate_audio and not served.audio:
         raise _bad("generate_audio", f"model {served.id} does not generate audio", code="unsupported_for_model")
     wh = parse_size(dto.size)
@@ -208,4 +283,5 @@ def video_request(dto: VideoCreateRequest, served: ServedModel, settings: Server
         seed=common["seed"], num_outputs=1, output_type="video",
     )
     return GenerationRequest(prompt=dto.prompt, params=params, negative_prompt=dto.negative_prompt,
-                             images=images, modalities=modalities, extra=common["extra"], request_id=request_id)
+                             inputs=inputs, modalities=modalities, extra=common["extra"], request_id=request_id,
+                             quality=common["quality"])

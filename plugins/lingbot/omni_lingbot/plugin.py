@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from omnicore.hookspecs import hookimpl
-from omnicore.specs import ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
+import attrs
+from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
 
 from . import __version__
 from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
@@ -18,11 +19,17 @@ CAPABILITIES = ModelCapabilities(
     modes=("t2i", "t2v", "ti2v"),
     outputs=("image", "video"),
     max_reference_images=1,
-    supports_batching=True,
+    # TI2V (models.md §2.1): one image whose latent is the clip's clean first frame (and which the text encoder
+    # also sees); with no role given (``images=[...]``) an image takes this role.
+    inputs=(InputRole("first_frame", ("image",), 1, "image-to-video: the clip's first frame"),),
+    max_inputs=1,
+    size_multiple_of=16,
+    frame_rule="4n+1",
     # Work limits checked on the resolved request (engine/limits.py): beyond the largest trained buckets
     # (720p, a few seconds) by a wide margin, but they stop absurd requests (seconds=3600) at submission.
     max_pixels=1920 * 1088,
     max_frames=481,
+    supports_batching=True,
     max_outputs_per_request=1,
     cache_methods=("first_block_cache",),  # teacache needs per-model coefficients LingBot does not publish
     needs_packed_varlen=True,  # the DiT's attention takes cu_seqlens documents (batch CFG, batched requests)
@@ -39,11 +46,16 @@ DEFAULTS = RequestDefaults(
     negative_prompt=None,  # the default depends on the mode (video vs image); see omni_lingbot.prompts
 )
 
+#: Tiny presets output noise, so they default to what answers in seconds on a CPU (a request still may ask for
+#: any size): 64x64, 9 frames, 4 steps.
+TINY_DEFAULTS = attrs.evolve(DEFAULTS, height=64, width=64, num_frames=9, num_inference_steps=4)
+
 PRESETS = (
     PresetSpec(name="tiny:lingbot", builder="omni_lingbot.presets:build_tiny_lingbot",
-               description="random-weight dense LingBot (hidden 64, 2 blocks, tiny Qwen3-VL and Wan VAE)"),
+               description="random-weight dense LingBot (hidden 64, 2 blocks, tiny Qwen3-VL and Wan VAE)",
+               defaults=TINY_DEFAULTS),
     PresetSpec(name="tiny:lingbot-moe", builder="omni_lingbot.presets:build_tiny_lingbot_moe",
-               description="random-weight LingBot with block 1 a grouped top-2 MoE"),
+               description="random-weight LingBot with block 1 a grouped top-2 MoE", defaults=TINY_DEFAULTS),
 )
 
 #: Deployment options (``--model-option KEY=VALUE``; ``@PATH`` reads the value from a file). Unset, each comes from

@@ -198,8 +198,10 @@ def resolve_num_frames(
     explicit: tuple[str, Any] | None,
     duration: tuple[str, Any] | None,
     fps: float,
+    default: int = DEFAULT_NUM_FRAMES,
 ) -> int:
-    """Priority: explicit ``num_frames`` > duration × fps > default 81; text-to-image is exactly one frame."""
+    """Priority: explicit ``num_frames`` > duration × fps > ``default`` (81, or the preset's); text-to-image is
+    exactly one frame."""
     if mode == "t2i":
         if duration is not None:
             raise InvalidRequest(duration[0], "text-to-image does not accept a duration")
@@ -210,7 +212,7 @@ def resolve_num_frames(
         return round_up_frames(check_num_frames(explicit[1], explicit[0]))
     if duration is not None:
         return frames_from_duration(duration[1], fps, field=duration[0])
-    return DEFAULT_NUM_FRAMES
+    return round_up_frames(default)
 
 
 # ----------------------------------------------------------------------------------------------- size
@@ -281,15 +283,17 @@ def resolve_size(
 # ----------------------------------------------------------------------------------------------- others
 
 
-def resolve_shift(shift: Any = None, flow_shift: Any = None, params_shift: Any = None) -> float:
-    """``extra.shift`` wins over its alias ``extra.flow_shift``, then the sampling ``flow_shift``, then 3.0."""
+def resolve_shift(shift: Any = None, flow_shift: Any = None, params_shift: Any = None,
+                  default: float = DEFAULT_SHIFT) -> float:
+    """``extra.shift`` wins over its alias ``extra.flow_shift``, then the sampling ``flow_shift``, then ``default``
+    (3.0)."""
     for field, value in (("extra.shift", shift), ("extra.flow_shift", flow_shift), ("params.flow_shift", params_shift)):
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value <= 0:
                 raise InvalidRequest(field, f"shift must be positive, got {value!r}")
             return float(value)
-    return DEFAULT_SHIFT
+    return default
 
 
 def resolve_negative_prompt(negative_prompt: str | None, mode: str) -> str:
@@ -375,8 +379,15 @@ def resolve_request(
     num_audios: int,
     params: Any,
     extra: Mapping[str, Any],
+    defaults: Any = None,
 ) -> ResolvedRequest:
-    """Apply every rule to one request (``params`` is an omnicore ``SamplingParams``)."""
+    """Apply every rule to one request (``params`` is an omnicore ``SamplingParams``; ``defaults`` the served
+    ``RequestDefaults`` — a preset's may be smaller — else the model's own 480x480, 81 frames, 24 fps, shift 3)."""
+    default_h = DEFAULT_HEIGHT if defaults is None else defaults.height
+    default_w = DEFAULT_WIDTH if defaults is None else defaults.width
+    default_frames = DEFAULT_NUM_FRAMES if defaults is None else defaults.num_frames
+    default_fps = DEFAULT_FPS if defaults is None else float(defaults.fps)
+    default_shift = DEFAULT_SHIFT if defaults is None or defaults.flow_shift is None else defaults.flow_shift
     check_extra(extra)
     mode = resolve_mode(modalities, num_images, num_videos=num_videos, num_audios=num_audios,
                         output_type=params.output_type)
@@ -386,17 +397,17 @@ def resolve_request(
     pdict: Mapping[str, Any] = prompt if isinstance(prompt, Mapping) else {}
 
     fps_src = pdict.get("fps", params.fps)
-    fps = DEFAULT_FPS if fps_src is None else float(check_fps(fps_src, "prompt.fps" if "fps" in pdict else "fps"))
+    fps = default_fps if fps_src is None else float(check_fps(fps_src, "prompt.fps" if "fps" in pdict else "fps"))
     explicit = (("prompt.num_frames", pdict["num_frames"]) if pdict.get("num_frames") is not None
                 else ("params.num_frames", params.num_frames) if params.num_frames is not None else None)
     duration = pick_duration(pdict, extra, params.duration)
-    num_frames = resolve_num_frames(mode, explicit, duration, fps)
+    num_frames = resolve_num_frames(mode, explicit, duration, fps, default_frames)
 
     from_prompt = resolve_size(width=pdict.get("width"), height=pdict.get("height"), size=pdict.get("size"),
                                resolution=pdict.get("resolution"), ratio=pdict.get("ratio"), source="prompt.")
     from_request = resolve_size(width=params.width, height=params.height, size=extra.get("size"),
                                 resolution=extra.get("resolution"), ratio=extra.get("ratio"), source="")
-    height, width = from_prompt or from_request or (DEFAULT_HEIGHT, DEFAULT_WIDTH)
+    height, width = from_prompt or from_request or (default_h, default_w)
 
     return ResolvedRequest(
         mode=mode,
@@ -408,7 +419,7 @@ def resolve_request(
         width=width,
         num_frames=num_frames,
         fps=fps,
-        shift=resolve_shift(extra.get("shift"), extra.get("flow_shift"), params.flow_shift),
+        shift=resolve_shift(extra.get("shift"), extra.get("flow_shift"), params.flow_shift, default_shift),
         batch_cfg=_bool(extra, "batch_cfg", False),
         null_cond_clone_zero=_bool(extra, "null_cond_clone_zero", False),
         low_noise=resolve_low_noise(extra),

@@ -1,0 +1,95 @@
+"""``omnicore models [--json]``: every registered model with its modes, input roles, presets (and their request
+defaults), request defaults and deployment options — from the specs alone, so torch is never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from ..plugins import PluginHost
+
+
+def _preset_name(name: str) -> str:
+    return name if name.startswith("tiny:") else f"tiny:{name}"
+
+
+def model_card(spec: Any) -> dict[str, Any]:
+    """A JSON-ready description of a :class:`~omnicore.specs.ModelSpec` (no implementation is imported)."""
+    caps = spec.capabilities
+    return {
+        "name": spec.name,
+        "provider": spec.provider,
+        "description": spec.description,
+        "aliases": list(spec.aliases),
+        "modes": list(caps.modes),
+        "outputs": list(caps.outputs),
+        "inputs": [r.to_json() for r in caps.input_roles()],
+        "max_inputs": caps.max_inputs,
+        "max_outputs_per_request": caps.max_outputs_per_request,
+        "supports_batching": caps.supports_batching,
+        "cache_methods": list(caps.cache_methods),
+        "limits": {"size_multiple_of": caps.size_multiple_of, "max_pixels": caps.max_pixels,
+                   "max_frames": caps.max_frames, "frame_rule": caps.frame_rule,
+                   "fps_range": None if caps.fps_range is None else list(caps.fps_range)},
+        "defaults": spec.defaults.to_json(),
+        "presets": [{"name": _preset_name(p.name), "description": p.description,
+                     "defaults": None if p.defaults is None else p.defaults.to_json()} for p in spec.presets],
+        "options": [o.to_json() for o in spec.options],
+    }
+
+
+def _defaults_text(d: dict[str, Any]) -> str:
+    size = f"{d['width']}x{d['height']}"
+    frames = f", {d['num_frames']} frames @ {d['fps']:g} fps" if d["num_frames"] > 1 else ""
+    seed = f", seed {d['seed']}" if d.get("seed") is not None else ""
+    return f"{size}{frames}, {d['num_inference_steps']} steps, guidance {d['guidance_scale']:g}{seed}"
+
+
+def render(cards: list[dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for c in cards:
+        lines.append(f"{c['name']}  ({c['provider'] or '-'})  {c['description']}")
+        lines.append(f"  modes: {', '.join(c['modes'])}; outputs: {', '.join(c['outputs'])}; "
+                     f"up to {c['max_outputs_per_request']} per request")
+        if c["inputs"]:
+            roles = "; ".join(f"{r['role']} ({'/'.join(r['kinds'])}, max {r['max_count']})" for r in c["inputs"])
+            total = f" (at most {c['max_inputs']} in total)" if c["max_inputs"] is not None else ""
+            lines.append(f"  inputs: {roles}{total}")
+        else:
+            lines.append("  inputs: none")
+        lines.append(f"  defaults: {_defaults_text(c['defaults'])}")
+        for p in c["presets"]:
+            own = f" [defaults: {_defaults_text(p['defaults'])}]" if p["defaults"] else ""
+            lines.append(f"  preset {p['name']}: {p['description']}{own}")
+        for o in c["options"]:
+            choices = f" one of {', '.join(map(str, o['choices']))};" if o["choices"] else ""
+            lines.append(f"  option {o['name']} ({o['type']},{choices} default {o['default']!r}): {o['help']}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n" if lines else "no model plugin is installed\n"
+
+
+def make_host() -> Any:
+    """The host whose models are listed (installed plugins). Tests replace this."""
+    return PluginHost()
+
+
+def run(args: argparse.Namespace) -> int:
+    log = logging.getLogger("omnicore.plugins")
+    previous = log.level
+    log.setLevel(logging.ERROR)  # problems are printed once below, as `omnicore plugins` does
+    try:
+        host = make_host()
+    finally:
+        log.setLevel(previous)
+    for line in host.problems:
+        print(f"error: {line}", file=sys.stderr)
+    cards = [model_card(spec) for spec in host.models]
+    if args.json:
+        print(json.dumps({"models": cards}, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(render(cards))
+    return 0
