@@ -7,7 +7,7 @@ Imports nothing heavy: implementations are named by lazy paths.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .hookspecs import hookimpl
 from .specs import (
@@ -17,6 +17,12 @@ from .specs import (
     CacheMethodSpec,
     PlatformSpec,
 )
+
+if TYPE_CHECKING:
+    from .engine.protocol import DenoiseState, Pipeline
+    from .engine.request import GenerationRequest
+    from .hookspecs import CacheHandle
+    from .outputs.output import Output
 
 
 def plugin_info() -> dict[str, Any]:
@@ -91,18 +97,19 @@ _CACHE_METHODS: tuple[CacheMethodSpec, ...] = (
 
 
 @hookimpl(trylast=True)
-def omnicore_preprocess(request: Any, pipeline: Any) -> Any:
+def omnicore_preprocess(request: GenerationRequest, pipeline: Pipeline) -> GenerationRequest:
     return pipeline.preprocess(request)
 
 
 @hookimpl(trylast=True)
-def omnicore_denoise(pipeline: Any, state: Any, step: int) -> Any:
+def omnicore_denoise(pipeline: Pipeline, state: DenoiseState, step: int) -> DenoiseState:
     return pipeline.denoise_step(state, step)
 
 
 @hookimpl(trylast=True)
-def omnicore_cache(pipeline: Any, method: CacheMethodSpec, config: Any) -> Any:
-    return method.load_impl()(pipeline, config)
+def omnicore_cache(pipeline: Pipeline, method: CacheMethodSpec, config: Any) -> CacheHandle:
+    handle: CacheHandle = method.load_impl()(pipeline, config)
+    return handle
 
 
 @hookimpl(trylast=True)
@@ -113,5 +120,5 @@ def omnicore_attention_backend(
 
 
 @hookimpl(trylast=True)
-def omnicore_postprocess(request: Any, output: Any) -> Any:
+def omnicore_postprocess(request: GenerationRequest, output: Output) -> Output:
     return output

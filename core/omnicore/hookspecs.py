@@ -13,11 +13,14 @@ value (or ``None`` to fall through), and *adjusts* behaviour with a ``wrapper=Tr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
+    from .engine.protocol import DenoiseState, Pipeline
+    from .engine.request import GenerationRequest
+    from .outputs.output import Output
     from .specs import (
         AttentionBackendSpec,
         AttentionRequirement,
@@ -111,8 +114,14 @@ def omnicore_register_ops(register: Callable[[OpSpec], None]) -> None:
 # -------------------------------------------------------------------------------------------------
 
 
+class CacheHandle(Protocol):
+    """What ``omnicore_cache`` returns: the enabled cache, undone by ``remove()``."""
+
+    def remove(self) -> None: ...
+
+
 @hookspec(firstresult=True)
-def omnicore_preprocess(request: Any, pipeline: Any) -> Any:
+def omnicore_preprocess(request: GenerationRequest, pipeline: Pipeline) -> GenerationRequest | None:
     """Prepare a request, once, at admission (before scheduling and outside engine locks).
 
     :param request: the validated :class:`omnicore.GenerationRequest`.
@@ -128,7 +137,7 @@ def omnicore_preprocess(request: Any, pipeline: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def omnicore_denoise(pipeline: Any, state: Any, step: int) -> Any:
+def omnicore_denoise(pipeline: Pipeline, state: DenoiseState, step: int) -> DenoiseState | None:
     """Run denoise step ``step`` of a batch and return the state to continue from.
 
     :param pipeline: the loaded pipeline.
@@ -146,7 +155,7 @@ def omnicore_denoise(pipeline: Any, state: Any, step: int) -> Any:
 
 
 @hookspec(firstresult=True)
-def omnicore_cache(pipeline: Any, method: CacheMethodSpec, config: Any) -> Any:
+def omnicore_cache(pipeline: Pipeline, method: CacheMethodSpec, config: Any) -> CacheHandle | None:
     """Enable cache method ``method`` on a loaded pipeline and return its handle (``handle.remove()`` undoes it).
 
     :param pipeline: the loaded pipeline (its model spec declares which cache methods it supports).
@@ -180,7 +189,7 @@ def omnicore_attention_backend(
 
 
 @hookspec(firstresult=True)
-def omnicore_postprocess(request: Any, output: Any) -> Any:
+def omnicore_postprocess(request: GenerationRequest, output: Output) -> Output | None:
     """Finish one output (an :class:`omnicore.Output`) before it is returned or written.
 
     :param request: the request the output belongs to.

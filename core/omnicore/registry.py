@@ -3,20 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
 from .errors import DuplicateRegistration, UnknownName
 
-T = TypeVar("T")
+
+class SpecRecord(Protocol):
+    """What a registry holds: an attrs spec record with a name and the plugin that provided it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def provider(self) -> str: ...
 
 
-def key_of(record: object) -> str:
+T = TypeVar("T", bound=SpecRecord)
+
+
+def key_of(record: SpecRecord) -> str:
     """The registry key of a record: its ``registry_key`` when it has one (platform ops are keyed by op,
     platform and provider), else its ``name``; lower-case."""
-    key = getattr(record, "registry_key", None) or record.name  # type: ignore[attr-defined]
+    key = getattr(record, "registry_key", None) or record.name
     return str(key).lower()
+
+
+def with_provider(record: T, provider: str) -> T:
+    """A copy of the (attrs, frozen) ``record`` stamped with its provider."""
+    if not attrs.has(type(record)):
+        raise TypeError(f"registries hold attrs spec records, got {type(record).__name__}")
+    # attrs' mypy plugin cannot see through a protocol-bound TypeVar; attrs.has() above is the runtime check
+    evolve: Any = attrs.evolve
+    stamped: T = evolve(record, provider=provider)
+    return stamped
 
 
 class Registry(Generic[T]):
@@ -34,7 +55,7 @@ class Registry(Generic[T]):
         self._replaced: dict[str, list[T]] = {}  # name -> records shadowed by replace=True, oldest first
 
     def register(self, record: T, provider: str, *, replace: bool = False) -> T:
-        record = attrs.evolve(record, provider=provider)  # type: ignore[misc]
+        record = with_provider(record, provider)
         name = key_of(record)
         aliases = [a.lower() for a in getattr(record, "aliases", ())]
         for key in (name, *aliases):
@@ -42,7 +63,7 @@ class Registry(Generic[T]):
             if owner is not None and not (replace and key == name):
                 raise DuplicateRegistration(self.kind, key, owner, provider)
         if name in self._records:
-            self.overrides.append((name, self._records[name].provider, provider))  # type: ignore[attr-defined]
+            self.overrides.append((name, self._records[name].provider, provider))
             self._replaced.setdefault(name, []).append(self._records[name])
         self._records[name] = record
         for alias in aliases:
@@ -52,7 +73,7 @@ class Registry(Generic[T]):
     def _owner(self, key: str) -> str | None:
         target = self._aliases.get(key, key)
         rec = self._records.get(target)
-        return rec.provider if rec is not None else None  # type: ignore[attr-defined]
+        return rec.provider if rec is not None else None
 
     def unregister_provider(self, provider: str) -> None:
         """Drop every record (and alias) a provider registered: used when its registration fails midway.
@@ -60,8 +81,8 @@ class Registry(Generic[T]):
         A record it had replaced (``replace=True``) comes back, so a failing plugin leaves no trace.
         """
         for stack in self._replaced.values():
-            stack[:] = [r for r in stack if r.provider != provider]  # type: ignore[attr-defined]
-        gone = {n for n, r in self._records.items() if r.provider == provider}  # type: ignore[attr-defined]
+            stack[:] = [r for r in stack if r.provider != provider]
+        gone = {n for n, r in self._records.items() if r.provider == provider}
         self._aliases = {a: n for a, n in self._aliases.items() if n not in gone}
         for n in gone:
             del self._records[n]
@@ -96,4 +117,4 @@ class Registry(Generic[T]):
         return sorted(self._records)
 
     def providers(self) -> dict[str, str]:
-        return {n: r.provider for n, r in self._records.items()}  # type: ignore[attr-defined]
+        return {n: r.provider for n, r in self._records.items()}

@@ -49,14 +49,54 @@ def test_hook_is_documented(hook):
     assert inspect.signature(func).return_annotation is not inspect.Signature.empty, f"{hook}: no return annotation"
 
 
-def _test_sources() -> dict[Path, str]:
-    return {p: p.read_text() for p in TESTS.rglob("test_*.py") if p.name != "test_meta.py"}
+def _tests_naming(hook: str) -> list[str]:
+    """Node ids of the tests that name ``hook``: in their own body, or through a module-level class/function of
+    their file that names it (a test plugin defined next to the tests), one level deep."""
+    import ast
+
+    found: list[str] = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if path.name == "test_meta.py":
+            continue
+        source = path.read_text()
+        if not re.search(rf"\b{hook}\b", source):
+            continue
+        tree = ast.parse(source)
+        naming = {node.name for node in tree.body
+                  if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("test_")
+                  and re.search(rf"\b{hook}\b", ast.get_source_segment(source, node) or "")}
+        tests = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+        for node in tests:
+            body = ast.get_source_segment(source, node) or ""
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {a.arg for a in node.args.args}
+            if re.search(rf"\b{hook}\b", body) or used & naming:
+                found.append(f"{path.relative_to(REPO)}::{node.name}")
+    return found
 
 
-@pytest.mark.parametrize("hook", HOOKS)
-def test_hook_has_a_test(hook):
-    users = [p.relative_to(REPO) for p, text in _test_sources().items() if re.search(rf"\b{hook}\b", text)]
-    assert users, f"no test under tests/ uses {hook}"
+@pytest.mark.slow
+def test_every_hook_is_really_called_by_a_test(tmp_path):
+    """Each hook is invoked by the plugin host, during a test that names it, with an implementation from a plugin
+    other than the core's own — a mention of the name is not enough. The candidate tests run in a subprocess with
+    a recorder (tests/_hook_calls.py); up to four per hook, core tests first, keep it quick."""
+    candidates = {hook: sorted(_tests_naming(hook), key=lambda n: (not n.startswith("tests/core/"), n))[:4]
+                  for hook in HOOKS}
+    missing = [hook for hook, ids in candidates.items() if not ids]
+    assert not missing, f"no test names these hooks: {missing}"
+    out = tmp_path / "calls.json"
+    env = {**os.environ, "OMNICORE_HOOK_CALLS": str(out),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+    node_ids = sorted({n for ids in candidates.values() for n in ids})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "_hook_calls", "-p", "no:cacheprovider",
+                           "-x", *node_ids], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    import json
+
+    calls = json.loads(out.read_text())
+    called = {hook: [n for n in ids if any(k == n or k.startswith(n + "[") for k, v in calls.items()
+                                           if hook in v)] for hook, ids in candidates.items()}
+    never = {hook: candidates[hook] for hook, hits in called.items() if not hits}
+    assert not never, f"these hooks are named by tests that never get them called: {never}"
 
 
 def test_public_surface_is_exactly_all_and_every_name_resolves():
