@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from omnicore.attention.reference import sdpa_attention  # noqa: E402
-from omnicore.integrations.diffusers import SelectedAttention, route_diffusers_attention  # noqa: E402
-from omnicore.specs import AttentionRequirement  # noqa: E402
+from omnicore.attention.reference import sdpa_attention
+from omnicore.integrations.diffusers import SelectedAttention, route_diffusers_attention
+from omnicore.specs import AttentionRequirement
 
 
 @attrs.define

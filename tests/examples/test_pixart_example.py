@@ -35,7 +35,7 @@ def test_glue_is_at_most_120_lines() -> None:
 def test_the_guide_shows_the_example_verbatim() -> None:
     """docs/writing-a-model-plugin.md's worked example IS this plugin: each marked block equals the file."""
     guide = (EXAMPLE.parents[1] / "docs" / "writing-a-model-plugin.md").read_text()
-    blocks = dict(re.findall(r"<!-- example: (\S+) -->\n```python\n(.*?)\n```", guide, flags=re.S))
+    blocks = dict(re.findall(r"<!-- example: (\S+) -->\n```python\n(.*?)\n```", guide, flags=re.DOTALL))
     assert set(blocks) >= {*GLUE, "tests/test_pixart.py"}, sorted(blocks)
     for name, block in blocks.items():
         assert block == (EXAMPLE / name).read_text().rstrip("\n"), f"the guide's copy of {name} is out of date"

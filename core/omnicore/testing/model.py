@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,15 @@ from ..config import Settings
 from ..errors import Cancelled, InvalidRequest, UnsupportedFeature
 from ..plugins.host import PluginHost
 from .plugin import add_to_host, isolated_host
-from .runtime import (SPY_BACKEND, SpyAttentionPlugin, assert_close_outputs, check_progress_events, counting_steps,
-                      held_worker, spy_calls)
+from .runtime import (
+    SPY_BACKEND,
+    SpyAttentionPlugin,
+    assert_close_outputs,
+    check_progress_events,
+    counting_steps,
+    held_worker,
+    spy_calls,
+)
 
 
 def output_bytes(outputs: list[Any]) -> list[bytes]:
@@ -188,11 +196,18 @@ class ModelPluginConformance:
         serves the next request normally."""
         steps = self.runtime_params()
         events: list[Any] = []
+        submitted, jobs = threading.Event(), []
+
+        def cancel_after_first_step(event: Any) -> None:
+            events.append(event)
+            if event.phase == "denoise" and event.step == 1:
+                submitted.wait(60)  # the worker may get here before submit() returned the job
+                jobs[0].cancel()
+
         with counting_steps(model_engine.host) as counter:
-            with held_worker(model_engine, self.request(self.seed, **steps)):
-                job = model_engine.submit(self.request(self.seed, **steps), on_event=events.append)
-                job.add_listener(lambda e: job.cancel() if e.phase == "denoise" and e.step == 1 else None,
-                                 replay=False)
+            jobs.append(model_engine.submit(self.request(self.seed, **steps), on_event=cancel_after_first_step))
+            submitted.set()
+            job = jobs[0]
             job.wait(300)
         ran = counter.steps.get(job.id, 0)
         assert job.status == "cancelled", f"the job ended {job.status!r} after cancel()"
@@ -215,10 +230,10 @@ class ModelPluginConformance:
         if not model_engine.spec.capabilities.supports_batching:
             pytest.skip(f"model {model_engine.spec.name!r} declares supports_batching=False")
         seeds = (self.seed + 10, self.seed + 20)
-        solo = [self._solo(model_engine, s) for s in seeds]
-        with held_worker(model_engine, self.request(self.seed, **self.runtime_params())):
+        with held_worker(model_engine, self.request(seeds[0], **self.runtime_params())) as first_solo:
             jobs = [model_engine.submit(self.request(s, **self.runtime_params())) for s in seeds]
         batched = [j.result(300) for j in jobs]
+        solo = [first_solo.result(0), self._solo(model_engine, seeds[1])]
         for outs in batched:
             assert all(o.metrics.get("batch_requests") == 2 for o in outs), (
                 "the two queued requests did not run as one batch (same batch key expected for equal parameters)")
@@ -230,15 +245,15 @@ class ModelPluginConformance:
         if not model_engine.spec.capabilities.supports_batching:
             pytest.skip(f"model {model_engine.spec.name!r} declares supports_batching=False")
         victim_seed, survivor_seed = self.seed + 30, self.seed + 40
-        expected = self._solo(model_engine, survivor_seed)
         victim_events: list[Any] = []
         batches = model_engine.stats()["batches_executed"]
-        with held_worker(model_engine, self.request(self.seed, **self.runtime_params())):
+        with held_worker(model_engine, self.request(survivor_seed, **self.runtime_params())) as survivor_solo:
             victim = model_engine.submit(self.request(victim_seed, **self.runtime_params()),
                                          on_event=victim_events.append)
             victim.add_listener(lambda e: victim.cancel() if e.phase == "denoise" and e.step == 1 else None,
                                 replay=False)
             survivor = model_engine.submit(self.request(survivor_seed, **self.runtime_params()))
+        expected = survivor_solo.result(0)
         outputs = survivor.result(300)
         victim.wait(300)
         assert model_engine.stats()["batches_executed"] - batches == 2, "victim and survivor did not share a batch"
