@@ -211,3 +211,17 @@ def test_later_steps_compute_only_the_target(pipe, monkeypatch):
         state = pipe.denoise_step(state, step)
     assert lengths == [layout.gen_end, layout.target_len]
     assert layout.target_len == 1 + layout.num_image_tokens
+
+
+def test_core_sdpa_backend_serves_the_span_metadata():
+    """Through omnicore's reference backend (what the engine selects on CPU) the result equals the dense mask."""
+    reference = pytest.importorskip("omnicore.attention.reference")
+    from omni_hunyuan.attention import SpanAttention, dense_mask_attention
+
+    attend = SpanAttention(reference.sdpa_attention)
+    g = torch.Generator().manual_seed(1)
+    for lq, spans in ((20, [(3, 9), (12, 20)]), (9, [(12, 20)])):
+        q = torch.randn(2, lq, 4, 8, generator=g)
+        k, v = torch.randn(2, 20, 2, 8, generator=g), torch.randn(2, 20, 2, 8, generator=g)
+        assert torch.allclose(attend(q, k, v, spans), dense_mask_attention(q, k, v, spans), atol=1e-5)
+    assert attend.calls == 2
