@@ -7,8 +7,8 @@ update. Coefficients and the 0.17 threshold are the FL2VA DiT's calibration:
 
 - a Ref2VA-only deployment refuses TeaCache (``ValueError`` -> the engine reports it and enables nothing);
 - a combined deployment enables it and runs Ref2VA batches uncached (a warning at enable time and one info line
-  per Ref2VA batch): their probe signal is made to change by a constant factor every step, which keeps the
-  rescaled change far above any sane threshold, so every step computes.
+  per Ref2VA batch): their probe signal is all zeros, whose relative change is infinite, so no threshold is ever
+  met and every step computes.
 
 With the exact-schedule AdaLN cache enabled too, the probe reads block 0's modulation from the installed table of
 this batch's schedule (bit-identical to the projection); before that table exists it computes the projection
@@ -76,8 +76,9 @@ def make_adapter(pipeline: Any) -> Any:
         if state.extras["partition"] == "ref2va":
             if step == 0:
                 logger.info("MiniMax-H3: this Ref2VA batch runs without TeaCache (not calibrated for Ref2VA)")
-            # flips sign every step: relative L1 change 2 -> rescaled ~3e4, never below the threshold
-            return torch.full((1,), -1.0 if step % 2 else 1.0)
+            # an all-zero signal: its relative L1 change is infinite (0 / 0 -> inf), so the rescaled change is
+            # inf/nan and never below any threshold -> every step computes
+            return torch.zeros(1)
         with torch.no_grad():
             return modulated_input(pipeline.transformers["fl2va"], state, step)
 
