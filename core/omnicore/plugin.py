@@ -79,6 +79,12 @@ _LAZY: dict[str, str] = {
     "Platform": "omnicore.platforms.base:Platform",
     "PackedSequence": "omnicore.attention.packed:PackedSequence",
     "sdpa_attention": "omnicore.attention.reference:sdpa_attention",
+    "AttentionMetadata": "omnicore.attention.metadata:AttentionMetadata",
+    "AttentionSpan": "omnicore.attention.metadata:AttentionSpan",
+    "OpSpec": "omnicore.specs:OpSpec",
+    "OP_NAMES": "omnicore.ops.names:OP_NAMES",
+    "ops": "omnicore.ops",  # the eager references (omnicore.ops.rms_norm ...); models call options.platform.ops
+    "CacheHandle": "omnicore.hookspecs:CacheHandle",
     # -- wrapping diffusers models ---------------------------------------------------------------------------
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
 }

@@ -32,7 +32,8 @@ PUBLIC_NAMES = frozenset({
     "BlockLoop", "TeaCacheAdapter", "hook_context", "AdaLNProjection", "AdaLNScheduleController",
     "StepCache", "StepCacheConfig", "ModelHook", "register_hook", "remove_hook",
     # backends
-    "Platform", "PackedSequence", "sdpa_attention",
+    "Platform", "PackedSequence", "sdpa_attention", "AttentionMetadata", "AttentionSpan", "OpSpec", "OP_NAMES", "ops",
+    "CacheHandle",
     # wrapping diffusers
     "route_diffusers_attention",
 })
