@@ -86,7 +86,7 @@ class ModelCapabilities:
     supports_batching: bool = True
     max_outputs_per_request: int = 4
     cache_methods: tuple[str, ...] = ()
-    needs_packed_varlen: bool = False
+    needs_packed_varlen: bool = False  # checked before weights load: the platform must have a packed backend
     # False: the model does not run attention through LoadOptions.attention (none, or its own kernels), so a
     # forced backend (--attention-backend) is refused for it instead of being silently ignored
     honours_attention_backend: bool = True
@@ -197,14 +197,19 @@ class ModelSpec:
 
 @attrs.frozen
 class PlatformSpec:
-    """A device platform. ``probe`` is a cheap "mod:fn" returning ``None`` when usable, else the reason it is not."""
+    """A device platform. ``probe`` is a cheap "mod:fn" returning ``None`` when usable, else the reason it is not.
+
+    ``omnicore plugins`` runs every probe to list availability, so a probe should avoid heavy imports where it
+    can (e.g. check that the driver library exists before importing torch). ``attention_preference`` ranks the
+    backends that meet a call site's requirement on this platform (listed ones first, in order; then priority).
+    """
 
     name: str = attrs.field(validator=_check_name)
     impl: str = attrs.field(validator=_check_path)  # platform class, "module:Class"
     device_type: str = "cpu"
     priority: int = 0  # higher wins automatic selection; CPU is the floor
     probe: str | None = attrs.field(default=None, validator=_check_path)
-    attention_preference: tuple[str, ...] = ()
+    attention_preference: tuple[str, ...] = ()  # backends ranked first by select_attention, in this order
     description: str = ""
     provider: str = ""
 

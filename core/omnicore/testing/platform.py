@@ -71,6 +71,25 @@ class PlatformConformance:
             with pytest.raises(PlatformUnavailable, match=reason[:40].replace("(", r"\(").replace(")", r"\)")):
                 platform_host.select_platform(self.platform)
 
+    def test_ops_table_is_bound_and_every_registered_op_resolves(self, platform_host: PluginHost,
+                                                                 platform_spec: PlatformSpec) -> None:
+        """The platform instance the engine makes carries this host's op table; every op is callable (fast
+        kernels registered for this platform resolve; the rest are the eager references)."""
+        if platform_spec.unavailable_reason() is not None:
+            pytest.skip(f"platform {self.platform!r} is unavailable here: {platform_spec.unavailable_reason()}")
+        from ..ops.names import OP_NAMES
+        from ..ops.table import PlatformOps
+
+        plat: Any = platform_host.bind_platform_ops(platform_spec.load_impl()(), platform_spec.name)
+        assert isinstance(plat.ops, PlatformOps) and plat.ops.platform == platform_spec.name
+        registered = {s.name for s in platform_host.ops if s.platform == platform_spec.name}
+        assert set(plat.ops.provided()) == registered
+        for name in OP_NAMES:
+            fn = getattr(plat.ops, name)
+            assert callable(fn), f"op {name!r} of platform {self.platform!r} is not callable"
+            if name not in registered:
+                assert fn is PlatformOps.eager(name), f"op {name!r} has no fast kernel but is not the reference"
+
     def test_device_api_behaves(self, platform_spec: PlatformSpec) -> None:
         if platform_spec.unavailable_reason() is not None:
             pytest.skip(f"platform {self.platform!r} is unavailable here: {platform_spec.unavailable_reason()}")
