@@ -30,6 +30,10 @@ pytest.importorskip("diffusers", reason="the example wraps a diffusers pipeline"
 def test_glue_is_at_most_120_lines() -> None:
     lines = {name: len((EXAMPLE / name).read_text().splitlines()) for name in GLUE}
     assert sum(lines.values()) <= 120, lines
+    root = EXAMPLE.parents[1]
+    for doc in (root / "docs" / "writing-a-model-plugin.md", root / "README.md"):  # the count they state is true
+        stated = [int(n) for n in re.findall(r"(\d+) lines (?:in all|of\s+glue)", doc.read_text())]
+        assert stated and set(stated) == {sum(lines.values())}, (doc.name, stated, lines)
 
 
 def test_the_guide_shows_the_example_verbatim() -> None:
