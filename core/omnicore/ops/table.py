@@ -40,6 +40,7 @@ class PlatformOps:
         fn = self._built.get(name)
         if fn is None:
             fn = self._built.setdefault(name, self._build(name))
+            self.__dict__[name] = fn  # later lookups are plain attribute reads (no __getattr__ call)
         return fn
 
     def implementations(self, name: str) -> tuple[OpSpec, ...]:
