@@ -116,3 +116,18 @@ def test_forward_rejects_mismatched_inputs(setup: Any) -> None:
         dit(batch, inputs["video"], inputs["audio"], ts.unique_timesteps, ts.inverse_indices[:-1])
     with pytest.raises(ValueError, match="one video and one audio timestep per request"):
         batch.step_timesteps([0.5], [0.5])
+
+
+def test_modulated_input_is_the_first_blocks_attention_input(setup: Any) -> None:
+    """What TeaCache compares: equals block 0's modulated input in the real forward (captured by a hook)."""
+    dit, batch, steps, inputs = setup
+    ts = steps[1]
+    seen: list[torch.Tensor] = []
+    handle = dit.blocks[0].attn.register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+    try:
+        with torch.no_grad():
+            dit(batch, inputs["video"], inputs["audio"], ts.unique_timesteps, ts.inverse_indices)
+    finally:
+        handle.remove()
+    got = dit.modulated_input(batch, inputs["video"], inputs["audio"], ts.unique_timesteps, ts.inverse_indices)
+    assert got.shape == (batch.total, dit.config.hidden_size) and torch.equal(got, seen[0])

@@ -27,7 +27,9 @@ Per request (branch), once — ``RequestLayout`` (``.layout``) is what the pipel
         # tags, 2 audio); *_indices int64 row positions that partition [0, used) — exactly what diffusers'
         # MiniMaxH3PrepareLayoutStep.build_packed_sequence / build_ref2va_packed_sequence return (video rows:
         # conditioning/reference rows first, audio rows: reference rows first). The packed document is padded to a
-        # multiple of ``seq_align`` rows ([real | pad], pad rows attend nowhere real and are never read back).
+        # multiple of ``seq_align`` rows ([real | pad], pad rows attend nowhere real and are never read back):
+        # 64 (the release's MINIMAX_H3_SEQ_ALIGN) gives accelerator kernels static shapes; on a CPU device use
+        # seq_align=1 — padding rows there cost GEMM work and buy nothing (results are identical either way).
     plan = dit.prepare_request(layout, prompt_embeds)      # prompt_embeds [L, text_dim] (L = len(text_indices))
         # -> RequestPlan: RoPE cos/sin table and the token-refined text rows (refiner runs here, not per step)
 
@@ -51,6 +53,10 @@ Per step::
         # video [Σ Nv_i, 96] / audio [Σ Na_i, 32]: each request's rows in its video_indices / audio_indices order,
         # requests in pack order. Returns the velocity rows in the same order (v points to data:
         # x0 = x_t + (1 - t) v), conditioning/reference rows included and unmasked (as diffusers); float32.
+
+TeaCache: ``dit.modulated_input(batch, video, audio, unique_timesteps, inverse_indices, adaln_step_index=...)``
+is the first block's modulated input ``[T, H]`` (what the cache compares). Pieces of the forward are public:
+``dit.step_embedding(unique_timesteps, adaln_step_index=...)`` -> ``t_emb``, ``dit.embed(batch, video, audio)``.
 
 AdaLN: every block owns ``adaln_proj`` (``AdaLNProjection``, expand 6, modality 3) and the final layer one
 (expand 2, modality 1); ``dit.adaln`` is the ``AdaLNScheduleController``; ``dit.time_embed(unique_timesteps)``

@@ -70,26 +70,38 @@ class DiTBlock(nn.Module):
         self.mlp = SwiGLU(c.hidden_size, c.ffn_dim)
         self.adaln_proj = H3AdaLNProjection(c.time_embed_dim, c.hidden_size, BLOCK_EXPAND, MODALITY_NUM)
 
-    def modulation(self, t_emb: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Per-row modulation ``[T, 6H]`` (shift, scale, gate, shift2, scale2, gate2) for table rows ``rows``.
+    def modulation(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The block's six modulation tables ``[M*3, H]`` (shift, scale, gate, shift2, scale2, gate2), a few rows.
 
-        The RMSNorm weights are folded into the scales on the (few-row) table: ``rms(x)·w·(1 + s) + b`` ==
-        ``rms(x)·(1 + s') + b`` with ``s' = w·(1 + s) - 1``, so the per-row work skips a multiply by ``w``.
+        The RMSNorm weights are folded into the scales here: ``rms(x)·w·(1 + s) + b`` == ``rms(x)·(1 + s') + b``
+        with ``s' = w·(1 + s) - 1``, so the per-row work skips a multiply by ``w``.
         """
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln_proj(t_emb)  # [M*3, H] each
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln_proj(t_emb)
         scale1 = self.norm1.weight.to(scale1.dtype) * (1 + scale1) - 1
         scale2 = self.norm2.weight.to(scale2.dtype) * (1 + scale2) - 1
-        table = torch.cat([shift1, scale1, gate1, shift2, scale2, gate2], dim=-1)
-        return table.index_select(0, rows)
+        return tuple(m.contiguous() for m in (shift1, scale1, gate1, shift2, scale2, gate2))
 
-    def forward(self, x: torch.Tensor, mod: torch.Tensor, docs: Documents, attention: PackedAttention, ops: Any,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """``x [T, H]``, ``mod [T, 6H]`` from :meth:`modulation` (norm weights folded in) -> ``[T, H]``."""
-        shift1, scale1, gate1, shift2, scale2, gate2 = mod.split(self.hidden, dim=-1)
-        h = ops.modulate(ops.rms_norm(x, None, self.norm1.eps), shift1, scale1)
+    def modulated_input(self, x: torch.Tensor, t_emb: torch.Tensor, rows: torch.Tensor, ops: Any) -> torch.Tensor:
+        """``rms(x)·w·(1 + scale_msa) + shift_msa`` per row: the attention input of this block."""
+        shift1, scale1 = self.modulation(t_emb)[:2]
+        return ops.modulate(ops.rms_norm(x, None, self.norm1.eps), shift1.index_select(0, rows),
+                            scale1.index_select(0, rows))
+
+    def forward(self, x: torch.Tensor, t_emb: torch.Tensor, rows: torch.Tensor, docs: Documents,
+                attention: PackedAttention, ops: Any, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``x [T, H]``; ``rows [T]`` = each row's table row (``timestep_index * 3 + modality``) -> ``[T, H]``.
+
+        Each per-row modulation is gathered right where it is used (``[T, H]`` at a time, never ``[T, 6H]``).
+        """
+        tables = self.modulation(t_emb)
+
+        def per_row(i: int) -> torch.Tensor:
+            return tables[i].index_select(0, rows)
+
+        h = ops.modulate(ops.rms_norm(x, None, self.norm1.eps), per_row(0), per_row(1))
         a = self.attn(h, docs, attention, ops, rope)
-        x, h = ops.gated_residual_norm_modulate(x, a, gate1, shift2, scale2, self.norm2.eps, norm="rms")
-        return ops.gated_residual(x, self.mlp(h, ops), gate2)
+        x, h = ops.gated_residual_norm_modulate(x, a, per_row(2), per_row(3), per_row(4), self.norm2.eps, norm="rms")
+        return ops.gated_residual(x, self.mlp(h, ops), per_row(5))
 
 
 class FinalLayer(nn.Module):

@@ -108,14 +108,8 @@ class MiniMaxH3DiT(nn.Module):
         return BatchPlan.pack(plans)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor, unique_timesteps: torch.Tensor,
-                inverse_indices: torch.Tensor, *, time_embedding: torch.Tensor | None = None,
-                adaln_step_index: Any = ABSENT) -> tuple[torch.Tensor, torch.Tensor]:
-        """Velocity rows ``(video [ΣNv, 96], audio [ΣNa, 32])`` for the packed batch (see the package docstring).
-
-        ``time_embedding``: ``time_embed(unique_timesteps)`` computed earlier (e.g. for the whole schedule at
-        once); ``adaln_step_index``: the step of a prepared AdaLN schedule (then neither is recomputed).
-        """
+    def _check(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor,
+               inverse_indices: torch.Tensor) -> None:
         c = self.config
         nv, na = sum(batch.video_rows), sum(batch.audio_rows)
         if video.dim() != 2 or tuple(video.shape) != (nv, c.video_patch_dim):
@@ -124,23 +118,54 @@ class MiniMaxH3DiT(nn.Module):
             raise ValueError(f"audio rows must be [{na}, {c.audio_in_channels}], got {tuple(audio.shape)}")
         if inverse_indices.shape != (batch.total,):
             raise ValueError(f"inverse_indices must be [{batch.total}], got {tuple(inverse_indices.shape)}")
+
+    def step_embedding(self, unique_timesteps: torch.Tensor, *, time_embedding: torch.Tensor | None = None,
+                       adaln_step_index: Any = ABSENT) -> torch.Tensor:
+        """``t_emb`` of a step: the prepared AdaLN schedule's (cursor moved to the step), else
+        ``time_embedding`` if given, else :meth:`time_embed` of ``unique_timesteps``."""
         t_emb = self.adaln.select(adaln_step_index)
         if t_emb is None:
             t_emb = time_embedding if time_embedding is not None else self.time_embed(unique_timesteps)
-        ops, attention, dtype = self.ops, self.attention, self.compute_dtype
+        return t_emb
 
-        x = batch.text.new_zeros(batch.total, c.hidden_size)
+    def embed(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
+        """The packed input ``[T, H]``: refined text, projected video and audio rows, zero padding rows."""
+        x = batch.text.new_zeros(batch.total, self.config.hidden_size)
         x.index_copy_(0, batch.text_index, batch.text)
         wv, wa = self.video_patch_proj.weight, self.audio_patch_proj.weight
-        x.index_copy_(0, batch.video_index, self.video_patch_proj(video.to(wv.dtype)).to(dtype))
-        x.index_copy_(0, batch.audio_index, self.audio_patch_proj(audio.to(wa.dtype)).to(dtype))
+        x.index_copy_(0, batch.video_index, self.video_patch_proj(video.to(wv.dtype)).to(x.dtype))
+        x.index_copy_(0, batch.audio_index, self.audio_patch_proj(audio.to(wa.dtype)).to(x.dtype))
+        return x
 
+    @torch.no_grad()
+    def modulated_input(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor,
+                        unique_timesteps: torch.Tensor, inverse_indices: torch.Tensor, *,
+                        time_embedding: torch.Tensor | None = None, adaln_step_index: Any = ABSENT) -> torch.Tensor:
+        """The first block's modulated input ``[T, H]`` (what TeaCache compares between steps)."""
+        self._check(batch, video, audio, inverse_indices)
+        t_emb = self.step_embedding(unique_timesteps, time_embedding=time_embedding,
+                                    adaln_step_index=adaln_step_index)
+        return self.blocks[0].modulated_input(self.embed(batch, video, audio), t_emb,
+                                              inverse_indices * MODALITY_NUM + batch.tags, self.ops)
+
+    def forward(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor, unique_timesteps: torch.Tensor,
+                inverse_indices: torch.Tensor, *, time_embedding: torch.Tensor | None = None,
+                adaln_step_index: Any = ABSENT) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity rows ``(video [ΣNv, 96], audio [ΣNa, 32])`` for the packed batch (see the package docstring).
+
+        ``time_embedding``: ``time_embed(unique_timesteps)`` computed earlier (e.g. for the whole schedule at
+        once); ``adaln_step_index``: the step of a prepared AdaLN schedule (then neither is recomputed).
+        """
+        self._check(batch, video, audio, inverse_indices)
+        t_emb = self.step_embedding(unique_timesteps, time_embedding=time_embedding,
+                                    adaln_step_index=adaln_step_index)
+        x = self.embed(batch, video, audio)
         rows = inverse_indices * MODALITY_NUM + batch.tags
         rope = (batch.cos, batch.sin)
         for block in self.blocks:
-            x = block(x, block.modulation(t_emb, rows), batch.docs, attention, ops, rope)
+            x = block(x, t_emb, rows, batch.docs, self.attention, self.ops, rope)
 
-        final = self.final_layer
+        final, ops = self.final_layer, self.ops
         v = final(x.index_select(0, batch.video_index), t_emb, inverse_indices.index_select(0, batch.video_index),
                   ops, final.video_out)
         a = final(x.index_select(0, batch.audio_index), t_emb, inverse_indices.index_select(0, batch.audio_index),
