@@ -3,7 +3,7 @@ including the no-torch import of the entry module, and end-to-end model checks o
 
 from __future__ import annotations
 
-from omnicore.testing import ModelPluginConformance, PluginConformance, isolated_host
+from omnicore.testing import CacheMethodConformance, ModelPluginConformance, PluginConformance, isolated_host
 
 
 def test_entry_point_registers_the_model():
@@ -64,3 +64,14 @@ class TestLingBotMoEConformance(TestLingBotConformance):
 
     model = "tiny:lingbot-moe"
     params = {**TestLingBotConformance.params, "extra": {"batch_cfg": True}}
+
+
+class TestLingBotFirstBlockCache(CacheMethodConformance):
+    """The first-block cache on the DiT's blocks (both CFG branches): forced reuse really skips and is reported,
+    and removing the cache restores the pipeline byte for byte."""
+
+    cache_method = "first_block_cache"
+    model = "tiny:lingbot"
+    plugin_module = "omni_lingbot.plugin"
+    reuse_config = {"force_hits": [2, 3]}  # random weights never look similar enough: force steps 2 and 3
+    params = {"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 5, "guidance_scale": 2.0}
