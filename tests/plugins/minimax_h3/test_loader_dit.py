@@ -182,3 +182,23 @@ def test_transformer_dirs_for_both_layouts(tmp_path: Path) -> None:
                                                   "ref2va": tmp_path / "off/Ref2VA/transformer"}
     (tmp_path / "single/model_index.json").write_text(json.dumps({"_minimax_h3": {"partition": "ref2va"}}))
     assert transformer_dirs(tmp_path / "single") == {"ref2va": tmp_path / "single/transformer"}
+
+
+def test_sharded_diffusers_checkpoint_loads(reference: tuple[Any, Path], tmp_path: Path) -> None:
+    ref, path = reference
+    sharded = tmp_path / "sharded"
+    ref.save_pretrained(str(sharded), safe_serialization=True, max_shard_size="60KB")
+    assert (sharded / "diffusion_pytorch_model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    for a, b in zip(_forward(load_transformer(path)), _forward(load_transformer(sharded))):
+        assert torch.equal(a, b)
+
+
+def test_official_rope_frequencies_are_checked(reference: tuple[Any, Path]) -> None:
+    from omni_minimax_h3.loader import CheckpointError
+
+    cfg = tiny_config()
+    ours = diffusers_to_ours(reference[0].state_dict())
+    wrong = {**ours_to_official(ours, cfg), "rope.inv_freq": torch.ones(cfg.rope_freq_dim)}
+    with pytest.raises(CheckpointError, match="rope.inv_freq"):
+        official_to_ours(wrong, cfg)
