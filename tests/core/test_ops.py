@@ -237,6 +237,7 @@ WRONG_OPS_TESTS = """
 """
 
 
+@pytest.mark.slow  # an inner pytest session
 def test_op_conformance_catches_wrong_unchecked_and_missing_kernels(pytester):
     for name, source in WRONG_OPS.items():
         pytester.makepyfile(**{name: textwrap.dedent(source)})
