@@ -206,7 +206,7 @@ def test_models_json_lists_lingbot_without_importing_torch(cache):
     presets = {p["name"]: p for p in card["presets"]}
     assert set(presets) == {"tiny:lingbot", "tiny:lingbot-moe"}
     tiny = presets["tiny:lingbot"]["defaults"]
-    assert (tiny["height"], tiny["width"], tiny["num_frames"], tiny["num_inference_steps"]) == (64, 64, 9, 4)
+    assert (tiny["height"], tiny["width"], tiny["num_frames"], tiny["num_inference_steps"]) == (48, 48, 5, 4)
     assert card["defaults"]["height"] == 480 and card["defaults"]["num_frames"] == 81
     assert card["limits"]["size_multiple_of"] == 16 and card["limits"]["frame_rule"] == "4n+1"
     assert isinstance(card["options"], list)

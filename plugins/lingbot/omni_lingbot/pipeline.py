@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
-from omnicore.engine.request import GenerationRequest
+from omnicore.engine.inputs import check_inputs, resolve_roles
+from omnicore.engine.request import GenerationRequest, MediaInput
 from omnicore.errors import InvalidRequest
 from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
@@ -121,10 +122,15 @@ class LingBotPipeline(BasePipeline):
         """Apply every request rule once, fill defaults, load the reference image; returns a prepared copy."""
         if request.prepared:
             return request
+        # roles against the spec (the engine did it already; direct callers get it here): an image given without
+        # a role is the TI2V first frame, and any other role or kind is rejected naming ``inputs[i]``
+        request = resolve_roles(request, self.spec.capabilities, self.spec.name)
+        check_inputs(request, self.spec.capabilities, self.spec.name)
+        first_frames = request.media("image", "first_frame")
         resolved = resolve_request(
             prompt=request.prompt, negative_prompt=request.negative_prompt, modalities=request.modalities,
-            num_images=len(request.images), num_videos=len(request.videos), num_audios=len(request.audios),
-            params=request.params, extra=request.extra,
+            num_images=len(first_frames), num_videos=len(request.videos), num_audios=len(request.audios),
+            params=request.params, extra=request.extra, defaults=self.spec.defaults,
         )
         if resolved.refiner is not None and self.refiner is None:
             raise InvalidRequest("extra.run_refiner", "this checkpoint has no refiner/ stage (the MoE package "
@@ -132,7 +138,7 @@ class LingBotPipeline(BasePipeline):
         negative = resolved.negative_prompt
         if request.negative_prompt is None and request.extra.get("negative_prompt") is None:
             negative = self.prompts.negative_prompt(resolved.mode)  # the deployment's default for this mode
-        images = tuple(load_image(img, i) for i, img in enumerate(request.images))
+        inputs = tuple(MediaInput("image", "first_frame", load_image(m.data, i)) for i, m in enumerate(first_frames))
         params = request.params.with_defaults(
             self.spec.defaults, height=resolved.height, width=resolved.width, num_frames=resolved.num_frames,
             fps=resolved.fps, flow_shift=resolved.shift,
@@ -148,7 +154,7 @@ class LingBotPipeline(BasePipeline):
             "vae_tiling": resolved.vae_tiling,  # VaeTiling or None; applied per request, so not in the batch key
         }
         return request.evolve(
-            prompt=resolved.caption, negative_prompt=negative, images=images, params=params,
+            prompt=resolved.caption, negative_prompt=negative, inputs=inputs, params=params,
             modalities=("image",) if resolved.mode == "t2i" else ("video",), extra=extra, prepared=True,
         )
 
