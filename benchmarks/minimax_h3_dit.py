@@ -30,13 +30,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Case, main, ratio_at_most, static_case  # noqa: E402
+from _harness import Case, main, ratio_at_most, static_case
 
 BENCH = "minimax_h3_dit"
 AGREE = ratio_at_most(1e-4, metric="max_abs_diff")  # same work on both arms: outputs agree (fp32)

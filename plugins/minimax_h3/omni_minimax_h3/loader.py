@@ -97,7 +97,7 @@ def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in weight_files(model_dir):
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 if name in state:
                     raise CheckpointError(model_dir, f"weight {name} appears in more than one shard")
                 state[name] = f.get_tensor(name)
@@ -118,9 +118,9 @@ def detect_transformer_format(model_dir: Path) -> str:
 
     with safe_open(str(weight_files(model_dir)[0]), framework="pt") as f:
         names = list(f.keys())
-    if any(n.startswith("transformer_blocks.") or n.startswith("proj_in.") for n in names):
+    if any(n.startswith(("transformer_blocks.", "proj_in.")) for n in names):
         return "diffusers"
-    if any(n.startswith("blocks.") or n.startswith("video_patch_proj.") for n in names):
+    if any(n.startswith(("blocks.", "video_patch_proj.")) for n in names):
         return "official"
     raise CheckpointError(model_dir, "cannot tell the checkpoint layout (neither diffusers nor official names)")
 

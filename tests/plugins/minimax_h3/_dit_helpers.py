@@ -54,8 +54,8 @@ def fl2va_layout(num_text: int = 7, frames: int = 3, lh: int = 4, lw: int = 6, a
 
     pos, tags, vid, aud, txt, ncv, nca = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
         text_tags(num_text, vision), frames, lh, lw, audio_latents, PATCH, 2, 2, 0, anchors)
-    return dict(position_ids=pos, token_tags=tags, video_indices=vid, audio_indices=aud, text_indices=txt,
-                num_condition_video_rows=ncv, num_condition_audio_rows=nca)
+    return {"position_ids": pos, "token_tags": tags, "video_indices": vid, "audio_indices": aud, "text_indices": txt,
+                "num_condition_video_rows": ncv, "num_condition_audio_rows": nca}
 
 
 def ref2va_layout(num_text: int = 9, frames: int = 2, lh: int = 4, lw: int = 4, audio_latents: int = 8) -> dict[str, Any]:
@@ -68,8 +68,8 @@ def ref2va_layout(num_text: int = 9, frames: int = 2, lh: int = 4, lw: int = 4, 
     cond_audio = [torch.zeros(2 * 5, 32), torch.zeros(2 * 3, 32)]
     pos, tags, vid, aud, txt, ncv, nca = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
         text_tags(num_text, (2, 5)), refs, cond, cond_audio, frames, lh, lw, audio_latents, PATCH, 2, 2, 0)
-    return dict(position_ids=pos, token_tags=tags, video_indices=vid, audio_indices=aud, text_indices=txt,
-                num_condition_video_rows=ncv, num_condition_audio_rows=nca)
+    return {"position_ids": pos, "token_tags": tags, "video_indices": vid, "audio_indices": aud, "text_indices": txt,
+                "num_condition_video_rows": ncv, "num_condition_audio_rows": nca}
 
 
 def to_layout(raw: dict[str, Any], **kwargs: Any) -> RequestLayout:
@@ -80,11 +80,11 @@ def to_layout(raw: dict[str, Any], **kwargs: Any) -> RequestLayout:
 
 def request_inputs(raw: dict[str, Any], config: MiniMaxH3TransformerConfig, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return dict(
-        video=torch.randn(raw["video_indices"].numel(), config.video_patch_dim, generator=g),
-        audio=torch.randn(raw["audio_indices"].numel(), config.audio_in_channels, generator=g),
-        text=torch.randn(raw["text_indices"].numel(), config.text_dim, generator=g),
-    )
+    return {
+        "video": torch.randn(raw["video_indices"].numel(), config.video_patch_dim, generator=g),
+        "audio": torch.randn(raw["audio_indices"].numel(), config.audio_in_channels, generator=g),
+        "text": torch.randn(raw["text_indices"].numel(), config.text_dim, generator=g),
+    }
 
 
 def row_timesteps(raw: dict[str, Any], t_video: float, t_audio: float, cond_video: float = 0.999,

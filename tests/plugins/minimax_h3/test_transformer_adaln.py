@@ -94,7 +94,7 @@ def test_weight_offload_spills_projection_bytes_and_restores(setup: Any) -> None
 
 
 def test_offload_falls_back_when_tables_are_not_smaller(setup: Any) -> None:
-    dit, batch, _, inputs = setup
+    dit, batch, _, _ = setup
     # 40 steps x 4 unique timesteps: tables (40 * 12 rows * 6H per block) outgrow the 32 -> 18H projections
     steps = [batch.step_timesteps([i / 50, i / 50], [i / 45, i / 45]) for i in range(40)]
     resident = _resident(dit)

@@ -7,7 +7,6 @@ layout builders; per-row timesteps from its ``build_row_timesteps``. Our forward
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

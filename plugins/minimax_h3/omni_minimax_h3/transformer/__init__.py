@@ -85,7 +85,7 @@ _EXPORTS = {
     "BatchPlan": "plan",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["BatchPlan", "MiniMaxH3DiT", "MiniMaxH3TransformerConfig", "RequestLayout", "RequestPlan"]
 
 
 def __getattr__(name: str) -> Any:

@@ -3,33 +3,23 @@
 ``qkv_proj`` (one fused GEMM, rows laid out ``[Q; K; V]``) -> per-head q/k RMSNorm -> rotate-half RoPE on the
 leading ``rotary_dim`` channels (none in the token refiner) -> packed attention -> ``out_proj``.
 
-The backend is called through :class:`PackedAttention`: with COORD interface E
-(``fn(q, k, v, *, metadata=AttentionMetadata, scale=...)``) when the backend takes ``metadata``, else with the
-older reference keywords ``cu_seqlens_q/cu_seqlens_k``. Documents are ``[real | pad]`` per request; the metadata
-carries ``valid_kv_length`` for a single request, so a mask-free backend may drop the padding keys. No O(S²) mask
-is ever built.
+The backend (chosen by ``options.attention(AttentionRequirement(packed_varlen=True, packed_mask_free=True))``)
+is called as ``fn(q, k, v, metadata=AttentionMetadata, scale=...)`` with host-side document bounds. Documents are
+``[real | pad]`` per request; for a single request the metadata carries ``valid_kv_length`` so a mask-free backend
+drops the padding keys. No O(S²) mask is ever built.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from omnicore.attention.metadata import AttentionMetadata
 from torch import nn
 
 AttentionFn = Callable[..., torch.Tensor]
-
-
-def _takes_metadata(fn: AttentionFn) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # builtins / C callables: assume the pinned interface
-        return True
-    return "metadata" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and \
-        "cu_seqlens_q" not in params
 
 
 class Documents:
@@ -44,19 +34,9 @@ class Documents:
         self.valid_kv_length = valid_kv_length
         spans = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
         self.max_seqlen = int(max_seqlen if max_seqlen is not None else max(spans, default=0))
-        self.cu_seqlens = torch.tensor(self.bounds, dtype=torch.int32, device=device)
-        self._metadata: Any = None
-
-    @property
-    def metadata(self) -> Any:
-        """``omnicore.attention.metadata.AttentionMetadata`` of these documents (built on first use)."""
-        if self._metadata is None:
-            from omnicore.attention.metadata import AttentionMetadata  # COORD interface E
-
-            self._metadata = AttentionMetadata(
-                cu_seqlens_q=self.bounds, cu_seqlens_k=None, max_seqlen_q=self.max_seqlen,
-                max_seqlen_k=self.max_seqlen, valid_kv_length=self.valid_kv_length)
-        return self._metadata
+        self.device = torch.device(device)
+        self.metadata = AttentionMetadata(cu_seqlens_q=self.bounds, cu_seqlens_k=None, max_seqlen_q=self.max_seqlen,
+                                          max_seqlen_k=self.max_seqlen, valid_kv_length=self.valid_kv_length)
 
 
 class PackedAttention:
@@ -64,18 +44,12 @@ class PackedAttention:
 
     def __init__(self, fn: AttentionFn | None = None) -> None:
         if fn is None:
-            try:
-                from omnicore.attention.reference import sdpa_attention as fn  # type: ignore[no-redef]
-            except ImportError as exc:  # pragma: no cover - core always ships it
-                raise RuntimeError("no attention backend given and omnicore has no reference SDPA") from exc
+            from omnicore.attention.reference import sdpa_attention as fn  # type: ignore[no-redef]
         self.fn = fn
-        self.uses_metadata = _takes_metadata(fn)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents,
                  scale: float) -> torch.Tensor:
-        if self.uses_metadata:
-            return self.fn(q, k, v, metadata=docs.metadata, scale=scale)
-        return self.fn(q, k, v, cu_seqlens_q=docs.cu_seqlens, cu_seqlens_k=docs.cu_seqlens, scale=scale)
+        return self.fn(q, k, v, metadata=docs.metadata, scale=scale)
 
 
 class RMSNorm(nn.Module):

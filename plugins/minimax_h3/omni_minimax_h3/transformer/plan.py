@@ -165,6 +165,6 @@ class BatchPlan:
         unique, inverse = torch.unique(values[used], sorted=True, return_inverse=True)
         pair_to_unique = torch.zeros(values.shape[0], dtype=torch.int64)
         pair_to_unique[used] = inverse
-        device = self.docs.cu_seqlens.device
+        device = self.docs.device
         return StepTimesteps(unique_timesteps=unique.to(device), timestep_bits=float32_bits(unique),
                              inverse_indices=pair_to_unique[self.pair_of_row].to(device))
