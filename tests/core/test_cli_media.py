@@ -222,3 +222,17 @@ def test_models_text_lists_options_with_choices_and_preset_defaults(cli, capsys)
     assert "preset tiny:toy-media: toy with media roles [defaults: 16x16, 2 steps, guidance 1, seed 1234]" in text
     assert "option variant (str, one of base, large; default 'base'): recorded only" in text
     assert "option conditioning_shift (float, default 0.0)" in text
+
+
+def test_plugins_lists_presets_with_their_defaults(cache):
+    pytest.importorskip("omni_lingbot")
+    env = _env(None, cache, OMNICORE_PLUGINS="lingbot")
+    proc = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "plugins", "--json"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    presets = {p["name"]: p for p in json.loads(proc.stdout)["presets"]}
+    assert set(presets) == {"tiny:lingbot", "tiny:lingbot-moe"}
+    assert presets["tiny:lingbot"]["model"] == "lingbot" and presets["tiny:lingbot"]["defaults"]["height"] == 48
+    table = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "plugins"], env=env, capture_output=True,
+                           text=True, timeout=60).stdout
+    assert "model: lingbot (presets tiny:lingbot, tiny:lingbot-moe)" in table

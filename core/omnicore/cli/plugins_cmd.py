@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         payload = {
             "plugins": [r.to_json() for r in records],
             "platforms": platforms,
+            "presets": _presets(host),
             "registries": {kind: reg.providers() for kind, reg in host.registries.items()},
             "overrides": overrides,
             "problems": host.problems,
@@ -64,8 +65,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _presets(host: PluginHost) -> list[dict[str, Any]]:
+    """Every registered tiny preset: its ``tiny:`` name, model, provider, description and request defaults."""
+    return [{"name": p.name if p.name.startswith("tiny:") else f"tiny:{p.name}", "model": spec.name,
+             "provider": spec.provider, "description": p.description,
+             "defaults": None if p.defaults is None else p.defaults.to_json()}
+            for spec in host.models for p in spec.presets]
+
+
 def _labels(host: PluginHost, kind: str, keys: list[str]) -> list[str]:
-    """Registered names as listed: ops as ``op@platform`` (their registry key also names the provider)."""
+    """Registered names as listed: ops as ``op@platform`` (their registry key also names the provider), models
+    with their presets."""
+    if kind == "model":
+        presets = {}
+        for p in _presets(host):
+            presets.setdefault(p["model"], []).append(p["name"])
+        return [f"{k} (presets {', '.join(presets[k])})" if presets.get(k) else k for k in keys]
     if kind != "op":
         return keys
     return [f"{spec.name}@{spec.platform}" for spec in (host.ops.get(k) for k in keys)]
