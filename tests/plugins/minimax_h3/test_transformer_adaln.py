@@ -131,3 +131,16 @@ def test_modulated_input_is_the_first_blocks_attention_input(setup: Any) -> None
         handle.remove()
     got = dit.modulated_input(batch, inputs["video"], inputs["audio"], ts.unique_timesteps, ts.inverse_indices)
     assert got.shape == (batch.total, dit.config.hidden_size) and torch.equal(got, seen[0])
+
+
+def test_schedule_embeddings_match_the_per_step_and_cached_paths(setup: Any) -> None:
+    dit, batch, steps, inputs = setup
+    embs = dit.schedule_embeddings([s.unique_timesteps for s in steps])
+    plain = _run(dit, batch, steps, inputs, cached=False)
+    with torch.no_grad():
+        for k, ts in enumerate(steps):
+            v, a = dit(batch, inputs["video"], inputs["audio"], ts.unique_timesteps, ts.inverse_indices,
+                       time_embedding=embs[k])
+            assert torch.equal(v, plain[k][0]) and torch.equal(a, plain[k][1])
+    cache = dit.adaln.prepare([s.unique_timesteps for s in steps], schedule_key(steps))
+    assert all(torch.equal(x, y) for x, y in zip(cache.t_embs, embs))

@@ -58,6 +58,9 @@ TeaCache: ``dit.modulated_input(batch, video, audio, unique_timesteps, inverse_i
 is the first block's modulated input ``[T, H]`` (what the cache compares). Pieces of the forward are public:
 ``dit.step_embedding(unique_timesteps, adaln_step_index=...)`` -> ``t_emb``, ``dit.embed(batch, video, audio)``.
 
+Time embeddings for a whole schedule up front: ``dit.schedule_embeddings([s.unique_timesteps for s in steps])``
+-> per-step ``t_emb`` for ``time_embedding=`` (bitwise what the AdaLN schedule cache would hold).
+
 AdaLN: every block owns ``adaln_proj`` (``AdaLNProjection``, expand 6, modality 3) and the final layer one
 (expand 2, modality 1); ``dit.adaln`` is the ``AdaLNScheduleController``; ``dit.time_embed(unique_timesteps)``
 maps timesteps to ``t_emb``. ``dit.blocks`` is the block list for ``BlockLoop``.

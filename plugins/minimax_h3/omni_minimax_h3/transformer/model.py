@@ -82,6 +82,12 @@ class MiniMaxH3DiT(nn.Module):
         return self.time_embedder(unique_timesteps)
 
     @torch.no_grad()
+    def schedule_embeddings(self, unique_per_step: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``t_emb`` of every step of a schedule, computed up front (pass step ``k``'s as ``time_embedding=``);
+        each step is embedded on its own, exactly as the AdaLN schedule cache does, so results match it bitwise."""
+        return [self.time_embed(u) for u in unique_per_step]
+
+    @torch.no_grad()
     def prepare_request(self, layout: RequestLayout, prompt_embeds: torch.Tensor) -> RequestPlan:
         """RoPE table and refined text rows of one request (positions and text do not change across steps)."""
         if prompt_embeds.dim() == 3 and prompt_embeds.shape[0] == 1:
