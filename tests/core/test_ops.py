@@ -17,7 +17,6 @@ from omnicore.errors import PluginError
 from omnicore.hookspecs import hookimpl
 from omnicore.ops import OP_NAMES
 from omnicore.ops import reference as ref
-from omnicore.ops.table import PlatformOps
 from omnicore.platforms.cpu import CpuPlatform
 from omnicore.specs import OpSpec
 from omnicore.testing.plugin import add_to_host, isolated_host
@@ -93,7 +92,8 @@ def test_norm_silu_ops_and_swiglu():
 def test_every_op_name_has_a_reference_and_importing_ops_is_torch_free():
     assert all(callable(getattr(ref, n)) for n in OP_NAMES)
     code = "import sys, omnicore.ops, omnicore.specs; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
 
 
 # ----------------------------------------------------------------------------------- registration and tables

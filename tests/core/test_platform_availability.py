@@ -55,7 +55,7 @@ def _cli(*args: str, site: Path | None = None, timeout: float = 30) -> tuple[sub
         env["PYTHONPATH"] = str(site) + os.pathsep + env.get("PYTHONPATH", "")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "omnicore.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+                          env=env, timeout=timeout, check=False)
     return proc, time.monotonic() - start
 
 

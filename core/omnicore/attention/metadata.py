@@ -20,6 +20,7 @@ Layout conventions (flash-attention's):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,13 +56,13 @@ def _host_offsets(name: str, value: Any) -> tuple[int, ...]:
         raise ValueError(f"{name} must hold at least two Python ints, got {value!r}")
     if out[0] != 0:
         raise ValueError(f"{name}[0] must be 0, got {out[0]}")
-    if any(b < a for a, b in zip(out, out[1:])):
+    if any(b < a for a, b in itertools.pairwise(out)):
         raise ValueError(f"{name} must be non-decreasing, got {list(out)}")
     return out
 
 
 def _max_len(cu: tuple[int, ...]) -> int:
-    return max(b - a for a, b in zip(cu, cu[1:]))
+    return max(b - a for a, b in itertools.pairwise(cu))
 
 
 def _spans(value: Any) -> tuple[tuple[AttentionSpan, ...], ...] | None:

@@ -339,7 +339,7 @@ class PluginHost:
         for spec in sorted(self.platforms, key=lambda s: (-s.priority, s.name)):
             try:
                 reason = spec.unavailable_reason()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a broken probe is listed as the reason, never raised
                 reason = f"probe raised {_one_line(exc)}"
             rows.append({"name": spec.name, "provider": spec.provider, "device_type": spec.device_type,
                          "priority": spec.priority, "available": reason is None, "reason": reason,

@@ -10,7 +10,7 @@ dense backend must accept and ignore.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -51,7 +51,7 @@ class AttentionBackendConformance:
     head_dim: int = 64
     supports_gqa: bool = True
     supports_causal: bool = True
-    tolerances: dict[str, tuple[float, float]] = {}
+    tolerances: ClassVar[dict[str, tuple[float, float]]] = {}
 
     # ------------------------------------------------------------------ fixtures and helpers
     def _build_host(self, settings: Settings | None = None) -> PluginHost:
@@ -313,7 +313,6 @@ class AttentionBackendConformance:
         assert bool(torch.isfinite(out[:n]).all())
 
     def test_rejects_inconsistent_inputs(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
-        import torch
 
         d = self._head_dim(backend_spec)
         dtype = self._dtypes(backend_spec)[0]

@@ -9,7 +9,7 @@ platform's op table exactly as a model does (``platform.ops.<op>``), and also ca
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -94,7 +94,7 @@ class PlatformOpConformance:
     plugin_name: str | None = None
     device: str = "cpu"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    tolerances: dict[str, tuple[float, float]] = {}
+    tolerances: ClassVar[dict[str, tuple[float, float]]] = {}
     require_applies: bool = True
 
     # ------------------------------------------------------------------ fixtures and helpers

@@ -10,7 +10,6 @@ segment by segment through the platform ops ``modulate`` / ``gated_residual``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from typing import Any
 
 import attrs

@@ -15,8 +15,8 @@ import math
 from typing import Any, Literal
 
 import torch
-from torch import nn
 from omnicore.ops import reference as eager_ops
+from torch import nn
 from torch.nn import functional as F
 
 from .ffn import SwiGLUFeedForward
