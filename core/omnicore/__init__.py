@@ -16,6 +16,7 @@ _LAZY = {
     "AsyncEngine": "omnicore.engine.api:AsyncEngine",
     "GenerationRequest": "omnicore.engine.request:GenerationRequest",
     "SamplingParams": "omnicore.engine.request:SamplingParams",
+    "MediaInput": "omnicore.engine.request:MediaInput",
     "Output": "omnicore.outputs.output:Output",
 }
 
