@@ -179,6 +179,16 @@ def test_engine_binds_the_host_op_table_to_its_platform(toy_settings):
     add_to_host(host, "toy.ops_backend:ToyOpsBackend", "toy-ops")
     with Engine("tiny:toy", host=host, settings=toy_settings) as engine:
         assert engine.platform.ops.provided() == {"rms_norm": ["toy-ops"], "swiglu": ["toy-ops"]}
+        assert engine.platform.ops.__dict__["swiglu"] is ops_backend.swiglu  # imported at start-up
+
+    class Broken:
+        @hookimpl
+        def omnicore_register_ops(self, register):
+            register(OpSpec(name="modulate", platform="cpu", impl="toy.ops_backend:no_such_kernel"))
+
+    host.add_plugin(Broken(), "broken-ops")
+    with pytest.raises(PluginError, match="broken-ops.*'modulate'.*no_such_kernel"):
+        Engine("tiny:toy", host=host, settings=toy_settings)  # at start-up, before any weight is read
 
 
 # ----------------------------------------------------------------------------------- conformance kit

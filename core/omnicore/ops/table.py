@@ -43,6 +43,13 @@ class PlatformOps:
             self.__dict__[name] = fn  # later lookups are plain attribute reads (no __getattr__ call)
         return fn
 
+    def prepare(self) -> PlatformOps:
+        """Import every registered fast implementation now (a broken one raises :class:`PluginError` naming its
+        plugin here, at start-up, instead of inside a model's forward); returns ``self``."""
+        for name in self._specs:
+            getattr(self, name)
+        return self
+
     def implementations(self, name: str) -> tuple[OpSpec, ...]:
         """The registered fast implementations of op ``name`` on this platform, in the order they are tried."""
         if name not in OP_NAMES:

@@ -354,8 +354,9 @@ class PluginHost:
         return PlatformOps(platform, self.ops)
 
     def bind_platform_ops(self, platform: Any, name: str | None = None) -> Any:
-        """Give a platform instance this host's op table (``platform.ops``); returns the instance."""
-        platform.ops = self.platform_ops(name or platform.name)
+        """Give a platform instance this host's op table (``platform.ops``), its fast kernels imported now (a
+        broken one fails here, naming its plugin); returns the instance."""
+        platform.ops = self.platform_ops(name or platform.name).prepare()
         return platform
 
     def check_model_platform(self, model: ModelSpec, platform: str) -> None:
