@@ -63,12 +63,21 @@ def _error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
-def test_serve_with_an_unknown_platform_fails_before_listening():
+def test_serve_on_npu_here_fails_before_listening():
+    """Without the NPU plugin "npu" is unknown; with it, the platform is registered but unavailable here."""
     proc, elapsed = _cli("serve", "tiny:lingbot", "--platform", "npu", "--port", "1")
     assert proc.returncode != 0 and elapsed < 5.0, (proc.returncode, elapsed, proc.stderr)
     (line,) = _error_lines(proc)
-    assert line.startswith("error: unknown platform 'npu'; known: cpu (from omnicore)")
+    assert line.startswith(("error: unknown platform 'npu'; known: cpu (from omnicore)",
+                            "error: platform 'npu': unavailable: ")), line
     assert "listening" not in proc.stderr and proc.stdout == ""
+
+
+def test_serve_with_an_unknown_platform_names_the_known_ones():
+    proc, _ = _cli("serve", "tiny:lingbot", "--platform", "quantum", "--port", "1")
+    assert proc.returncode == 2
+    (line,) = _error_lines(proc)
+    assert line.startswith("error: unknown platform 'quantum'; known: ") and "cpu (from omnicore)" in line
 
 
 @pytest.mark.parametrize("command", [("serve", "tiny:lingbot"), ("generate", "tiny:lingbot", "x", "-o", "x.png")])
