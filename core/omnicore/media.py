@@ -147,7 +147,7 @@ def read_image_input(source: Any, *, field: str = "image", max_pixels: int = DEF
                 return img.convert("RGB")
     except InvalidRequest:
         raise
-    except Exception as exc:  # Pillow raises many types for broken data
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for broken data
         raise _reject(field, f"cannot decode the image ({type(exc).__name__}: {exc})") from None
 
 

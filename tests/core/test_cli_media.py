@@ -71,7 +71,7 @@ def _env(site: Path | None, cache: Path | None, **extra: str) -> dict[str, str]:
 
 def omnicore(site: Path | None, cache: Path | None, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "omnicore.cli.main", *args], env=_env(site, cache),
-                          capture_output=True, text=True, timeout=timeout)
+                          check=False, capture_output=True, text=True, timeout=timeout)
 
 
 # ------------------------------------------------------------------------------------------- generate
@@ -134,8 +134,8 @@ def test_generate_duration_quality_and_preset_defaults(cli, capsys, tmp_path):
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--model-option", "variant=huge"], "error: model_options.variant: must be one of 'base', 'large', got 'huge'"),
-    (["--model-option", "nope=1"], "error: model_options.nope: model toy-media has no option 'nope'; its options: "
-                                   "conditioning_shift, revise_prompt, variant"),
+    (["--model-option", "nope=1"], ("error: model_options.nope: model toy-media has no option 'nope'; its options: "
+                                    "conditioning_shift, revise_prompt, variant")),
     (["--model-option", "conditioning_shift=lots"], "error: model_options.conditioning_shift: must be of type float"),
     (["--model-option", "novalue"], "error: --model-option: expected KEY=VALUE"),
     (["--reference", "{txt}"], "error: --reference[0]: not a recognised image"),
@@ -161,7 +161,7 @@ def test_generate_rejects_a_role_the_model_lacks_before_loading(cache, files, tm
     proc = subprocess.run(
         [sys.executable, "-m", "omnicore.cli.main", "generate", "tiny:lingbot", "x", "-o", str(tmp_path / "o.mp4"),
          "--last-frame", str(files["png"])], env=_env(None, fresh, OMNICORE_PLUGINS="lingbot"),
-        capture_output=True, text=True, timeout=300)
+        check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "error: inputs[0].role: model lingbot does not accept role 'last_frame'; it accepts: first_frame" \
         in proc.stderr
@@ -194,7 +194,7 @@ def test_models_json_lists_lingbot_without_importing_torch(cache):
              "    assert main(['models']) == 0\n"
              "print(json.dumps({'json': js.getvalue(), 'text': text.getvalue(), 'mods': sorted(sys.modules)}))\n")
     proc = subprocess.run([sys.executable, "-c", probe], env=_env(None, cache, OMNICORE_PLUGINS="lingbot"),
-                          capture_output=True, text=True, timeout=120)
+                          check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert "omnicore.cli.models_cmd" in result["mods"]
@@ -228,11 +228,11 @@ def test_plugins_lists_presets_with_their_defaults(cache):
     pytest.importorskip("omni_lingbot")
     env = _env(None, cache, OMNICORE_PLUGINS="lingbot")
     proc = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "plugins", "--json"], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     presets = {p["name"]: p for p in json.loads(proc.stdout)["presets"]}
     assert set(presets) == {"tiny:lingbot", "tiny:lingbot-moe"}
     assert presets["tiny:lingbot"]["model"] == "lingbot" and presets["tiny:lingbot"]["defaults"]["height"] == 48
-    table = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "plugins"], env=env, capture_output=True,
+    table = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "plugins"], env=env, check=False, capture_output=True,
                            text=True, timeout=60).stdout
     assert "model: lingbot (presets tiny:lingbot, tiny:lingbot-moe)" in table

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
-from omnicore.engine.request import GenerationRequest, MediaInput, SamplingParams
+from omnicore.engine.request import GenerationRequest, MediaInput
 from omnicore.errors import InvalidRequest
 from omnicore.media import AudioClip, VideoClip, read_audio_clip, read_video_clip, sniff_kind
 from toy import ToyPlugin, toy_host
@@ -109,9 +109,9 @@ def test_role_less_media_take_the_models_first_declared_role(engine, files):
 
 def test_a_model_without_roles_rejects_media_naming_the_input(tmp_path, files):
     settings = Settings(cache_dir=str(tmp_path))
-    with Engine("tiny:toy", host=toy_host(settings), settings=settings) as plain:
-        with pytest.raises(InvalidRequest) as info:
-            plain.generate("x", images=[str(files["dark"])])
+    with Engine("tiny:toy", host=toy_host(settings), settings=settings) as plain, \
+            pytest.raises(InvalidRequest) as info:
+        plain.generate("x", images=[str(files["dark"])])
     assert info.value.field == "inputs[0].kind" and "takes no image inputs" in info.value.rule
     assert info.value.code == "unsupported_for_model"
 

@@ -167,7 +167,7 @@ class MediaInput:
 def _same(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
-    except Exception:  # arrays and other objects without a plain truth value: identity only
+    except (ValueError, TypeError):  # arrays and other objects without a plain truth value: identity only
         return False
 
 

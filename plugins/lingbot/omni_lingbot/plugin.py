@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from omnicore.hookspecs import hookimpl
 import attrs
+from omnicore.hookspecs import hookimpl
 from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
 
 from . import __version__
