@@ -310,3 +310,12 @@ def test_plugins_cli_lists_ops_and_platform_availability(tmp_path):
     assert "op: rms_norm@fastdev, swiglu@fastdev" in table
     row = next(line for line in table.splitlines() if line.startswith("fastdev "))
     assert "no: no fastdev driver (libfast.so not found)" in row and "rms_norm (fastops)" in row
+
+
+def test_plugin_conformance_checks_op_registrations():
+    """``PluginConformance`` knows the op registry: ``plugin_info`` may declare ops; ``applies`` paths must resolve."""
+    from omnicore.testing.plugin import declared_registrations, lazy_paths
+
+    spec = OpSpec(name="swiglu", platform="cpu", impl="toy.ops_backend:swiglu", applies="toy.ops_backend:nope")
+    assert dict(lazy_paths(spec)) == {"impl": "toy.ops_backend:swiglu", "applies": "toy.ops_backend:nope"}
+    assert declared_registrations({"ops": ["swiglu@cpu:x"]}) == {"op": ["swiglu@cpu:x"]}

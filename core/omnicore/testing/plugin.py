@@ -24,12 +24,12 @@ from ..config import Settings
 from ..plugins._compat import api_mismatch
 from ..plugins.host import PluginHost
 from ..plugins.records import LOADED, PluginRecord
-from ..specs import resolve
+from ..specs import SPEC_KINDS, resolve
 
 HEAVY_MODULES = ("torch", "diffusers", "transformers")
-REGISTRY_KINDS = ("model", "platform", "attention_backend", "cache_method")
+REGISTRY_KINDS = tuple(SPEC_KINDS)  # model, platform, attention_backend, cache_method, op
 _KNOWN_HOOKS = frozenset(name for name in dir(hookspecs) if name.startswith("omnicore_"))
-_LAZY_FIELDS = ("impl", "probe", "detect")
+_LAZY_FIELDS = ("impl", "probe", "detect", "applies")
 
 
 def isolated_host(settings: Settings | None = None) -> PluginHost:
