@@ -24,7 +24,7 @@ import torch
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.inputs import check_inputs, resolve_roles
 from omnicore.engine.request import GenerationRequest, MediaInput
-from omnicore.errors import InvalidRequest
+from omnicore.errors import ConfigError, InvalidRequest
 from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
@@ -79,6 +79,10 @@ class LingBotPipeline(BasePipeline):
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: Path | str, options: LoadOptions) -> LingBotPipeline:
+        precision = getattr(options, "vae_decode_precision", None)
+        if precision not in (None, "fp32"):  # the Wan VAE runs in float32 here, as in the reference pipeline
+            raise ConfigError("vae_decode_precision", f"LingBot decodes its VAE in fp32 only, got {precision!r}; "
+                                                      "leave it unset or use fp32")
         root = Path(path)
         read_json(root / "model_index.json")  # a clear error when this is not a repository at all
         for part in ("transformer", "text_encoder", "processor", "vae"):

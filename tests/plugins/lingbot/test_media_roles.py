@@ -18,8 +18,12 @@ SMALL = {"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2, "
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    settings = Settings(cache_dir=str(tmp_path_factory.mktemp("roles-cache")), plugins=("lingbot",))
+def settings(tmp_path_factory):
+    return Settings(cache_dir=str(tmp_path_factory.mktemp("roles-cache")), plugins=("lingbot",))
+
+
+@pytest.fixture(scope="module")
+def engine(settings):
     with Engine("tiny:lingbot", host=PluginHost(settings), settings=settings) as e:
         yield e
 
@@ -76,3 +80,11 @@ def engine_request_defaults():
     from omnicore.engine.api import make_request
 
     return make_request("a red fox", output_type="video", seed=3)
+
+
+def test_vae_decode_precision_other_than_fp32_is_refused_at_load(engine, settings):
+    from omnicore.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        Engine("tiny:lingbot", host=PluginHost(settings), settings=settings, vae_decode_precision="bf16")
+    assert info.value.name == "vae_decode_precision" and "fp32 only" in info.value.rule
