@@ -113,6 +113,23 @@ class PrefixKVPool:
         values = [torch.cat([b.values[i] for b in blocks]) for i in range(layers)]
         return keys, values
 
+    def gather_rows(self, rows: Sequence[Sequence[str]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, ``(k, v)`` of shape ``[len(rows), n * block_size, Hkv, D]`` for pinned blocks (every row
+        lists ``n`` hashes), copied once into fresh tensors."""
+        first = self._blocks[rows[0][0]]
+        n, bs = len(rows[0]), self.block_size
+        out = []
+        for i, (k0, v0) in enumerate(zip(first.keys, first.values)):
+            k = k0.new_empty(len(rows), n * bs, *k0.shape[1:])
+            v = v0.new_empty(len(rows), n * bs, *v0.shape[1:])
+            for r, hashes in enumerate(rows):
+                for j, h in enumerate(hashes):
+                    block = self._blocks[h]
+                    k[r, j * bs:(j + 1) * bs] = block.keys[i]
+                    v[r, j * bs:(j + 1) * bs] = block.values[i]
+            out.append((k, v))
+        return out
+
     def publish(self, hashes: Sequence[str], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> int:
         """Store the blocks of one row (``keys/values`` per layer ``[>= len(hashes) * block_size, Hkv, D]``,
         position 0 first); returns how many new blocks were stored."""

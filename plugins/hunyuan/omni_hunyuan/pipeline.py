@@ -295,10 +295,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         past = None
         try:
             if n > 0:
-                rows = [self.pool.gather(h[:n]) for h in hashes]
-                layers = [(torch.stack([row[0][i] for row in rows]), torch.stack([row[1][i] for row in rows]))
-                          for i in range(len(rows[0][0]))]
-                past = PrefixKV(layers, n * self.pool.block_size)
+                past = PrefixKV(self.pool.gather_rows([h[:n] for h in hashes]), n * self.pool.block_size)
         finally:
             for h, k in zip(hashes, hits):
                 self.pool.release(h[:k])

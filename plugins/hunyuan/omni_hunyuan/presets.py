@@ -105,9 +105,11 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
             param.copy_(value.to(param.dtype))
 
 
-def build_tiny(target_dir: str | Path, seed: int = SEED, base_size: int = BASE_SIZE) -> Path:
+def build_tiny(target_dir: str | Path, seed: int = SEED, base_size: int = BASE_SIZE,
+               overrides: dict[str, Any] | None = None) -> Path:
     """Write the tiny repository; ``base_size`` (default 256) sets the bucket base and the ``<img_size_B>`` token
-    (tests use 64 for 64x64 images, which only the square bucket supports)."""
+    (tests use 64 for 64x64 images, which only the square bucket supports); ``overrides`` replaces top-level
+    ``config.json`` fields (benchmarks use it for a mid-size model)."""
     from .config import HunyuanConfig
     from .loader import save_checkpoint
     from .model import HunyuanImage3
@@ -115,7 +117,7 @@ def build_tiny(target_dir: str | Path, seed: int = SEED, base_size: int = BASE_S
     root = Path(target_dir)
     root.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(root, base_size)
-    config = tiny_config(base_size=base_size)
+    config = {**tiny_config(base_size=base_size), **(overrides or {})}
     if vocab > config["vocab_size"]:  # pragma: no cover - the tiny tokenizer is ~310 entries
         raise ValueError(f"tokenizer has {vocab} entries, more than vocab_size {config['vocab_size']}")
     (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -28,15 +28,14 @@ def test_unknown_kv_mode_fails_at_load(micro_dir):
         load(micro_dir, kv_mode="paged_worker_local")
 
 
-def test_the_engine_checks_the_declared_option(tmp_path):
-    from omnicore.config import Settings
-    from omnicore.engine.model_options import resolve_model_options
+def test_the_engine_checks_the_declared_option():
+    """The mode is a deployment option (declared on the spec, checked at load), not an environment variable."""
     from omni_hunyuan.plugin import MODEL_SPEC
+    from omnicore.engine.model_options import resolve_model_options
 
     assert resolve_model_options(MODEL_SPEC, {})["kv_mode"] == "dense_legacy"
     with pytest.raises(ConfigError, match="paged_scheduler"):
         resolve_model_options(MODEL_SPEC, {"kv_mode": "nope"})
-    assert Settings  # the option is a deployment setting, not an environment variable
 
 
 # ---------------------------------------------------------------------------------------------- KV requests
@@ -122,7 +121,7 @@ def load_dense(paged_pipe):
 
 
 def test_a_different_prompt_misses(paged_pipe):
-    pool = _fresh(paged_pipe)
+    _fresh(paged_pipe)
     first, _ = run(paged_pipe, request("a lighthouse at dusk"), decode=False)
     state, _ = run(paged_pipe, request("the windmill at dawn"), decode=False)
     hit = state.extras["items"][0]["pool_hit_tokens"]
@@ -167,3 +166,15 @@ def test_lru_budget_evicts_and_counts():
     assert pool.acquire(a) == 1 and pool.stats.miss_blocks == 1
     keys, _ = pool.gather(a[:1])
     assert torch.equal(keys[0], kv[0][:2])
+
+
+def test_gather_rows_stacks_rows_of_blocks():
+    from omni_hunyuan.kv_pool import PrefixKVPool, block_hashes
+
+    pool = PrefixKVPool(block_size=2, max_blocks=8)
+    a, b = block_hashes([1, 2, 3, 4], 4, 2), block_hashes([5, 6, 7, 8], 4, 2)
+    ka, kb = [torch.arange(8.0).reshape(4, 1, 2)], [-torch.arange(8.0).reshape(4, 1, 2)]
+    pool.publish(a, ka, ka)
+    pool.publish(b, kb, kb)
+    ((k, v),) = pool.gather_rows([a, b])
+    assert k.shape == (2, 4, 1, 2) and torch.equal(k[0], ka[0]) and torch.equal(v[1], kb[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import pytest
 from omnicore.testing import ModelPluginConformance, PluginConformance, isolated_host
 
@@ -28,8 +30,8 @@ def test_entry_point_registers_the_model():
 
 
 def test_server_serves_generation_and_edits():
-    from omnicore.server.translate import ServedModel
     from omni_hunyuan.plugin import MODEL_SPEC
+    from omnicore.server.translate import ServedModel
 
     assert ServedModel.from_spec(MODEL_SPEC).tasks == ("image.generate", "image.edit")
 
@@ -51,5 +53,5 @@ class TestHunyuanConformance(ModelPluginConformance):
     model = "tiny:hunyuan-image3"
     plugin_module = "omni_hunyuan.plugin"
     plugin_name = "hunyuan"
-    params = {"height": 256, "width": 256, "num_inference_steps": 2, "guidance_scale": 3.0}
+    params: ClassVar[dict[str, Any]] = {"height": 256, "width": 256, "num_inference_steps": 2, "guidance_scale": 3.0}
     runtime_steps = 3

@@ -1,0 +1,75 @@
+"""HunyuanImage-3 paged prefix-KV pool: time to the first denoise step of a request whose prompt is in the pool
+(hit) vs one that is not (miss) — the same prompt with a new seed each time (seed-contracts §5).
+
+Each arm is ``preprocess`` (tokenise, prepared layout, block hashes) + ``encode`` + ``predict`` of step 0 in the
+``paged_scheduler`` KV mode. Arm A finds every full prefix block of both CFG rows in the pool (published by the
+previous run) and computes only the rest of the prefix and the target; arm B clears the pool first and computes
+the whole sequence. ``hit_tokens`` / ``miss_tokens`` show what each found. Model: the benchmark's mid-size one
+(hidden 256, 4 MoE layers), a ~600-token prompt and a 256x256 image (256 image tokens).
+
+Goal: wall ``ratio <= 0.5``. Run: ``python benchmarks/hunyuan_prefix_pool.py [--reps N] [--threads 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Case, main, ratio_at_most
+from hunyuan_kv_reuse import MID, PROMPT, load
+
+
+def first_step(pipe: Any, seed: int) -> tuple[torch.Tensor, int]:
+    from omnicore.engine.request import GenerationRequest, SamplingParams
+
+    req = GenerationRequest(PROMPT, SamplingParams(height=256, width=256, num_inference_steps=8, seed=seed,
+                                                   guidance_scale=4.0))
+    state = pipe.encode([pipe.preprocess(req)])
+    pred = pipe.predict(state, 0)
+    return pred, state.extras["items"][0]["pool_hit_tokens"]
+
+
+def cases(args: argparse.Namespace) -> Any:
+    from omni_hunyuan.presets import build_tiny
+
+    torch.set_num_threads(args.threads)
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="hunyuan-pool-") as tmp:
+        pipe = load(build_tiny(Path(tmp) / "mid", overrides=MID), kv_mode="paged_scheduler", kv_block_size=16,
+                    kv_pool_blocks=4096)
+        seeds = itertools.count(100)
+        first_step(pipe, next(seeds))  # publish the prompt's blocks
+        seen: dict[str, int] = {}
+
+        def run_hit() -> Any:
+            pred, hit = first_step(pipe, next(seeds))
+            seen["hit_tokens"] = hit
+            return pred
+
+        def run_miss() -> Any:
+            pipe.pool.clear()
+            pred, hit = first_step(pipe, next(seeds))
+            seen["miss_tokens"] = hit
+            return pred
+
+        def extra() -> dict[str, Any]:
+            stats = pipe.kv_pool_stats()
+            return {**seen, "pool": stats, "prompt_tokens": 606, "image_tokens": 256, "block_size": 16,
+                    "threads": torch.get_num_threads()}
+
+        yield Case("hunyuan_prefix_pool", "mid_h256_l4_prompt606_img256_cfg", "pool_hit", "pool_miss", run_hit,
+                   run_miss, goal=ratio_at_most(0.5), reps=args.reps_default, warmup=1, extra=extra)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--reps-default", type=int, default=7)
+    known, rest = parser.parse_known_args()
+    raise SystemExit(main(lambda: cases(known), rest))
