@@ -39,7 +39,7 @@ from omnicore.specs import AttentionRequirement
 from . import packing
 from .conditions import fit_keyframe, fit_reference_image, stereo_at, to_rgb
 from .plugin import DEFAULTS, MODEL_SPEC
-from .request_rules import SAMPLE_RATE, Deployment, MediaSummary, ResolvedRequest, resolve_request
+from .request_rules import SAMPLE_RATE, SEQ_ALIGN, Deployment, MediaSummary, ResolvedRequest, resolve_request
 from .scheduler import euler_step, paired_sigmas, timesteps
 from .text_encoder import H3TextEncoder
 from .vae import H3AudioVAE, H3VideoVAE
@@ -110,6 +110,9 @@ class MiniMaxH3Pipeline(BasePipeline):
         self.dtype = dtype
         self.reference_short_edge = reference_short_edge
         self.path = path
+        # [real | pad] documents padded to 64 rows keep shapes steady on accelerators (graphs, compiled kernels);
+        # on the CPU padding is only extra attention work, so requests pack unpadded there.
+        self.seq_align = 1 if self.device.type == "cpu" else SEQ_ALIGN
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -297,7 +300,8 @@ class MiniMaxH3Pipeline(BasePipeline):
             try:
                 layout = RequestLayout.build(lay.position_ids, lay.token_tags, lay.video_indices, lay.audio_indices,
                                              lay.text_indices, lay.num_condition_video_rows,
-                                             lay.num_condition_audio_rows, pad_seq_len=r.pad_seq_len)
+                                             lay.num_condition_audio_rows, seq_align=self.seq_align,
+                                             pad_seq_len=r.pad_seq_len)
             except ValueError as exc:
                 raise InvalidRequest("extra.pad_seq_len", str(exc)) from None
             plan = dit.prepare_request(layout, cond["embeds"])
@@ -414,26 +418,38 @@ class MiniMaxH3Pipeline(BasePipeline):
     # ------------------------------------------------------------------------------------------ decode
     @torch.no_grad()
     def decode(self, state: DenoiseState) -> list[Output]:
-        """One output per request output, in request order: uint8 frames at 24 fps + 32 kHz stereo audio."""
+        """One output per request output, in request order: uint8 frames at 24 fps + 32 kHz stereo audio.
+
+        The video and the audio VAE are independent, so the soundtrack decodes on a helper thread while the frames
+        decode here (torch releases the GIL inside ops: on a multi-core host the two overlap)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         ex = state.extras
         items: list[Item] = ex["items"]
+        patch = tuple(self.transformers[ex["partition"]].config.patch_size)
         video_parts = state.latents[0].split([it.video_rows for it in items])
         audio_parts = state.latents[1].split([it.audio_rows for it in items])
-        outputs = []
-        for it, vrows, arows in sorted(zip(items, video_parts, audio_parts),
-                                       key=lambda p: (p[0].request_index, p[0].output_index)):
-            r = it.resolved
-            lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
-            target = vrows[it.layout.num_condition_video_rows:].cpu()
-            latents = packing.unpatchify(target, self.video_vae.latent_channels, r.num_latent_frames, lh, lw,
-                                         tuple(self.transformers[ex["partition"]].config.patch_size))
-            frames = self.video_vae.decode(latents)
-            pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
-            audio_latents = packing.audio_rows_to_latents(arows[it.layout.num_condition_audio_rows:].cpu(),
-                                                          r.num_audio_latents)
-            wave = self.audio_vae.decode(audio_latents).cpu().numpy().astype(np.float32)
-            request = state.requests[it.request_index]
-            outputs.append(Output(kind="video", frames=pixels, fps=FPS, audio=wave, sample_rate=SAMPLE_RATE,
-                                  request_id=request.request_id, index=it.output_index, seed=it.seed))
-        return outputs
+        order = sorted(range(len(items)), key=lambda i: (items[i].request_index, items[i].output_index))
 
+        def audio_of(i: int) -> np.ndarray:
+            with torch.no_grad():
+                it = items[i]
+                rows = audio_parts[i][it.layout.num_condition_audio_rows:].cpu()
+                latents = packing.audio_rows_to_latents(rows, it.resolved.num_audio_latents)
+                return self.audio_vae.decode(latents).cpu().numpy().astype(np.float32)
+
+        outputs = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="h3-audio-decode") as pool:
+            waves = [pool.submit(audio_of, i) for i in order]
+            for i, wave in zip(order, waves):
+                it, r = items[i], items[i].resolved
+                lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
+                target = video_parts[i][it.layout.num_condition_video_rows:].cpu()
+                frames = self.video_vae.decode(packing.unpatchify(target, self.video_vae.latent_channels,
+                                                                  r.num_latent_frames, lh, lw, patch))
+                pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+                request = state.requests[it.request_index]
+                outputs.append(Output(kind="video", frames=pixels, fps=FPS, audio=wave.result(),
+                                      sample_rate=SAMPLE_RATE, request_id=request.request_id, index=it.output_index,
+                                      seed=it.seed))
+        return outputs
