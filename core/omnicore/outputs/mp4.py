@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 from fractions import Fraction
+from typing import Any
 
 import av
 import numpy as np
@@ -92,7 +93,7 @@ def _layout(channels: int) -> str:
 def write_mp4(
     dest: str | os.PathLike[str],
     frames: np.ndarray,
-    fps: float | Fraction,
+    fps: float | Fraction | None,
     audio: np.ndarray | None = None,
     sample_rate: int | None = None,
     options: EncodeOptions = DEFAULT_OPTIONS,
@@ -109,12 +110,13 @@ def write_mp4(
         raise InvalidRequest(
             "frames", f"H.264 yuv420p needs an even width and height, got {width}x{height} (round the request size)"
         )
-    pcm: np.ndarray | None = None
+    audio_track: tuple[np.ndarray, int] | None = None
     if audio is not None:
-        pcm, sample_rate = check_audio(audio, sample_rate)
+        audio_track = check_audio(audio, sample_rate)
 
     with av.open(os.fspath(dest), "w", format="mp4", options=container_options(options)) as container:
         vstream = container.add_stream(h264_encoder(), rate=rate, options=video_codec_options(options))
+        assert isinstance(vstream, av.VideoStream)
         vctx = vstream.codec_context
         vctx.width, vctx.height, vctx.pix_fmt = width, height, "yuv420p"
         vctx.time_base = 1 / rate
@@ -123,9 +125,10 @@ def write_mp4(
         if h264_encoder() != "libx264":
             vctx.bit_rate = int(width * height * float(rate) * _FALLBACK_BITS_PER_PIXEL)
 
-        astream = None
-        if pcm is not None:
-            astream = container.add_stream("aac", rate=sample_rate, layout=_layout(pcm.shape[0]), format="fltp")
+        astream: av.AudioStream | None = None
+        if audio_track is not None:
+            pcm, sample_rate_hz = audio_track
+            astream = container.add_stream("aac", rate=sample_rate_hz, layout=_layout(pcm.shape[0]), format="fltp")
             astream.codec_context.bit_rate = options.audio_bitrate
 
         reformatter = VideoReformatter()  # one swscale context for the whole clip
@@ -137,17 +140,19 @@ def write_mp4(
             )
             yuv.pts, yuv.time_base = i, vctx.time_base
             container.mux(vstream.encode(yuv))
-            if astream is not None:
+            if astream is not None and audio_track is not None:
                 # Audio covering [0, (i+1)/fps): keeps audio and video packets close together in the file.
-                upto = min(pcm.shape[1], round((i + 1) * sample_rate / rate))
-                sent = _encode_audio(container, astream, pcm, sample_rate, sent, upto)
+                pcm, sample_rate_hz = audio_track
+                upto = min(pcm.shape[1], round((i + 1) * sample_rate_hz / rate))
+                sent = _encode_audio(container, astream, pcm, sample_rate_hz, sent, upto)
         container.mux(vstream.encode(None))
-        if astream is not None:
-            _encode_audio(container, astream, pcm, sample_rate, sent, pcm.shape[1])
+        if astream is not None and audio_track is not None:
+            pcm, sample_rate_hz = audio_track
+            _encode_audio(container, astream, pcm, sample_rate_hz, sent, pcm.shape[1])
             container.mux(astream.encode(None))
 
 
-def _encode_audio(container, astream, pcm: np.ndarray, sample_rate: int, start: int, stop: int) -> int:
+def _encode_audio(container: Any, astream: Any, pcm: np.ndarray, sample_rate: int, start: int, stop: int) -> int:
     """Encode samples ``[start, stop)``; PyAV re-chunks them into the encoder's 1024-sample frames."""
     if stop <= start:
         return start

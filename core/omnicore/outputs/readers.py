@@ -61,7 +61,7 @@ def _read_audio(source: Source) -> tuple[np.ndarray | None, int | None]:
         astream = container.streams.audio[0]
         # Whatever the stream's sample format (s16, packed float, ...), hand back planar float32.
         resampler = av.AudioResampler(format="fltp", layout=astream.layout, rate=astream.rate)
-        chunks = []
+        chunks: list[np.ndarray] = []
         for frame in container.decode(astream):
             chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
         chunks.extend(f.to_ndarray() for f in resampler.resample(None))
