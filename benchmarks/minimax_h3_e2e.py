@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "plugins" / "minimax_h3"))
-from _harness import Case, main, ratio_at_most  # noqa: E402
+from _harness import Case, main, ratio_at_most
 
 PROMPT = "rain on a tin roof at night, a dog barks in the distance"
 FRAMES = 124

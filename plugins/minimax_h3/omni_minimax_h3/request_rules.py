@@ -130,7 +130,7 @@ def latent_frames(num_frames: int) -> int:
 
 def audio_latents(num_frames: int) -> int:
     """Audio latents per channel covering ``num_frames`` video frames (40 per second, rounded)."""
-    return int(round(num_frames / FPS * AUDIO_LATENTS_PER_SECOND))
+    return round(num_frames / FPS * AUDIO_LATENTS_PER_SECOND)
 
 
 def _number(value: Any, field: str, what: str = "a positive number") -> float:
@@ -159,7 +159,7 @@ def resolve_frames(task: str, params: Any, extra: Mapping[str, Any], max_duratio
     duration = pick_duration(params, extra)
     num_frames = getattr(params, "num_frames", None)
     if duration is not None:
-        field, frames = duration[0], int(round(duration[1] * FPS))
+        field, frames = duration[0], round(duration[1] * FPS)
     elif num_frames is not None and num_frames > 1:
         field, frames = "params.num_frames", int(num_frames)
     else:

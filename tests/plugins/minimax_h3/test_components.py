@@ -100,9 +100,8 @@ def test_schedules_have_equal_length_or_fail():
 def test_text_encoder_reads_layer_50_pre_norm(pipe, tiny_dir):
     """Our 50-layer conditioner's readout equals transformers' ``hidden_states[50]`` of the full 51-layer
     model (pre-norm), with and without a vision block; tags mark the vision block as video (0)."""
-    from transformers import Qwen3VLForConditionalGeneration
-
     from _h3_helpers import image
+    from transformers import Qwen3VLForConditionalGeneration
 
     enc = pipe.text_encoder
     assert len(enc.model.language_model.layers) == 50

@@ -69,7 +69,7 @@ def test_packed_batch_of_different_requests_equals_solo_runs(pipe):
 
 
 def test_num_outputs_use_consecutive_seeds(pipe):
-    state, outs = run(pipe, request(num_outputs=2))
+    _, outs = run(pipe, request(num_outputs=2))
     assert [(o.index, o.seed) for o in outs] == [(0, 7), (1, 8)]
     _, (second,) = run(pipe, request(seed=8))
     assert np.abs(outs[1].frames.astype(int) - second.frames.astype(int)).max() <= 1

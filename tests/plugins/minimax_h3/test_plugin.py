@@ -4,6 +4,7 @@ including the no-torch import of the entry module, and end-to-end model checks o
 from __future__ import annotations
 
 import json
+from typing import Any, ClassVar
 
 from omnicore.testing import ModelPluginConformance, PluginConformance, isolated_host
 
@@ -60,8 +61,8 @@ class TestMiniMaxH3Conformance(ModelPluginConformance):
     model = "tiny:minimax-h3"
     plugin_module = "omni_minimax_h3.plugin"
     plugin_name = "minimax_h3"
-    params = {"num_inference_steps": 2, "height": 64, "width": 64, "num_frames": 107,
-              "extra": {"aspect_ratio": "1:1"}}
+    params: ClassVar[dict[str, Any]] = {"num_inference_steps": 2, "height": 64, "width": 64, "num_frames": 107,
+                                        "extra": {"aspect_ratio": "1:1"}}
 
 
 def _reference_image():
@@ -76,5 +77,5 @@ class TestMiniMaxH3Ref2VAConformance(TestMiniMaxH3Conformance):
     """The same checks on ``tiny:minimax-h3-ref2va`` with an image reference."""
 
     model = "tiny:minimax-h3-ref2va"
-    params = {"num_inference_steps": 2, "height": 64, "width": 64, "num_frames": 107, "extra": {},
-              "inputs": _reference_image()}
+    params: ClassVar[dict[str, Any]] = {"num_inference_steps": 2, "height": 64, "width": 64, "num_frames": 107,
+                                        "extra": {}, "inputs": _reference_image()}
