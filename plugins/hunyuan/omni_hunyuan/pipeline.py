@@ -72,7 +72,8 @@ class HunyuanImage3Pipeline(BasePipeline):
 
     def __init__(self, model: HunyuanImage3, tokenizer: HunyuanTokenizer, gen_config: GenerationConfig, *,
                  device: torch.device, dtype: torch.dtype, path: Path | None = None, kv_mode: str = "dense_legacy",
-                 kv_block_size: int = 16, kv_pool_blocks: int = 512, kv_reuse: bool = True) -> None:
+                 kv_block_size: int = 16, kv_pool_blocks: int = 512, kv_reuse: bool = True,
+                 vae_decode_precision: str | None = None) -> None:
         self.model = model
         self.config: HunyuanConfig = model.config
         self.tokenizer = tokenizer
@@ -82,6 +83,9 @@ class HunyuanImage3Pipeline(BasePipeline):
         self.kv_reuse = kv_reuse
         self.pool = PrefixKVPool(kv_block_size, kv_pool_blocks) if kv_mode == "paged_scheduler" else None
         self._vit_processor: Any = None
+        #: None/"fp32": decode in float32; "fp16"/"bf16": under autocast to that dtype (the release decodes
+        #: under fp16 autocast on GPUs)
+        self.vae_decode_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(vae_decode_precision or "fp32")
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -116,7 +120,8 @@ class HunyuanImage3Pipeline(BasePipeline):
         return cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,
                    kv_block_size=int(opts.get("kv_block_size") or 16),
                    kv_pool_blocks=int(opts.get("kv_pool_blocks") or 512),
-                   kv_reuse=bool(opts.get("kv_reuse", True)))
+                   kv_reuse=bool(opts.get("kv_reuse", True)),
+                   vae_decode_precision=getattr(options, "vae_decode_precision", None))
 
     # ------------------------------------------------------------------------------------------ admission
     @property
@@ -346,7 +351,12 @@ class HunyuanImage3Pipeline(BasePipeline):
         outputs = []
         for i, item in enumerate(state.extras["items"]):
             request = item["request"]
-            image = self.model.vae.decode(state.latents[i:i + 1].float())[0]  # [3, H, W] in [0, 1]
+            latents = state.latents[i:i + 1].float()
+            if self.vae_decode_dtype is None:
+                image = self.model.vae.decode(latents)[0]  # [3, H, W] in [0, 1]
+            else:
+                with torch.autocast(self.device.type, dtype=self.vae_decode_dtype):
+                    image = self.model.vae.decode(latents)[0].float()
             pixels = (image.permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             metrics = {"kv_pool_hit_tokens": float(item["pool_hit_tokens"])}
             outputs.append(Output(kind="image", frames=np.ascontiguousarray(pixels[None]), request_id=request.request_id,

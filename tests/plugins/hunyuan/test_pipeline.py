@@ -105,3 +105,23 @@ def test_select_requests_keeps_survivors(pipe):
     for step in range(2):
         solo = pipe.denoise_step(solo, step)
     assert torch.allclose(state.latents, solo.latents, atol=1e-5)
+
+
+def test_vae_decode_precision_is_honoured(pipe):
+    from omni_hunyuan.pipeline import HunyuanImage3Pipeline
+    from omnicore.engine.protocol import DenoiseState
+
+    low = HunyuanImage3Pipeline(pipe.model, pipe.tokenizer, pipe.gen_config, device=pipe.device, dtype=pipe.dtype,
+                                vae_decode_precision="bf16")
+    assert low.vae_decode_dtype is torch.bfloat16 and pipe.vae_decode_dtype is None
+    req = pipe.preprocess(request())
+
+    def decode(p):
+        lat = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(0)) * 3
+        state = DenoiseState(requests=[req], num_steps=1, latents=lat,
+                             extras={"items": [{"request": req, "pool_hit_tokens": 0}]})
+        return p.decode(state)[0].frames.astype(int)
+
+    full, half = decode(pipe), decode(low)
+    assert full.shape == half.shape == (1, 32, 32, 3)
+    assert (full != half).any() and abs(full - half).max() <= 32
