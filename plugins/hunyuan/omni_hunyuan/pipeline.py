@@ -224,12 +224,22 @@ class HunyuanImage3Pipeline(BasePipeline):
     def layout_of(self, request: GenerationRequest) -> SequenceLayout:
         """The prepared layout (paged mode) or a local tokenisation (dense mode); equal by construction."""
         prepared = request.extra.get("prepared_layout")
+        resolved: Resolved = request.extra["hunyuan"]
+        if self.kv_mode == "paged_scheduler" and prepared is None:
+            raise ValueError(f"paged_scheduler request {request.request_id} did not produce DiffusionKVRequest "
+                             "records (it was not preprocessed by this pipeline)")
+        if self.kv_mode == "dense_legacy" and prepared is not None:
+            raise ValueError(f"dense_legacy request {request.request_id} unexpectedly contains a prepared layout "
+                             "with DiffusionKVRequest records")
         if prepared is not None:
             if not isinstance(prepared, PreparedLayout):
                 raise TypeError(f"HunyuanImage3 expected prepared_layout to be PreparedLayout, got "
                                 f"{type(prepared).__name__}")
+            if prepared.layout.rows != resolved.cfg_factor or len(prepared.kv_requests) != resolved.cfg_factor:
+                raise ValueError(f"prepared branches do not match execution CFG layout: rows={prepared.layout.rows}, "
+                                 f"kv_requests={len(prepared.kv_requests)}, cfg_factor={resolved.cfg_factor}")
             return prepared.layout
-        return self.tokenizer.layout(request.extra["hunyuan"].spec)
+        return self.tokenizer.layout(resolved.spec)
 
     def cond_features(self, request: GenerationRequest, layout: SequenceLayout) -> CondFeatures | None:
         """VAE latents (sampled with the request's seed) and aligned ViT tokens of the condition images."""

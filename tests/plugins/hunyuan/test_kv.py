@@ -178,3 +178,22 @@ def test_gather_rows_stacks_rows_of_blocks():
     pool.publish(b, kb, kb)
     ((k, v),) = pool.gather_rows([a, b])
     assert k.shape == (2, 4, 1, 2) and torch.equal(k[0], ka[0]) and torch.equal(v[1], kb[0])
+
+
+def test_mode_ownership_of_prepared_layouts(pipe, paged_pipe):
+    """Paged mode needs the prepared layout; dense mode refuses one; branch counts must match the CFG rows."""
+    import attrs
+
+    dense_req = pipe.preprocess(request())
+    paged_req = paged_pipe.preprocess(request())
+    with pytest.raises(ValueError, match="did not produce DiffusionKVRequest"):
+        paged_pipe.layout_of(dense_req)
+    with pytest.raises(ValueError, match="dense_legacy request .* unexpectedly contains"):
+        pipe.layout_of(paged_req)
+    one_row = paged_pipe.preprocess(request(guidance_scale=1.0)).extra["prepared_layout"]
+    bad = paged_req.evolve(extra={**paged_req.extra, "prepared_layout": one_row})
+    with pytest.raises(ValueError, match="prepared branches do not match execution CFG layout"):
+        paged_pipe.layout_of(bad)
+    with pytest.raises(TypeError, match="PreparedLayout"):
+        paged_pipe.layout_of(paged_req.evolve(extra={**paged_req.extra, "prepared_layout": {"layout": 1}}))
+    assert attrs.has(type(paged_req.extra["prepared_layout"]))
