@@ -31,6 +31,7 @@ from omnicore.specs import AttentionRequirement
 
 from .image_condition import align_image, apply_clean_prefix, load_image
 from .loader import CheckpointError, load_transformer, read_json
+from .plan import PLAN_KEY, LingBotPlan, plan_of
 from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
 from .refiner import refiner_sigmas, start_latents
@@ -148,33 +149,20 @@ class LingBotPipeline(BasePipeline):
             fps=resolved.fps, flow_shift=resolved.shift,
             output_type="image" if resolved.mode == "t2i" else "video",
         )
-        extra = {
-            "mode": resolved.mode,
-            "batch_cfg": resolved.batch_cfg,
-            "null_cond_clone_zero": resolved.null_cond_clone_zero,
-            "t_thresh": resolved.low_noise.threshold,
-            "base_sigma_tail_steps": resolved.low_noise.tail_steps,
-            "refiner": resolved.refiner,  # RefinerOptions or None
-            "vae_tiling": resolved.vae_tiling,  # VaeTiling or None; applied per request, so not in the batch key
-        }
+        extra = {PLAN_KEY: LingBotPlan.from_resolved(resolved)}  # the one typed record encode/decode read
         return request.evolve(
             prompt=resolved.caption, negative_prompt=negative, inputs=inputs, params=params,
             modalities=("image",) if resolved.mode == "t2i" else ("video",), extra=extra, prepared=True,
         )
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
-        ex = request.extra
-        refiner = ex.get("refiner")
-        # the refiner's clip length depends on the base fps, so refined requests batch only with equal fps
-        return (request.batch_key(), ex.get("mode"), ex.get("batch_cfg"), ex.get("null_cond_clone_zero"),
-                ex.get("t_thresh"), ex.get("base_sigma_tail_steps"), refiner,
-                request.params.fps if refiner is not None else None)
+        return (request.batch_key(), *plan_of(request).batch_key(request.params.fps))
 
     # ------------------------------------------------------------------------------------------ encode
     def _sigmas(self, request: GenerationRequest) -> np.ndarray:
-        p, ex = request.params, request.extra
-        if ex.get("t_thresh") is not None:
-            return low_noise_sigmas(p.num_inference_steps, p.flow_shift, ex["t_thresh"], ex["base_sigma_tail_steps"])
+        p, low_noise = request.params, plan_of(request).low_noise
+        if low_noise.threshold is not None:
+            return low_noise_sigmas(p.num_inference_steps, p.flow_shift, low_noise.threshold, low_noise.tail_steps)
         return base_sigmas(p.num_inference_steps, p.flow_shift)
 
     @torch.no_grad()
@@ -187,7 +175,8 @@ class LingBotPipeline(BasePipeline):
         if len({self.batch_key(r) for r in reqs}) != 1:
             raise ValueError("requests in one batch must share a batch key")
         first = reqs[0]
-        p, mode = first.params, first.extra["mode"]
+        plan = plan_of(first)
+        p, mode = first.params, plan.mode
         vae = self.vae
         latent_shape = (1, vae.z_dim, (p.num_frames - 1) // vae.temporal_ratio + 1, p.height // vae.spatial_ratio,
                         p.width // vae.spatial_ratio)
@@ -202,7 +191,7 @@ class LingBotPipeline(BasePipeline):
             # the posterior sample comes first from each request's generator (keeps the official RNG order)
             cleans = []
             for r, px, g in zip(reqs, pixels, generators):
-                with self.vae.tiling(r.extra.get("vae_tiling")):
+                with self.vae.tiling(plan_of(r).vae_tiling):
                     cleans.append(self.vae.encode(px, g))
             clean = torch.cat(cleans).to(self.device)
         noise = torch.cat([torch.randn(latent_shape, generator=g, device=self.device, dtype=torch.float32)
@@ -212,10 +201,10 @@ class LingBotPipeline(BasePipeline):
 
         cond_rows = [self.text_encoder.encode(r.prompt, px) for r, px in zip(reqs, pixels)]
         extras: dict[str, Any] = {"mode": mode, "clean": clean, "guidance": float(p.guidance_scale),
-                                  "use_cfg": use_cfg, "batch_cfg": bool(first.extra["batch_cfg"]) and use_cfg}
+                                  "use_cfg": use_cfg, "batch_cfg": plan.batch_cfg and use_cfg}
         uncond_rows: list[torch.Tensor] = []
         if use_cfg:
-            if first.extra["null_cond_clone_zero"]:
+            if plan.null_cond_clone_zero:
                 uncond_rows = [torch.zeros_like(row) for row in cond_rows]
             else:
                 # an explicitly empty negative prompt still goes through the template (empty user turn)
@@ -225,7 +214,7 @@ class LingBotPipeline(BasePipeline):
         scheduler = make_scheduler(self.scheduler_config, self._sigmas(first))
         extras["scheduler"] = scheduler
         timesteps = scheduler.timesteps
-        refiner = first.extra.get("refiner")
+        refiner = plan.refiner
         if refiner is not None:
             # one step index space for both stages: [base timesteps ; refiner timesteps]
             refiner_scheduler = make_scheduler(self.scheduler_config, refiner_sigmas(refiner))
@@ -233,7 +222,7 @@ class LingBotPipeline(BasePipeline):
             extras["base_steps"] = len(timesteps)
             timesteps = torch.cat([timesteps, refiner_scheduler.timesteps])
             if refiner.guidance_scale > 1.0 and not refiner.null_cond_clone_zero:
-                base_negative = use_cfg and not first.extra["null_cond_clone_zero"]
+                base_negative = use_cfg and not plan.null_cond_clone_zero
                 extras["refiner_uncond_rows"] = uncond_rows if base_negative else [
                     self.text_encoder.encode(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
         return DenoiseState(requests=reqs, num_steps=len(timesteps), latents=noise, timesteps=timesteps,
@@ -364,7 +353,9 @@ class LingBotPipeline(BasePipeline):
         """Switch a finished base batch to the refiner stage: start latents, clean prefix, scheduler, text, CFG."""
         ex = state.extras
         first = state.requests[0]
-        options = first.extra["refiner"]
+        options = plan_of(first).refiner
+        if options is None:
+            raise ValueError("the refiner stage was entered for a request without refiner options")
         state.latents, ex["clean"] = start_latents(self.vae, state.latents, state.requests, options, self.device)
         ex["phase"] = "refiner"
         ex["scheduler"] = ex.pop("refiner_scheduler")
@@ -386,10 +377,11 @@ class LingBotPipeline(BasePipeline):
         outputs = []
         image = state.extras["mode"] == "t2i"
         for i, request in enumerate(state.requests):
-            with self.vae.tiling(request.extra.get("vae_tiling")):
+            plan = plan_of(request)
+            with self.vae.tiling(plan.vae_tiling):
                 frames = self.vae.decode(state.latents[i: i + 1])[0]  # [F, H, W, 3] in [0, 1]
             pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
-            refiner = request.extra.get("refiner")
+            refiner = plan.refiner
             fps = None if image else refiner.fps if refiner is not None else request.params.fps
             outputs.append(Output(
                 kind="image" if image else "video", frames=pixels, fps=fps,

@@ -22,6 +22,7 @@ from omnicore.engine.request import MAX_SEED
 from PIL import Image
 
 from .image_condition import apply_clean_prefix
+from .plan import plan_of
 from .scheduler import low_noise_sigmas
 from .stage_options import RefinerOptions
 
@@ -86,20 +87,21 @@ def start_latents(vae: Any, base_latents: torch.Tensor, requests: Sequence[Any],
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The refiner's noisy start latents for a batch (and the TI2V clean prefixes, else ``None``).
 
-    Each request runs the VAE under its own tiling setting (``extra["vae_tiling"]``) and draws from its own
+    Each request runs the VAE under its own tiling setting (its plan's ``vae_tiling``) and draws from its own
     refiner generator, so a request's result does not depend on its batch.
     """
     starts, cleans = [], []
     for i, request in enumerate(requests):
         p = request.params
         generator = torch.Generator(device=device).manual_seed(refiner_seed(p.seed))
-        with vae.tiling(request.extra.get("vae_tiling")):
+        plan = plan_of(request)
+        with vae.tiling(plan.vae_tiling):
             frames = vae.decode(base_latents[i:i + 1])[0]  # [F, H, W, 3] in [0, 1]
             index = resample_indices(frames.shape[0], float(p.fps or options.sample_fps), options.sample_fps,
                                      options.max_video_frames)
             video = resize_video(frames[index], options.height, options.width)
             x_up = vae.encode(video, generator).to(device)
-            if request.extra["mode"] == "ti2v":
+            if plan.mode == "ti2v":
                 pixels = first_frame(request.images[0], p.height, p.width, options.height, options.width)
                 cleans.append(vae.encode(pixels, generator).to(device))
         noise = torch.randn(x_up.shape, generator=generator, device=device, dtype=torch.float32)

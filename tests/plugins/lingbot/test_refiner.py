@@ -13,6 +13,7 @@ import pytest
 import torch
 from _lingbot_helpers import load, request, run
 from omni_lingbot.loader import CheckpointError, WeightMismatch
+from omni_lingbot.plan import plan_of
 from omni_lingbot.presets import TINY_MOE, build_transformer
 from omni_lingbot.refiner import refiner_seed, resample_indices
 from omni_lingbot.scheduler import model_timestep
@@ -180,7 +181,7 @@ def _hand_low_noise(steps: int, shift: float, t: float, tail: int) -> list[float
 def test_refiner_runs_the_low_noise_schedule(moe, recorders, options, expected_len):
     base, refiner = recorders
     state, _ = run(moe, request(num_inference_steps=2, extra={**SMALL, **options}))
-    opts = state.requests[0].extra["refiner"]
+    opts = plan_of(state.requests[0]).refiner
     sigmas = _hand_low_noise(opts.steps, opts.shift, opts.t_thresh, opts.sigma_tail_steps)
     assert len(sigmas) == expected_len and sigmas[0] == opts.t_thresh
     if not options:  # spot values of the default schedule, worked by hand: 3s/(1+2s) at s = 0.624375, 0.124875

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from _lingbot_helpers import request, run
+from omni_lingbot.plan import plan_of
 from omni_lingbot.stage_options import VaeTiling, resolve_vae_tiling
 from omnicore.errors import InvalidRequest
 
@@ -22,7 +23,7 @@ def _latent(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 def test_tiling_is_off_by_default(pipe):
     assert resolve_vae_tiling({}) is None and resolve_vae_tiling({"vae_tiling": False}) is None
-    assert pipe.preprocess(request()).extra["vae_tiling"] is None
+    assert plan_of(pipe.preprocess(request())).vae_tiling is None
     assert pipe.vae.vae.use_tiling is False
 
 

@@ -1,0 +1,48 @@
+"""The typed state ``LingBotPipeline.preprocess`` prepares for a request (issue 14 §3).
+
+A prepared request's ``extra`` holds exactly one entry, :data:`PLAN_KEY` → :class:`LingBotPlan`: the request rules'
+decisions (mode, CFG layout, schedule, optional stages) as one frozen, hashable record, read back with
+:func:`plan_of` — no loose string keys for ``encode``/``decode`` to agree on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .request_rules import LowNoiseOptions, ResolvedRequest
+from .stage_options import RefinerOptions, VaeTiling
+
+PLAN_KEY = "lingbot_plan"
+
+
+@attrs.frozen
+class LingBotPlan:
+    """How one prepared request runs (everything but ``vae_tiling`` is part of its batch key)."""
+
+    mode: str  # "t2i" | "t2v" | "ti2v"
+    batch_cfg: bool = False  # CFG as one packed B=2N forward
+    null_cond_clone_zero: bool = False  # zeros as the negative embedding
+    low_noise: LowNoiseOptions = LowNoiseOptions()  # base low-noise schedule (threshold None = full grid)
+    refiner: RefinerOptions | None = None  # the MoE package's refiner stage, or None
+    vae_tiling: VaeTiling | None = None  # per request, not in the batch key
+
+    @classmethod
+    def from_resolved(cls, resolved: ResolvedRequest) -> LingBotPlan:
+        return cls(mode=resolved.mode, batch_cfg=resolved.batch_cfg,
+                   null_cond_clone_zero=resolved.null_cond_clone_zero, low_noise=resolved.low_noise,
+                   refiner=resolved.refiner, vae_tiling=resolved.vae_tiling)
+
+    def batch_key(self, fps: float | None) -> tuple[Any, ...]:
+        """Plans of one batch must agree on all of this; a refined clip's length depends on the base fps."""
+        return (self.mode, self.batch_cfg, self.null_cond_clone_zero, self.low_noise, self.refiner,
+                fps if self.refiner is not None else None)
+
+
+def plan_of(request: Any) -> LingBotPlan:
+    """The plan of a request prepared by ``LingBotPipeline.preprocess`` (``ValueError`` for any other request)."""
+    plan = request.extra.get(PLAN_KEY)
+    if not isinstance(plan, LingBotPlan):
+        raise ValueError("this request was not prepared by LingBotPipeline.preprocess (no LingBotPlan in extra)")
+    return plan
