@@ -7,7 +7,7 @@ never imports torch. ``provider`` is filled in by the plugin host with the regis
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -43,6 +43,10 @@ MEDIA_KINDS = ("image", "video", "audio")
 STANDARD_ROLES = ("first_frame", "last_frame", "reference", "edit_source")
 
 
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 def _check_kinds(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
     bad = [k for k in value if k not in MEDIA_KINDS]
     if not value or bad:
@@ -59,7 +63,7 @@ class InputRole:
     """
 
     role: str = attrs.field(validator=_check_name)
-    kinds: tuple[str, ...] = attrs.field(converter=tuple, validator=_check_kinds)
+    kinds: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_check_kinds)
     max_count: int = 1
     description: str = ""
     max_duration_s: float | None = None

@@ -118,7 +118,8 @@ def _note_reuse(state: Any, step: int) -> None:
         steps.append(step)
 
 
-C = TypeVar("C")
+C = TypeVar("C", bound=attrs.AttrsInstance)
+S = TypeVar("S", bound="StepCache")
 
 
 def coerce_config(cls: type[C], config: Any, method: str) -> C:
@@ -159,7 +160,7 @@ class StepCache:
         self._registered_name: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def register(self) -> StepCache:
+    def register(self: S) -> S:
         name = f"omnicore.cache.{self.method}@{id(self.pipeline):x}"
         if self.host.pm.get_plugin(name) is not None:
             raise ConfigError("cache_methods", f"{self.method!r} is already enabled on this pipeline")

@@ -90,14 +90,15 @@ class _HeadHook(ModelHook):
             return output
         residual = outputs[0] - inputs[0]
         hit = False
-        if branch.rest_residuals is not None and cache.step_allows:
+        rest = branch.rest_residuals
+        if rest is not None and cache.step_allows and cache.current_step is not None:
             forced = cache.forced(cache.current_step)
             hit = forced if forced is not None else (
-                relative_l1(residual, branch.head_residual) < cache.config.threshold)
+                relative_l1(residual, branch.head_residual) < cache.threshold)
         branch.skipping = hit
-        if hit:
+        if hit and rest is not None:
             cache.note_hit()
-            return _pack(tuple(o + r for o, r in zip(outputs, branch.rest_residuals)))
+            return _pack(tuple(o + r for o, r in zip(outputs, rest)))
         branch.head_residual = residual
         branch.head_outputs = outputs
         return output
@@ -137,6 +138,7 @@ class FirstBlockCache(StepCache):
             raise UnsupportedFeature(METHOD_NAME, f"{loop.blocks!r} must hold at least two blocks")
         self.loop = loop
         self.blocks = blocks
+        self.threshold: float = config.threshold
         self._branches = StateManager(_BranchState)
         self.branch: _BranchState | None = None
         self.current_step: int | None = None
@@ -150,6 +152,7 @@ class FirstBlockCache(StepCache):
     def register(self) -> FirstBlockCache:
         super().register()
         installed: list[tuple[Any, str]] = []
+        hook: ModelHook
         try:
             for i, block in enumerate(self.blocks):
                 if i == 0:

@@ -64,6 +64,7 @@ def _tightest(attr: str, limits: tuple[WorkLimits | None, ...]) -> tuple[int, st
         cap = getattr(lim, attr) if lim is not None else None
         if cap is None or (best is not None and cap >= best[0]):
             continue
+        assert lim is not None  # cap was read from it
         best = (cap, _SERVER_NAMES[attr] if lim.source == "the server" else f"{attr} of {lim.source}")
     return best
 

@@ -93,7 +93,7 @@ class SamplingParams:
 
     def with_defaults(self, defaults: RequestDefaults, **overrides: Any) -> SamplingParams:
         """Fill every unset field from the model's defaults (explicit ``overrides`` win over both)."""
-        filled = {
+        filled: dict[str, Any] = {
             "height": self.height if self.height is not None else defaults.height,
             "width": self.width if self.width is not None else defaults.width,
             "num_frames": self.num_frames if self.num_frames is not None else defaults.num_frames,

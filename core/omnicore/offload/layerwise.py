@@ -13,7 +13,7 @@ DTensor/meta parameters always stay with their owner; buffers are unaffected.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -28,13 +28,17 @@ logger = logging.getLogger("omnicore.offload")
 HOOK_NAME = "omnicore.layerwise_offload"
 
 
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.define(kw_only=True)
 class LayerwiseOffloadConfig:
     """``device``: where blocks compute; ``excluded_prefixes``: block-relative parameter-name prefixes that
     stay resident outside the transfer set; ``prefetch``: load block ``i+1`` while block ``i`` runs."""
 
     device: Any
-    excluded_prefixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    excluded_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     prefetch: bool = True
 
 

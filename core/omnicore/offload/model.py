@@ -12,7 +12,7 @@ weights (the AdaLN schedule cache's "prepare for request caches" step).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -25,12 +25,16 @@ from ._swap import ParamSet
 HOOK_NAME = "omnicore.model_offload"
 
 
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.define(kw_only=True)
 class ModelOffloadConfig:
     """``device``: where the module computes; ``excluded_prefixes``: parameters that stay resident."""
 
     device: Any
-    excluded_prefixes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    excluded_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
 
 class ModelOffloadHook(ModelHook):

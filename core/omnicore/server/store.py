@@ -8,6 +8,7 @@ were ``in_progress`` become ``failed`` (``interrupted``); queued jobs are handed
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -237,14 +238,14 @@ class JobStore:
         records = [json.loads(r[0]) for r in rows]
         return records[:limit], len(records) > limit
 
-    def ids_with_status(self, *statuses: str) -> list[str]:
+    def ids_with_status(self, *statuses: str) -> builtins.list[str]:
         marks = ",".join("?" * len(statuses))
         with self._lock:
             rows = self._db.execute(f"SELECT id FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses).fetchall()
         return [r[0] for r in rows]
 
     # ------------------------------------------------------------------ restart and retention
-    def recover(self, served_models: tuple[str, ...]) -> list[str]:
+    def recover(self, served_models: tuple[str, ...]) -> builtins.list[str]:
         """Apply the restart table; return the ids of queued jobs to re-enqueue, oldest first.
 
         ``in_progress`` -> ``failed`` (``interrupted``); ``queued`` for another model -> ``failed``
@@ -256,7 +257,7 @@ class JobStore:
                         queue_position=None, cancel_requested=False,
                         error={"code": "interrupted",
                                "message": "the server stopped while this job was running; it was not resumed"})
-        requeue: list[str] = []
+        requeue: builtins.list[str] = []
         for job_id in self.ids_with_status("queued"):
             record = self.get(job_id) or {}
             if record.get("model") not in served_models:
@@ -276,13 +277,13 @@ class JobStore:
             self.delete(job_id)
         return requeue
 
-    def _delete_pending_terminal(self) -> list[str]:
+    def _delete_pending_terminal(self) -> builtins.list[str]:
         with self._lock:
             rows = self._db.execute("SELECT id FROM jobs WHERE delete_pending = 1 AND status IN (?, ?, ?)",
                                     TERMINAL).fetchall()
         return [r[0] for r in rows]
 
-    def expire(self, ttl_s: float, now: float | None = None) -> list[str]:
+    def expire(self, ttl_s: float, now: float | None = None) -> builtins.list[str]:
         """Delete terminal jobs finished more than ``ttl_s`` ago (0 keeps everything)."""
         if ttl_s <= 0:
             return []

@@ -17,7 +17,7 @@ from ..specs import AttentionBackendSpec, resolve
 
 #: Name of the spy backend the attention check forces (``--attention-backend`` with this name).
 SPY_BACKEND = "omnicore-conformance-spy"
-_spy = {"calls": 0, "target": "omnicore.attention.reference:sdpa_attention"}
+_spy: dict[str, Any] = {"calls": 0, "target": "omnicore.attention.reference:sdpa_attention"}
 _spy_lock = threading.Lock()
 
 #: Order in which a job's phases may appear (``queued`` is skipped when the worker starts it at once).

@@ -13,17 +13,15 @@ tensors of the same dtype on the same device, so the parameter objects survive b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
 from torch import nn
 
-try:  # compile boundary: the table lookup must not be captured into a graph (the cursor changes per step)
-    from torch.compiler import disable as _compile_disable
-except ImportError:  # pragma: no cover - very old torch
-    def _compile_disable(fn: Any) -> Any:
-        return fn
+# compile boundary: the table lookup must not be captured into a graph (the cursor changes per step);
+# torch.compiler.disable exists in every torch the core supports (>= 2.4)
+from torch.compiler import disable as _compile_disable
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -36,7 +34,7 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 def _local_nbytes(t: torch.Tensor) -> int:
     if _is_dtensor(t):
-        t = t.to_local()
+        t = cast(Any, t).to_local()  # a DTensor (checked just above)
     return t.numel() * t.element_size()
 
 
