@@ -141,7 +141,7 @@ def test_generate_duration_quality_and_preset_defaults(cli, capsys, tmp_path):
     (["--reference", "{txt}"], "error: --reference[0]: not a recognised image"),
     (["--first-frame", "{mp4}"], "error: --first-frame: "),
     (["--first-frame", "{missing}"], "error: --first-frame: cannot read"),
-    (["--reference", "{png}"] * 4, "error: inputs[3]: model toy-media takes at most 3 'reference' input(s)"),
+    (["--reference", "{png}"] * 4, "error: inputs[3]: model toy-media takes at most 3 reference input(s)"),
 ])
 def test_generate_errors_are_one_line_with_exit_2(cli, capsys, files, tmp_path, args, words):
     args = [a.format(txt=files["txt"], mp4=files["mp4"], png=files["png"], missing=tmp_path / "missing.png")

@@ -76,8 +76,8 @@ def test_media_input_rejects_unknown_kind_and_empty_role():
 @pytest.mark.parametrize(("inputs", "field", "words"), [
     ([MediaInput("image", "edit_source", "x")], "inputs[0].role", "does not accept role 'edit_source'"),
     ([MediaInput("video", "first_frame", "x")], "inputs[0].kind", "takes image, not video"),
-    ([MediaInput("image", "first_frame", "x")] * 2, "inputs[1]", "at most 1 'first_frame'"),
-    ([MediaInput("image", "reference", "x")] * 4, "inputs[3]", "at most 3 'reference'"),
+    ([MediaInput("image", "first_frame", "x")] * 2, "inputs[1]", "at most 1 first_frame input"),
+    ([MediaInput("image", "reference", "x")] * 4, "inputs[3]", "at most 3 reference input"),
     ([MediaInput("image", "reference", "x")] * 3 + [MediaInput("image", "first_frame", "x"),
                                                    MediaInput("image", "last_frame", "x")], "inputs", "4 inputs"),
 ])

@@ -63,7 +63,7 @@ def check_inputs(request: GenerationRequest, caps: ModelCapabilities, model: str
         if counts[spec.role] > spec.max_count:
             code = "too_many_input_images" if m.kind == "image" else None
             given = sum(1 for x in request.inputs if x.role == spec.role)
-            raise InvalidRequest(f"inputs[{i}]", f"model {model} takes at most {spec.max_count} {spec.role!r} "
+            raise InvalidRequest(f"inputs[{i}]", f"model {model} takes at most {spec.max_count} {spec.role} "
                                                  f"input(s), got {given}", code=code)
         if m.kind != "image" and (spec.max_duration_s is not None or spec.min_duration_s is not None):
             duration = media_duration(m.kind, m.data, field=f"inputs[{i}]")
