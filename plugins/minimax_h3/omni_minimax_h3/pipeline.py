@@ -364,11 +364,12 @@ class MiniMaxH3Pipeline(BasePipeline):
         """Velocity rows ``(video, audio)`` of every output in the batch: one DiT forward."""
         ex = state.extras
         ts = ex["steps"][step]
+        dit = self.dit_for(state)
         kwargs: dict[str, Any] = {}
-        if STATE_STEP_KEY in ex:
-            kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]
+        if STATE_STEP_KEY in ex and dit.adaln is self.adaln_schedule:
+            kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]  # (a combined deployment's Ref2VA DiT runs direct)
         video, audio = state.latents
-        v, a = self.dit_for(state)(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices, **kwargs)
+        v, a = dit(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices, **kwargs)
         return v.float(), a.float()
 
     @torch.no_grad()
@@ -393,11 +394,13 @@ class MiniMaxH3Pipeline(BasePipeline):
 
     @property
     def adaln_schedule(self) -> Any:
-        """The AdaLN controller of the served DiT (a combined deployment's cache follows its FL2VA DiT)."""
+        """The AdaLN controller of the served DiT. A combined deployment caches its FL2VA DiT only (the core's
+        method holds one controller): Ref2VA batches there run the direct projections."""
         return self.transformers.get("fl2va", next(iter(self.transformers.values()))).adaln
 
     @property
     def block_loop(self) -> Any:
+        """The blocks layer-wise offload streams (a combined deployment's FL2VA DiT; its Ref2VA DiT stays resident)."""
         from omnicore.blocks import BlockLoop
 
         name = "transformer" if self.transformer is not None else "transformer_ref"

@@ -178,3 +178,30 @@ def test_combined_deployment_runs_ref2va_uncached(combined, caplog):
             combined.host = None
     assert "Ref2VA requests on this deployment run without TeaCache" in caplog.text
     assert "runs without TeaCache" in caplog.text
+
+
+def test_combined_deployment_adaln_cache_covers_fl2va_and_leaves_ref2va_direct(combined):
+    """The core's method holds one controller (the FL2VA DiT's): Ref2VA batches run the direct projections and
+    still equal their uncached run; FL2VA batches get the tables."""
+    from _h3_helpers import image, reference, request, run
+    from omnicore.cache.adaln_schedule import apply_adaln_schedule
+
+    ref2va = request(num_inference_steps=2, extra={}, inputs=(reference("image", image(320, 256)),))
+    _, (plain,) = run(combined, ref2va)
+    host = PluginHost(Settings(), autoload=False)
+    combined.host = host
+    handle = apply_adaln_schedule(combined, {"offload_weights": True})
+    try:
+        def hooked(req):
+            state = combined.encode([combined.preprocess(req)])
+            for step in range(state.num_steps):
+                state = host.pm.hook.omnicore_denoise(pipeline=combined, state=state, step=step)
+            return combined.decode(state)[0]
+
+        assert same(hooked(ref2va), plain)
+        assert combined.transformer_ref.adaln.cache is None
+        hooked(request(num_inference_steps=2))
+        assert combined.transformer.adaln.cache is not None
+    finally:
+        handle.remove()
+        combined.host = None
