@@ -113,15 +113,16 @@ class PrefixKVPool:
         values = [torch.cat([b.values[i] for b in blocks]) for i in range(layers)]
         return keys, values
 
-    def gather_rows(self, rows: Sequence[Sequence[str]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, ``(k, v)`` of shape ``[len(rows), n * block_size, Hkv, D]`` for pinned blocks (every row
-        lists ``n`` hashes), copied once into fresh tensors."""
+    def gather_rows(self, rows: Sequence[Sequence[str]], capacity: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, ``(k, v)`` of shape ``[len(rows), max(n * block_size, capacity), Hkv, D]`` whose first
+        ``n * block_size`` positions are the pinned blocks (every row lists ``n`` hashes), copied once."""
         first = self._blocks[rows[0][0]]
         n, bs = len(rows[0]), self.block_size
+        size = max(n * bs, capacity)
         out = []
         for i, (k0, v0) in enumerate(zip(first.keys, first.values)):
-            k = k0.new_empty(len(rows), n * bs, *k0.shape[1:])
-            v = v0.new_empty(len(rows), n * bs, *v0.shape[1:])
+            k = k0.new_empty(len(rows), size, *k0.shape[1:])
+            v = v0.new_empty(len(rows), size, *v0.shape[1:])
             for r, hashes in enumerate(rows):
                 for j, h in enumerate(hashes):
                     block = self._blocks[h]

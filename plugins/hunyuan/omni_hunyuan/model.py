@@ -30,7 +30,8 @@ from .vae import AutoencoderKLConv3D
 
 @attrs.define
 class PrefixKV:
-    """Per-layer ``(k, v)`` of positions ``[0, length)`` for every CFG row: ``[R, length, Hkv, D]``."""
+    """Per-layer ``(k, v)`` buffers ``[R, capacity, Hkv, D]`` (one row per CFG row) whose first ``length``
+    positions hold the cached prefix; later positions are scratch space the next forward writes in place."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     length: int
@@ -140,8 +141,9 @@ class HunyuanImage3(nn.Module):
     def run_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    spans: Sequence[tuple[int, int]], past: PrefixKV | None, keep: int) -> tuple[torch.Tensor, Any]:
         kept = []
+        start = 0 if past is None else past.length
         for i, layer in enumerate(self.model.layers):
-            hidden, kv = layer(hidden, cos, sin, spans, None if past is None else past.layers[i], keep)
+            hidden, kv = layer(hidden, cos, sin, spans, None if past is None else past.layers[i], start, keep)
             kept.append(kv)
         return hidden, (PrefixKV(kept, keep) if keep > 0 else None)
 

@@ -126,7 +126,11 @@ class Attention(nn.Module):
         self.attend = attend
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Sequence[tuple[int, int]],
-                past: tuple[torch.Tensor, torch.Tensor] | None, keep: int) -> tuple[torch.Tensor, Any]:
+                past: tuple[torch.Tensor, torch.Tensor] | None, start: int, keep: int) -> tuple[torch.Tensor, Any]:
+        """``x`` holds positions ``[start, start + L)``; ``past`` buffers hold valid K/V for ``[0, start)``. When
+        a buffer has room, this call's K/V are written into it in place (positions ``>= start`` only, so a cached
+        prefix is never touched) and attention reads a view: no copy of the prefix per step. Returns the output
+        and, with ``keep > 0``, the full K/V buffers (their first ``keep`` positions are the prefix to keep)."""
         b, length, _ = x.shape
         d = self.head_dim
         q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
@@ -136,9 +140,16 @@ class Attention(nn.Module):
         if self.use_qk_norm:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         if past is not None:
-            k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+            kb, vb = past
+            end = start + length
+            if kb.shape[1] >= end:
+                kb[:, start:end] = k
+                vb[:, start:end] = v
+                k, v = kb[:, :end], vb[:, :end]
+            else:
+                k, v = torch.cat([kb[:, :start], k], dim=1), torch.cat([vb[:, :start], v], dim=1)
         out = self.attend(q, k, v, spans)
-        kept = (k[:, :keep], v[:, :keep]) if keep > 0 else None
+        kept = (k, v) if keep > 0 else None
         return self.o_proj(out.reshape(b, length, self.heads * d)), kept
 
 
@@ -152,8 +163,8 @@ class DecoderLayer(nn.Module):
                                                                                  config.intermediate_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Sequence[tuple[int, int]],
-                past: Any, keep: int) -> tuple[torch.Tensor, Any]:
-        attn, kept = self.self_attn(self.input_layernorm(x), cos, sin, spans, past, keep)
+                past: Any, start: int, keep: int) -> tuple[torch.Tensor, Any]:
+        attn, kept = self.self_attn(self.input_layernorm(x), cos, sin, spans, past, start, keep)
         h = x + attn
         return h + self.mlp(self.post_attention_layernorm(h)), kept
 

@@ -310,7 +310,8 @@ class HunyuanImage3Pipeline(BasePipeline):
         past = None
         try:
             if n > 0:
-                past = PrefixKV(self.pool.gather_rows([h[:n] for h in hashes]), n * self.pool.block_size)
+                past = PrefixKV(self.pool.gather_rows([h[:n] for h in hashes], item["layout"].gen_end),
+                                n * self.pool.block_size)
         finally:
             for h, k in zip(hashes, hits):
                 self.pool.release(h[:k])
@@ -339,7 +340,8 @@ class HunyuanImage3Pipeline(BasePipeline):
                     item["past"] = kept
                 if hashes and self.pool is not None:
                     for r, h in enumerate(hashes):
-                        self.pool.publish(h, [k[r] for k, _ in kept.layers], [v[r] for _, v in kept.layers])
+                        self.pool.publish(h, [k[r, :kept.length] for k, _ in kept.layers],
+                                          [v[r, :kept.length] for _, v in kept.layers])
             elif not self.kv_reuse:
                 item["past"] = None
             if rows == 2:

@@ -184,7 +184,7 @@ def _loop(pipe, req, reuse):
 def test_prompt_kv_reuse_equals_full_recompute_at_every_step(pipe, guidance):
     diffs, past, layout = _loop(pipe, request(guidance_scale=guidance, num_inference_steps=3), reuse=True)
     assert layout.rows == (2 if guidance > 1 else 1)
-    assert past.length == layout.prefix_len and past.layers[0][0].shape[:2] == (layout.rows, layout.prefix_len)
+    assert past.length == layout.prefix_len and past.layers[0][0].shape[:2] == (layout.rows, layout.gen_end)
     assert len(diffs) == 3 and max(diffs) < 1e-4, diffs
 
 
