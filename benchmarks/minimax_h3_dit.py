@@ -13,7 +13,8 @@ hold the very same weights (fp32). Layouts come from diffusers' own layout build
 - ``peak_rss_adaln_offload_*``: peak RSS of the DiT over denoise steps (bf16, H3 proportions, 25 blocks + 1 refiner
   block = the release's 50:2) with the exact-schedule AdaLN cache and ``offload_weights=true`` vs the cache without
   offload (``b``) and vs no cache (``no_cache_value``); measured in a child process as VmHWM over two denoise
-  steps (reset after the schedule is prepared) minus the RSS before the DiT was built; the transient peak while
+  steps (reset after the schedule is prepared) minus the RSS before the DiT was built (after a tiny warm-up forward
+  initialised the math libraries); the transient peak while
   the tables are built (weights still resident) is ``offload_prepare_peak_bytes``. On a CPU device the projection
   weights are spilled to a file. Goal ratio <= 0.62; ``analytic_ratio*`` are the same ratios from parameter and
   table shapes at this config, ``h3_real_ratio*`` at the real size (H 5376, 50 blocks): at reduced width the
@@ -207,6 +208,17 @@ def rss_child(hidden: int, layers: int, refiner: int, steps: int) -> dict:
     req = Request(layout(16, 2, 8, 8, 10), config, 0, 0.3, 0.5)  # ~60 rows: weights dominate, as in serving
     import gc
 
+    from omni_minimax_h3.transformer.config import MiniMaxH3TransformerConfig
+
+    # Initialise the math libraries (GEMM/attention workspaces, thread pools) on a tiny DiT first, so that the
+    # baseline holds them and the numbers below are the DiT's own memory.
+    tiny = MiniMaxH3TransformerConfig.tiny()
+    warm, warm_req = _random_dit(tiny, torch.bfloat16), Request(layout(16, 2, 8, 8, 10), tiny, 0, 0.3, 0.5)
+    warm_batch = warm.pack([warm_req.plan(warm, 1)])
+    warm_ts = warm_batch.step_timesteps([0.3], [0.5])
+    with torch.no_grad():
+        warm(warm_batch, warm_req.video, warm_req.audio, warm_ts.unique_timesteps, warm_ts.inverse_indices)
+    del warm, warm_req, warm_batch, warm_ts
     gc.collect()
     base = _rss_kib("VmRSS")
     dit = _random_dit(config, torch.bfloat16)
