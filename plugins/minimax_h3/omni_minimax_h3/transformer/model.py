@@ -3,9 +3,9 @@
 Compared with a straight port, per request (not per step): the RoPE table and the token-refined text rows
 (:meth:`prepare_request`); per batch: several requests packed into one forward, each its own ``[real | pad]``
 document pair, attention through the packed backend with no O(S²) mask (:meth:`pack`); per step: one fused qkv
-GEMM per block, the AdaLN rows of every packed row gathered once per block by ``timestep_index * 3 + modality``,
-the time embedding or the exact-schedule AdaLN tables (``adaln_step_index``), and the output heads applied to the
-video / audio rows only. Parameter names follow the official checkpoint (``blocks.N.attn.qkv_proj``,
+GEMM per block, a few-row AdaLN table per block (pre-norm weights folded into its scales) whose rows are gathered
+by ``timestep_index * 3 + modality`` where they are used, the time embedding or the exact-schedule AdaLN tables
+(``adaln_step_index``), and the output heads applied to the video / audio rows only. Parameter names follow the official checkpoint (``blocks.N.attn.qkv_proj``,
 ``mlp.fc1`` rows ``[gate | up]``, ...); :mod:`omni_minimax_h3.loader` converts the diffusers layout.
 """
 
