@@ -64,6 +64,14 @@ def _check_forced_attention(spec: ModelSpec, forced: str | None) -> None:
                                  f"{forced!r} cannot apply to it; unset it")
 
 
+def _warn_if_forced_attention_unused(spec: ModelSpec, forced: str | None, requests: int) -> None:
+    """A model that says it honours the backend but asked for none while loading probably ignores it."""
+    if forced and requests == 0:
+        logger.warning("attention backend %r is forced, but model %s asked for no attention backend while loading; "
+                       "it may ignore it (a model that picks its own declares honours_attention_backend=False)",
+                       forced, spec.name)
+
+
 class Engine:
     """Loads a model and serves requests on one background worker thread.
 
@@ -106,7 +114,10 @@ class Engine:
         options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),
                               attention=self._attention, offload=offload, model_options=dict(self.model_options),
                               vae_decode_precision=vae_decode_precision)
+        self._attention_requests = 0
         self.pipeline = load_pipeline(self.resolved, options)
+        _warn_if_forced_attention_unused(self.resolved.spec, self.settings.attention_backend
+                                         or host.settings.attention_backend, self._attention_requests)
         if getattr(self.pipeline, "host", None) is None:
             self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
         self.offload_handles: list[Any] = []
@@ -147,6 +158,7 @@ class Engine:
         return self._worker.is_alive()
 
     def _attention(self, requirement: Any) -> Any:
+        self._attention_requests += 1
         return self.host.select_attention(requirement).load_impl()
 
     # ------------------------------------------------------------------ admission
