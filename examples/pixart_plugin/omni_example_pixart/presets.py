@@ -1,9 +1,9 @@
 """The ``tiny:pixart`` preset: a random-weight PixArt-Sigma checkpoint in the real diffusers layout.
 
 Built from configs (no download): a 2-layer T5 encoder with a small word-piece vocabulary, a 2-layer PixArt
-transformer, a 2-level AutoencoderKL (8 pixels per latent... here 2, so 64 x 64 images are 32 x 32 latents) and
-the DPM-Solver++ scheduler PixArt-Sigma ships with, saved with ``save_pretrained`` so the plugin loads it
-through the same ``PixArtSigmaPipeline.from_pretrained`` as a real checkpoint. It outputs noise.
+transformer, a 2-level AutoencoderKL (2 pixels per latent cell where the real one has 8, so a 64 x 64 image is
+32 x 32 latents) and the DPM-Solver++ scheduler PixArt-Sigma ships with, saved with ``save_pretrained`` so the
+plugin loads it through the same ``PixArtSigmaPipeline.from_pretrained`` as a real checkpoint. It outputs noise.
 """
 
 from __future__ import annotations
