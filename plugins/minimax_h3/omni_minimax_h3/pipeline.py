@@ -33,6 +33,7 @@ from omnicore.cache.adaln_schedule import STATE_STEP_KEY, schedule_key
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
 from omnicore.engine.request import GenerationRequest
 from omnicore.errors import InvalidRequest, PluginError
+from omnicore.offload import materialize
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
 
@@ -290,6 +291,7 @@ class MiniMaxH3Pipeline(BasePipeline):
             raise ValueError("requests in one batch must share a batch key")
         first: ResolvedRequest = reqs[0].extra["h3"]
         dit = self.transformers[first.partition]
+        materialize(dit)  # prepare_request runs DiT modules outside forward: load model-offloaded weights first
         patch = tuple(dit.config.patch_size)
         items: list[Item] = []
         plans, video, audio = [], [], []

@@ -79,7 +79,11 @@ def make_adapter(pipeline: Any) -> Any:
             # an all-zero signal: its relative L1 change is infinite (0 / 0 -> inf), so the rescaled change is
             # inf/nan and never below any threshold -> every step computes
             return torch.zeros(1)
+        from omnicore.offload import materialize
+
+        dit = pipeline.transformers["fl2va"]
+        materialize(dit)  # the probe runs DiT modules outside forward (model offload releases them after it)
         with torch.no_grad():
-            return modulated_input(pipeline.transformers["fl2va"], state, step)
+            return modulated_input(dit, state, step)
 
     return TeaCacheAdapter(extract=extract, coefficients=TEACACHE_COEFFICIENTS, default_threshold=TEACACHE_THRESHOLD)

@@ -205,3 +205,10 @@ def test_combined_deployment_adaln_cache_covers_fl2va_and_leaves_ref2va_direct(c
     finally:
         handle.remove()
         combined.host = None
+
+
+def test_model_offload_is_exact_and_frees_the_dit_between_forwards(settings, reference):
+    with engine(settings, offload="model", cache_methods=[ADALN]) as eng:
+        out = eng.generate("rain on a tin roof", **PARAMS)[0]
+        assert same(out, reference)
+        assert _storage(p for n, p in eng.pipeline.transformer.named_parameters() if "adaln_proj" not in n) == 0
