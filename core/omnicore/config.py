@@ -186,8 +186,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_ttl_s", "OMNICORE_JOB_TTL_S", 7 * 24 * 3600.0, finite_non_negative,
            "Server: seconds a finished job and its files are kept; 0 = forever.", flag="--job-ttl"),
     Option("cors_origins", "OMNICORE_CORS_ORIGINS", (), lambda n, v: tuple(v) if isinstance(v, (list, tuple))
-           else (_parse_names(n, v) or ()), "Server: allowed CORS origins (comma-separated); none by default.", flag="--cors-origin",
-           repeatable=True, metavar="ORIGIN"),
+           else (_parse_names(n, v) or ()), "Server: allowed CORS origins (comma-separated); none by default.",
+           flag="--cors-origin", repeatable=True, metavar="ORIGIN"),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import InvalidRequest
 
-Source = str | os.PathLike[str] | bytes
+Source = str | os.PathLike[str] | bytes | bytearray
 
 #: Default decode caps (a model's :class:`~omnicore.specs.InputRole` or the server may lower them).
 DEFAULT_MAX_FRAMES = 2048
@@ -101,7 +101,7 @@ def sniff_kind(source: Source, *, field: str = "media") -> str:
     try:
         head = _read_head(source)
     except OSError as exc:
-        raise InvalidRequest(field, f"cannot read {os.fspath(source) if not isinstance(source, bytes) else 'the data'}"
+        raise InvalidRequest(field, f"cannot read {'the data' if isinstance(source, (bytes, bytearray)) else os.fspath(source)}"
                                     f": {exc.strerror or exc}") from None
     if image_format(head) is not None:
         return "image"
@@ -203,7 +203,7 @@ def read_video_clip(source: Source, *, field: str = "video", max_frames: int = D
                 _check_duration(field, float(stream.duration * stream.time_base), None, max_duration_s)
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             fps = float(rate) if rate else 0.0
-            frames = []
+            frames: list[np.ndarray] = []
             for frame in container.decode(stream):
                 if len(frames) >= max_frames:
                     raise _reject(field, f"has more than {max_frames} frames")

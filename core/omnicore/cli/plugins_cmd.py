@@ -77,7 +77,7 @@ def _labels(host: PluginHost, kind: str, keys: list[str]) -> list[str]:
     """Registered names as listed: ops as ``op@platform`` (their registry key also names the provider), models
     with their presets."""
     if kind == "model":
-        presets = {}
+        presets: dict[str, list[str]] = {}
         for p in _presets(host):
             presets.setdefault(p["model"], []).append(p["name"])
         return [f"{k} (presets {', '.join(presets[k])})" if presets.get(k) else k for k in keys]

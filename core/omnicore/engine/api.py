@@ -334,6 +334,12 @@ def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (),
                              negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality)
 
 
+def _resolve_once(done: asyncio.Future[None]) -> None:
+    """Complete ``done`` unless it already is (called on the event loop's thread)."""
+    if not done.done():
+        done.set_result(None)
+
+
 class AsyncEngine:
     """asyncio front of an :class:`Engine`: blocking work (preprocess) runs in the loop's executor, results
     and events arrive through futures and queues fed from the worker thread — no model work on the loop."""
@@ -353,7 +359,7 @@ class AsyncEngine:
 
         def on_event(event: ProgressEvent) -> None:
             if event.phase in TERMINAL_PHASES:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+                loop.call_soon_threadsafe(_resolve_once, done)
 
         job.add_listener(on_event)
         try:

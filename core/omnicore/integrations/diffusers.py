@@ -81,6 +81,7 @@ def route_diffusers_attention(model: Any, options: Any) -> int:
         if key not in chosen:
             requirement = AttentionRequirement(platform=options.platform.name, dtype=key[0], head_dim=key[1])
             chosen[key] = SelectedAttention(options.attention(requirement))
-        module.set_processor(chosen[key])
+        processor: Any = chosen[key]  # duck-typed: diffusers calls it like an AttnProcessor
+        module.set_processor(processor)
         routed += 1
     return routed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -47,10 +48,11 @@ def install_tracing(pm: pluggy.PluginManager) -> None:
     _ensure_handler()
     starts: list[float] = []
 
-    def before(hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
+    def before(hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
         starts.append(time.perf_counter())
 
-    def after(outcome: Any, hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
+    def after(outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[pluggy.HookImpl],
+              kwargs: Mapping[str, Any]) -> None:
         elapsed = time.perf_counter() - starts.pop() if starts else float("nan")
         log_call(hook_name, ",".join(impl.plugin_name for impl in hook_impls), elapsed, outcome.exception)
 

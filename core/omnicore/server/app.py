@@ -216,6 +216,7 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
 
     def load() -> None:
         try:
+            assert loader is not None  # create_app checked: exactly one of engine= / loader=
             ctx.attach(loader())
         except BaseException as exc:  # startup failure is reported on /health, not by crashing the listener
             logger.exception("loading the model failed")

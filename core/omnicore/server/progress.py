@@ -1,10 +1,10 @@
 """Job progress as the API reports it (serving-api.md §9): one closed phase enumeration and weighted progress.
 
 The engine emits its own phases (``preprocess`` at admission, then ``encode``, ``denoise``, ``decode``,
-``postprocess``); this module maps them to the API's phases (both vocabularies live in :mod:`omnicore.phases`) and turns them into ``phase_progress`` (the
-fraction done within the current phase, ``None`` where nothing is known) and ``progress``, an integer
-0-99 that is the weighted sum over phases. 100 is reserved for ``completed``, which only the job manager
-sets after the output is written.
+``postprocess``); this module maps them to the API's phases (both vocabularies live in :mod:`omnicore.phases`)
+and turns them into ``phase_progress`` (the fraction done within the current phase, ``None`` where nothing is
+known) and ``progress``, an integer 0-99 that is the weighted sum over phases. 100 is reserved for
+``completed``, which only the job manager sets after the output is written.
 """
 
 from __future__ import annotations

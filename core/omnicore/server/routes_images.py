@@ -213,7 +213,9 @@ async def edits(request: Request) -> Any:
         raise ApiError(400, "too_many_input_images", f"{len(raw)} input images; model {ctx.served.id} accepts at "
                                                      f"most {ctx.served.max_reference_images}", param="image")
     max_px = ctx.settings.max_input_image_pixels
-    images = tuple([await anyio.to_thread.run_sync(lambda d=d: decode_image(d, param="image", max_pixels=max_px))
-                    for d in raw])
+    def decode(data: bytes) -> Any:
+        return decode_image(data, param="image", max_pixels=max_px)
+
+    images = tuple([await anyio.to_thread.run_sync(decode, d) for d in raw])
     dto_plain = ImageGenerationRequest.model_validate(dto.model_dump(exclude={"image_url"}, exclude_unset=True))
     return await _run(request, dto_plain, images, "image.edit")

@@ -96,6 +96,7 @@ def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any) -> 
             out.append((field, decode_image(data, param=field, max_pixels=max_px)))
             continue
         hi, lo = _duration_caps(served, role)
+        clip: Any
         try:
             if kind == "video":
                 clip = read_video_clip(data, field=field, max_frames=MAX_REFERENCE_FRAMES, max_pixels=max_px,

@@ -8,7 +8,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -196,7 +196,7 @@ class ModelPluginConformance:
         serves the next request normally."""
         steps = self.runtime_params()
         events: list[Any] = []
-        submitted, jobs = threading.Event(), []
+        submitted, jobs = threading.Event(), cast(list[Any], [])
 
         def cancel_after_first_step(event: Any) -> None:
             events.append(event)

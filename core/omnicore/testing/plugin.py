@@ -46,8 +46,9 @@ def load_plugin_object(target: str) -> Any:
 def add_to_host(host: PluginHost, target: str, name: str) -> PluginRecord:
     """Register ``target`` under ``name`` (or find its record when it is already registered, e.g. built-ins)."""
     obj = load_plugin_object(target)
-    if host.pm.is_registered(obj):
-        return host.records[host.pm.get_name(obj)]
+    registered = host.pm.get_name(obj) if host.pm.is_registered(obj) else None
+    if registered is not None:
+        return host.records[registered]
     return host.add_plugin(obj, name, value=target)
 
 
@@ -129,8 +130,8 @@ class PluginConformance:
     @pytest.fixture
     def plugin_record(self, plugin_host: PluginHost) -> PluginRecord:
         obj = load_plugin_object(self.plugin_module)
-        name = plugin_host.pm.get_name(obj) if plugin_host.pm.is_registered(obj) else self._name()
-        return plugin_host.records[name]
+        name = plugin_host.pm.get_name(obj) if plugin_host.pm.is_registered(obj) else None
+        return plugin_host.records[name if name is not None else self._name()]
 
     # ------------------------------------------------------------------ checks
     def test_entry_module_is_import_cheap(self) -> None:
