@@ -30,10 +30,9 @@ _IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF
 
 
 def _frames_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) -> None:
-    if not isinstance(value, np.ndarray) or value.dtype != np.uint8 or value.ndim != 4 or value.shape[-1] != 3 \
-            or value.shape[0] < 1:
-        raise ValueError(f"VideoClip.frames must be uint8 [F>=1, H, W, 3], got "
-                         f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}")
+    from .outputs.checks import check_frames  # the one frame check (uint8 [F>=1, H, W, 3]); light: numpy only
+
+    check_frames(value)
 
 
 def _wave_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) -> None:
