@@ -38,11 +38,27 @@ from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
 
 from . import packing
-from .conditions import fit_keyframe, fit_reference_image, stereo_at, to_rgb
+from .conditions import (
+    conditioner_frames,
+    encodable_frames,
+    fit_keyframe,
+    fit_reference_image,
+    stereo_at,
+    to_rgb,
+    video_at_24fps,
+)
 from .plugin import DEFAULTS, MODEL_SPEC
-from .request_rules import SAMPLE_RATE, SEQ_ALIGN, Deployment, MediaSummary, ResolvedRequest, resolve_request
+from .request_rules import (
+    SAMPLE_RATE,
+    SEQ_ALIGN,
+    Deployment,
+    MediaSummary,
+    ResolvedRequest,
+    canvas_for_ratio,
+    resolve_request,
+)
 from .scheduler import euler_step, paired_sigmas, timesteps
-from .text_encoder import H3TextEncoder
+from .text_encoder import H3TextEncoder, VideoCondition
 from .vae import H3AudioVAE, H3VideoVAE
 
 logger = logging.getLogger("omni_minimax_h3")
@@ -63,6 +79,28 @@ class Item:
     layout: Any  # the DiT's RequestLayout
     video_rows: int
     audio_rows: int
+
+
+@attrs.frozen(eq=False)
+class VideoReference:
+    """A decoded ref2va video and its soundtrack (None when the source has no audio stream)."""
+
+    clip: Any  # omnicore.media.VideoClip
+    audio: Any = None  # omnicore.media.AudioClip | None
+
+
+def _soundtrack(source: Any, field: str) -> Any:
+    """The audio stream of a video given as a path or bytes, or None (decoded clips carry no sound)."""
+    import os
+
+    from omnicore.media import read_audio_clip
+
+    if not isinstance(source, (str, bytes, bytearray, os.PathLike)):
+        return None
+    try:
+        return read_audio_clip(source, field=field)
+    except InvalidRequest:
+        return None  # no (decodable) audio stream: the reference conditions on motion alone
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -181,6 +219,7 @@ class MiniMaxH3Pipeline(BasePipeline):
             elif m.kind == "video":
                 summaries.append(MediaSummary(m.kind, m.role, size=(data.frames.shape[2], data.frames.shape[1]),
                                               duration_s=data.duration_s))
+                data = VideoReference(data, _soundtrack(m.data, f"inputs[{i}].data"))
             else:
                 summaries.append(MediaSummary(m.kind, m.role,
                                               duration_s=data.waveform.shape[1] / float(data.sample_rate)))
@@ -197,10 +236,6 @@ class MiniMaxH3Pipeline(BasePipeline):
                                    deployment=self.deployment, default_steps=self.spec.defaults.num_inference_steps,
                                    default_frames=None if self.spec.defaults == DEFAULTS else
                                    self.spec.defaults.num_frames)
-        for i, m in enumerate(media):
-            if summaries[i].kind == "video":
-                raise InvalidRequest(f"inputs[{i}]", "video references are not supported by this build yet; "
-                                                     "use image and audio references")
         seed = request.params.seed if request.params.seed is not None else 42
         params = request.params.with_defaults(
             self.spec.defaults, height=resolved.height, width=resolved.width, num_frames=resolved.num_frames,
@@ -231,10 +266,13 @@ class MiniMaxH3Pipeline(BasePipeline):
                 items.append((f"<Picture {k + 1}>: ", image))
                 visual.append(self.video_vae.encode_condition(np.array(image)[None]))
         elif r.task == "ref2va":
-            counts = {"image": 0, "audio": 0}
+            counts = {"image": 0, "audio": 0, "video": 0}
             for index in r.references:
                 data = media[index]
-                if request.inputs[index].kind == "image":
+                kind = request.inputs[index].kind
+                if kind == "video":
+                    self._video_reference(data, r, counts, items, visual, ref_audio, blocks)
+                elif kind == "image":
                     counts["image"] += 1
                     image = fit_reference_image(data, self.reference_short_edge)
                     items.append((f"<Picture {counts['image']}>: ", image))
@@ -251,6 +289,32 @@ class MiniMaxH3Pipeline(BasePipeline):
                     blocks.append(packing.ReferenceBlock("audio", None, rows.shape[0] // packing.AUDIO_CHANNELS))
         embeds, tags = self.text_encoder.encode(r.prompt, items)
         return {"embeds": embeds, "tags": tags, "visual": visual, "ref_audio": ref_audio, "blocks": blocks}
+
+    def _video_reference(self, ref: VideoReference, r: ResolvedRequest, counts: dict[str, int],
+                         items: list[tuple[str, Any]], visual: list[torch.Tensor], ref_audio: list[torch.Tensor],
+                         blocks: list[packing.ReferenceBlock]) -> None:
+        """One ref2va video: its soundtrack rows first (labelled ``<Audio j>``), then its latents and its
+        conditioner frames (``<Video k>`` with timestamped blocks)."""
+        clip = ref.clip
+        canvas = canvas_for_ratio(clip.frames.shape[2], clip.frames.shape[1],
+                                  short_edge=self.deployment.canvas_short_edge,
+                                  max_pixels=self.deployment.canvas_max_pixels, field="inputs")
+        frames = video_at_24fps(clip.frames, clip.fps, r.num_frames, canvas)
+        audio_latents = 0
+        if ref.audio is not None:
+            counts["audio"] += 1
+            items.append((f"<Audio {counts['audio']}>: ", None))
+            wave = stereo_at(ref.audio.waveform, int(ref.audio.sample_rate), self.audio_vae.sample_rate,
+                             r.num_frames / FPS)
+            rows = self.audio_vae.encode_rows(wave)
+            ref_audio.append(rows)
+            audio_latents = rows.shape[0] // packing.AUDIO_CHANNELS
+        counts["video"] += 1
+        sampled, stamps = conditioner_frames(frames)
+        items.append((f"<Video {counts['video']}>: ", VideoCondition(sampled, stamps)))
+        latents = self.video_vae.encode_condition(frames[:encodable_frames(frames.shape[0])])
+        visual.append(latents)
+        blocks.append(packing.ReferenceBlock("video", tuple(latents.shape[2:5]), audio_latents))
 
     def _layout(self, r: ResolvedRequest, cond: dict[str, Any], patch: tuple[int, int, int]) -> packing.Layout:
         lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio

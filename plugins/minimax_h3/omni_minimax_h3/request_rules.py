@@ -47,6 +47,8 @@ MAX_REFERENCES_TOTAL = 12
 REF_IMAGE_RATIO = (0.4, 2.5)
 REF_IMAGE_SIDES = (256, 5760)
 REF_AUDIO_SECONDS = (2.0, 15.0)
+#: The video VAE encodes a reference's first 17n+5 frames, so one needs at least 22 (on the 24 fps clock).
+MIN_REF_VIDEO_FRAMES = 22
 
 #: Model-specific request fields accepted in ``GenerationRequest.extra`` (anything else is rejected).
 EXTRA_FIELDS = ("task", "aspect_ratio", "duration", "duration_seconds", "flow_shift", "audio_flow_shift",
@@ -296,6 +298,14 @@ def resolve_references(media: Sequence[MediaSummary], num_frames: int) -> tuple[
             if not REF_IMAGE_RATIO[0] <= w / h <= REF_IMAGE_RATIO[1]:
                 raise InvalidRequest(f"inputs[{i}].data", f"reference image aspect (width/height) must be in "
                                                           f"[{REF_IMAGE_RATIO[0]}, {REF_IMAGE_RATIO[1]}], got {w / h:.3f}")
+        if m.kind == "video":
+            if m.duration_s is not None and m.duration_s * FPS < MIN_REF_VIDEO_FRAMES:
+                raise InvalidRequest(f"inputs[{i}].data", f"a reference video needs at least {MIN_REF_VIDEO_FRAMES} "
+                                                          f"frames at {FPS} fps ({MIN_REF_VIDEO_FRAMES / FPS:.2f} s), "
+                                                          f"got {m.duration_s:.2f} s")
+            if m.size is not None and not MIN_ASPECT <= m.size[0] / m.size[1] <= MAX_ASPECT:
+                raise InvalidRequest(f"inputs[{i}].data", f"a reference video must be within 1:4 .. 4:1, got "
+                                                          f"{m.size[0]}x{m.size[1]}")
         if m.kind == "audio" and m.duration_s is not None:
             lo, hi = REF_AUDIO_SECONDS
             if not lo <= m.duration_s <= hi:

@@ -21,11 +21,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+import numpy as np
 import torch
 
 DEFAULT_LAYER = 50
 TEXT_TAG, VIDEO_TAG = 1, 0
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+
+
+@attrs.frozen(eq=False)
+class VideoCondition:
+    """A ref2va video as the conditioner reads it: sampled frames and one timestamp per vision block."""
+
+    frames: list[np.ndarray]
+    timestamps: list[float]
 
 
 class H3TextEncoder:
@@ -44,7 +54,8 @@ class H3TextEncoder:
         self.merge = int(getattr(image_processor, "merge_size", 2)) ** 2
         self.image_token_id = int(model.config.image_token_id)
         self.video_token_id = int(model.config.video_token_id)
-        self._ids = {t: int(tokenizer.convert_tokens_to_ids(t)) for t in (VISION_START, VISION_END, IMAGE_PAD)}
+        self._ids = {t: int(tokenizer.convert_tokens_to_ids(t))
+                     for t in (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)}
 
     @classmethod
     def from_pretrained(cls, text_encoder_dir: Path, tokenizer_dir: Path, processor_dir: Path, *, device: Any,
@@ -81,31 +92,48 @@ class H3TextEncoder:
     def text_ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def vision_block(self, num_tokens: int) -> list[int]:
-        return [self._ids[VISION_START]] + [self._ids[IMAGE_PAD]] * num_tokens + [self._ids[VISION_END]]
+    def vision_block(self, num_tokens: int, pad: str = IMAGE_PAD) -> list[int]:
+        return [self._ids[VISION_START]] + [self._ids[pad]] * num_tokens + [self._ids[VISION_END]]
 
-    def presentation(self, prompt: str, labels: Sequence[tuple[str, int | None]]) -> tuple[list[int], list[int]]:
-        """Token ids and modality tags of ``labels`` (each ``(text, vision tokens or None)``) then the prompt."""
+    def presentation(self, prompt: str, labels: Sequence[tuple[str, Any]]) -> tuple[list[int], list[int]]:
+        """Token ids and modality tags of ``labels`` then the prompt. Each label is ``(text, vision)``: ``vision``
+        None (a label alone), an int (one image block of that many tokens) or ``(tokens_per_block, timestamps)``
+        (a video: one ``"<t seconds>"`` label and block per timestamp)."""
         ids: list[int] = []
         tags: list[int] = []
-        for text, vision in labels:
-            label = self.text_ids(text)
-            ids += label
-            tags += [TEXT_TAG] * len(label)
-            if vision is not None:
-                block = self.vision_block(vision)
-                ids += block
-                tags += [VIDEO_TAG] * len(block)
-        prompt_ids = self.text_ids(prompt)
-        return ids + prompt_ids, tags + [TEXT_TAG] * len(prompt_ids)
+
+        def text(value: str) -> None:
+            part = self.text_ids(value)
+            ids.extend(part)
+            tags.extend([TEXT_TAG] * len(part))
+
+        def block(tokens: int, pad: str) -> None:
+            part = self.vision_block(tokens, pad)
+            ids.extend(part)
+            tags.extend([VIDEO_TAG] * len(part))
+
+        for label, vision in labels:
+            text(label)
+            if isinstance(vision, int):
+                block(vision, IMAGE_PAD)
+            elif vision is not None:
+                per_block, stamps = vision
+                for stamp in stamps:
+                    text(f"<{stamp:.1f} seconds>")  # format() rounds half to even, like the release
+                    block(per_block, VIDEO_PAD)
+        text(prompt)
+        return ids, tags
 
     # ------------------------------------------------------------------------------ encode
     @torch.no_grad()
     def encode(self, prompt: str, items: Sequence[tuple[str, Any]] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """``items``: ``(label, PIL image or None)`` in presentation order (None = a label without vision, e.g.
-        ``"<Audio 1>: "``). Returns the text rows ``[L, text_dim]`` (the conditioner's dtype) and int64 tags ``[L]``.
-        All images go through the image processor in one batch, in order."""
-        images = [img for _, img in items if img is not None]
+        """``items``: ``(label, payload)`` in presentation order; the payload is a PIL image, a
+        :class:`VideoCondition`, or None (a label without vision, e.g. ``"<Audio 1>: "``). Returns the text rows
+        ``[L, text_dim]`` (the conditioner's dtype) and int64 tags ``[L]``. Images go through the image processor
+        in one batch; videos through Qwen3-VL's video layout (:func:`~omni_minimax_h3.conditions.video_pixel_values`)."""
+        from .conditions import video_pixel_values
+
+        images = [p for _, p in items if p is not None and not isinstance(p, VideoCondition)]
         vision: dict[str, Any] = {}
         counts: list[int] = []
         if images:
@@ -114,8 +142,22 @@ class H3TextEncoder:
             counts = [int(g.prod()) // self.merge for g in grid]
             vision = {"pixel_values": processed["pixel_values"].to(self.device, self.model.dtype),
                       "image_grid_thw": grid.to(self.device)}
-        it = iter(counts)
-        labels = [(text, next(it) if img is not None else None) for text, img in items]
+        videos = [video_pixel_values(p.frames) for _, p in items if isinstance(p, VideoCondition)]
+        if videos:
+            vision["pixel_values_videos"] = torch.cat([v for v, _ in videos]).to(self.device, self.model.dtype)
+            vision["video_grid_thw"] = torch.tensor([list(g) for _, g in videos], device=self.device)
+        image_counts, video_grids = iter(counts), iter(g for _, g in videos)
+        labels: list[tuple[str, Any]] = []
+        for text, payload in items:
+            if payload is None:
+                labels.append((text, None))
+            elif isinstance(payload, VideoCondition):
+                gt, gh, gw = next(video_grids)
+                if gt != len(payload.timestamps):
+                    raise ValueError(f"{gt} vision blocks but {len(payload.timestamps)} timestamps")
+                labels.append((text, (gh * gw // self.merge, payload.timestamps)))
+            else:
+                labels.append((text, next(image_counts)))
         ids, tags = self.presentation(prompt, labels)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         mm_types = (input_ids == self.image_token_id).long() + 2 * (input_ids == self.video_token_id).long()

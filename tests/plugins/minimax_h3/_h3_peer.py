@@ -9,12 +9,28 @@ from typing import Any
 import torch
 
 
+class VideoProcessorShim:
+    """Stands in for ``Qwen3VLVideoProcessor`` (torchvision-only in transformers) with the plugin's own pixel
+    layout, so a video-reference parity run checks everything around the pixels (sampling, timestamps,
+    presentation, 24 fps normalisation, VAE and audio encodes, layout) against diffusers."""
+
+    temporal_patch_size = 2
+
+    def __call__(self, videos: list[Any], **kwargs: Any) -> dict[str, Any]:
+        from omni_minimax_h3.conditions import video_pixel_values
+
+        out = [video_pixel_values(list(v)) for v in videos]
+        return {"pixel_values_videos": torch.cat([p for p, _ in out]),
+                "video_grid_thw": torch.tensor([list(g) for _, g in out])}
+
+
 class ProcessorShim:
-    """The two things diffusers' blocks read from a ``Qwen3VLProcessor`` (transformers builds the real one only
-    with torchvision installed): its image processor and the per-token modality ids."""
+    """What diffusers' blocks read from a ``Qwen3VLProcessor`` (transformers builds the real one only with
+    torchvision installed): its image and video processors and the per-token modality ids."""
 
     def __init__(self, image_processor: Any, image_token_id: int, video_token_id: int) -> None:
         self.image_processor = image_processor
+        self.video_processor = VideoProcessorShim()
         self.image_token_id = image_token_id
         self.video_token_id = video_token_id
 

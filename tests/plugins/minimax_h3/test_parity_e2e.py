@@ -72,3 +72,21 @@ def test_ref2va_image_and_audio_references_match_diffusers(combined, peer_ref):
     refs = [MiniMaxH3ImageReference(image=ref_image),
             MiniMaxH3AudioReference(audio=torch.from_numpy(clip.waveform), sample_rate=clip.sample_rate)]
     assert_matches(ours, peer_run(peer_ref, references=refs, height=64, width=128))
+
+
+def test_ref2va_video_reference_with_soundtrack_matches_diffusers(combined, peer_ref, tmp_path):
+    """Everything around Qwen3-VL's video pixels (which both sides take from the plugin, transformers' video
+    processor needing torchvision): 24 fps resampling, conditioner sampling and timestamps, presentation, VAE
+    encode of the first 17n+5 frames, the soundtrack's rows and the layout."""
+    from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ImageReference, MiniMaxH3VideoReference
+    from omnicore.media import read_audio_clip, read_video_clip
+    from test_pipeline import write_reference_video
+
+    path = write_reference_video(tmp_path / "ref.mp4")
+    ref_image = image(320, 256, seed=6)
+    _, (ours,) = run(combined, request(num_frames=FRAMES, duration=None, seed=SEED, extra={},
+                                       inputs=(reference("video", str(path)), reference("image", ref_image))))
+    clip, sound = read_video_clip(str(path)), read_audio_clip(str(path))
+    refs = [MiniMaxH3VideoReference(frames=clip.frames, fps=clip.fps, audio=torch.from_numpy(sound.waveform),
+                                    sample_rate=sound.sample_rate), MiniMaxH3ImageReference(image=ref_image)]
+    assert_matches(ours, peer_run(peer_ref, references=refs, height=64, width=128))

@@ -117,3 +117,55 @@ def test_errors_name_the_field(pipe, combined):
     with pytest.raises(InvalidRequest) as info:
         pipe.preprocess(request(fps=25.0))
     assert info.value.field == "params.fps"
+
+
+def write_reference_video(path, seconds: float = 2.5, fps: int = 12):
+    """An H.264 + mono AAC file (96x64 noise frames at 12 fps, a 330 Hz tone)."""
+    import av
+
+    rng = np.random.default_rng(4)
+    with av.open(str(path), "w") as container:
+        v = container.add_stream("libx264", rate=fps)
+        v.width, v.height, v.pix_fmt = 96, 64, "yuv420p"
+        a = container.add_stream("aac", rate=32000, layout="mono")
+        for i in range(int(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8), format="rgb24")
+            frame.pts = i
+            container.mux(v.encode(frame))
+        container.mux(v.encode(None))
+        t = np.arange(int(32000 * seconds)) / 32000
+        samples = (0.2 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)[None]
+        for start in range(0, samples.shape[1], 1024):
+            frame = av.AudioFrame.from_ndarray(samples[:, start:start + 1024].copy(), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 32000, start
+            container.mux(a.encode(frame))
+        container.mux(a.encode(None))
+    return path
+
+
+def test_ref2va_video_reference_with_its_soundtrack(combined, tmp_path):
+    """A video file with an audio stream: its soundtrack rows come right before its frames (labelled
+    ``<Audio 1>``), the frames go to the VAE (first 17n+5 on the 24 fps clock) and, at 2 fps in blocks of two,
+    to Qwen3-VL as ``<|video_pad|>`` blocks labelled with their time."""
+    from omni_minimax_h3.text_encoder import VideoCondition
+
+    path = write_reference_video(tmp_path / "ref.mp4")
+    seen: list = []
+    encode = combined.text_encoder.encode
+    combined.text_encoder.encode = lambda prompt, items=(): (seen.append(list(items)), encode(prompt, items))[1]
+    try:
+        state, (out,) = run(combined, request(extra={}, inputs=(reference("video", str(path)),)))
+    finally:
+        combined.text_encoder.encode = encode
+    (items,) = seen
+    assert [label for label, _ in items] == ["<Audio 1>: ", "<Video 1>: "]
+    video = items[1][1]
+    assert isinstance(video, VideoCondition) and len(video.frames) == 5 and video.timestamps == [0.25, 1.25, 2.0]
+    layout = state.extras["items"][0].layout
+    # 60 frames on the 24 fps clock -> 56 encodable -> 17 latent frames of 4x6 -> 2x3 rows per frame
+    assert layout.num_condition_video_rows == 17 * 2 * 3
+    from omnicore.media import read_audio_clip
+
+    decoded = read_audio_clip(str(path)).waveform.shape[1]  # 2.5 s plus the AAC codec's padding
+    assert layout.num_condition_audio_rows == 2 * -(-decoded // 800)
+    assert out.frames.shape == (107, 64, 128, 3) and np.isfinite(out.audio).all()

@@ -182,3 +182,14 @@ def test_steps_shifts_pad_and_unknown_fields():
     assert field_of(resolve, extra={"aspect_ratio": "1:1", "cfg_scale": 3}) == "extra.cfg_scale"
     assert field_of(resolve, prompt="   ") == "prompt"
     assert resolve(num_outputs=3).num_outputs == 3
+
+
+def test_ref2va_video_references():
+    video = MediaSummary("video", "reference", size=(320, 180), duration_s=2.0)
+    r = resolve(media=[video, MediaSummary("audio", "reference", duration_s=3.0)], extra={}, deployment=REF2VA)
+    assert r.references == (0, 1)
+    assert field_of(resolve, media=[MediaSummary("video", "reference", size=(320, 180), duration_s=0.5)], extra={},
+                    deployment=REF2VA) == "inputs[0].data"  # under 22 frames at 24 fps
+    assert field_of(resolve, media=[MediaSummary("video", "reference", size=(900, 200), duration_s=2.0)], extra={},
+                    deployment=REF2VA) == "inputs[0].data"  # wider than 4:1
+    assert field_of(resolve, media=[video] * 4, extra={}, deployment=REF2VA) == "inputs[3]"
