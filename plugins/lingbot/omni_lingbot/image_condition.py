@@ -77,7 +77,7 @@ def vlm_image(pixels: torch.Tensor, factor: int) -> Image.Image:
     """The aligned pixels as the vision tower sees them: PIL, smart-resized to multiples of ``factor``."""
     img = to_pil(pixels)
     h, w = smart_resize(img.height, img.width, factor)
-    return img if (h, w) == (img.height, img.width) else img.resize((w, h), Image.BICUBIC)
+    return img if (h, w) == (img.height, img.width) else img.resize((w, h), Image.Resampling.BICUBIC)
 
 
 def apply_clean_prefix(latents: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omnicore.errors import PluginError
@@ -102,7 +102,7 @@ def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.M
     """``dtype`` everywhere except the modules the DiT keeps in float32 (its own ``cast`` policy, §2.4)."""
     if dtype == torch.float32:
         return model.float()
-    return model.cast(dtype)
+    return cast(Any, model).cast(dtype)  # the DiT's own policy (LingBotTransformer.cast)
 
 
 def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtype, attention: Any = None,

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.inputs import check_inputs, resolve_roles
+from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.request import GenerationRequest, MediaInput
 from omnicore.errors import ConfigError, InvalidRequest
 from omnicore.module_hooks import hook_context
@@ -191,6 +191,7 @@ class LingBotPipeline(BasePipeline):
             # the posterior sample comes first from each request's generator (keeps the official RNG order)
             cleans = []
             for r, px, g in zip(reqs, pixels, generators):
+                assert px is not None
                 with self.vae.tiling(plan_of(r).vae_tiling):
                     cleans.append(self.vae.encode(px, g))
             clean = torch.cat(cleans).to(self.device)

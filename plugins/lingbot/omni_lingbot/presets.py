@@ -83,7 +83,11 @@ def build_tokenizer_files(processor_dir: Path) -> dict[str, int]:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    model_max_length=131072)
     fast.save_pretrained(str(processor_dir))
-    return {t: tok.token_to_id(t) for t in QWEN_SPECIAL_TOKENS} | {"__vocab_size__": tok.get_vocab_size()}
+    ids = {t: tok.token_to_id(t) for t in QWEN_SPECIAL_TOKENS}
+    missing = [t for t, i in ids.items() if i is None]
+    if missing:
+        raise RuntimeError(f"the tiny tokenizer lacks {missing}")
+    return {t: int(i) for t, i in ids.items() if i is not None} | {"__vocab_size__": tok.get_vocab_size()}
 
 
 def build_image_processor(processor_dir: Path) -> None:
@@ -122,7 +126,7 @@ def build_vae(vae_dir: Path, seed: int) -> None:
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(**TINY_VAE)
+    vae: Any = AutoencoderKLWan(**TINY_VAE)  # diffusers' model mixins are invisible to mypy
     z = TINY_VAE["z_dim"]
     with torch.no_grad():
         for param in vae.parameters():

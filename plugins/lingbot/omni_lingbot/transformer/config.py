@@ -15,6 +15,14 @@ from omnicore.errors import ConfigError
 _SCORE_FUNCS = ("sigmoid", "softmax")
 
 
+def _int_triple(value: Any) -> tuple[int, int, int]:
+    """``patch_size``: exactly three ints (pf, ph, pw)."""
+    items = _int_tuple(value)
+    if len(items) != 3:
+        raise ConfigError("patch_size", f"must be 3 positive ints (pf, ph, pw), got {items}")
+    return items[0], items[1], items[2]
+
+
 def _int_tuple(value: Any) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f"expected a list of ints, got {value!r}")
@@ -29,7 +37,7 @@ def _opt_int(value: Any) -> int | None:
 class LingBotTransformerConfig:
     """Hyper-parameters of ``LingBotVideoTransformer3DModel`` (keys exactly as in ``config.json``)."""
 
-    patch_size: tuple[int, ...] = attrs.field(default=(1, 2, 2), converter=_int_tuple)
+    patch_size: tuple[int, int, int] = attrs.field(default=(1, 2, 2), converter=_int_triple)
     in_channels: int = attrs.field(default=16, converter=int)
     out_channels: int = attrs.field(default=16, converter=int)
     hidden_size: int = attrs.field(default=2048, converter=int)

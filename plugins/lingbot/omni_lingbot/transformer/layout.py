@@ -54,8 +54,8 @@ class JointLayout:
         o = packed.offsets
         segments = tuple((o[i], o[i + 1]) for i in range(len(lengths)))
         metadata = AttentionMetadata.from_packed(packed, latent_grid=tuple(grid))
-        return cls(tuple(grid), tuple(int(n) for n in text_lengths), packed, positions, token_mask, segments,
-                   metadata)
+        return cls((int(grid[0]), int(grid[1]), int(grid[2])), tuple(int(n) for n in text_lengths), packed,
+                   positions, token_mask, segments, metadata)
 
     @property
     def batch(self) -> int:

@@ -10,7 +10,7 @@ loads with ``strict=True``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omnicore.attention.reference import sdpa_attention
@@ -142,13 +142,14 @@ class LingBotVideoTransformer3DModel(nn.Module):
             list(layout.text_lengths), dim=0)
 
         t_emb = self.time_embedding(timestep)
-        temb6 = linear(self.time_modulation[1], self.time_modulation[0](t_emb)).float()
+        temb6 = linear(cast(nn.Linear, self.time_modulation[1]), self.time_modulation[0](t_emb)).float()
         x = layout.pack(video, texts)
         freqs = metadata.freqs
         for block in self.blocks:
             x = block(x, temb6, layout, freqs, self.attention)
 
-        shift, scale = linear(self.norm_out_modulation[1], self.norm_out_modulation[0](t_emb)).float().chunk(2, dim=-1)
+        modulation = cast(nn.Linear, self.norm_out_modulation[1])
+        shift, scale = linear(modulation, self.norm_out_modulation[0](t_emb)).float().chunk(2, dim=-1)
         vid = layout.video_rows(x)  # [B, Nv, H]
         vid = self.norm_out(vid) * (1 + scale[:, None]) + shift[:, None]
         out = linear(self.proj_out, vid)

@@ -89,6 +89,8 @@ def grouped_linear(
 class MoERouter(nn.Module):
     """Router logits in fp32; ``e_score_correction_bias`` only shifts the *selection* (aux-loss-free balancing)."""
 
+    e_score_correction_bias: torch.Tensor  # a buffer
+
     def __init__(self, hidden: int, num_experts: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
