@@ -382,6 +382,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         extras: dict[str, Any] = {"items": items, "partition": first.partition, "sigmas": (sig_v, sig_a),
                                   "t": (timesteps(sig_v), timesteps(sig_a))}
         self._set_batch(extras, dit, plans)
+        # the whole schedule's time embeddings at once (bitwise what each forward would compute)
+        extras["t_embs"] = dit.schedule_embeddings([s.unique_timesteps for s in extras["steps"]])
         latents = (torch.cat(video).to(self.device), torch.cat(audio).to(self.device))
         return DenoiseState(requests=reqs, num_steps=int(sig_v.numel()) - 1, latents=latents,
                             timesteps=extras["t"][0], extras=extras)
@@ -402,6 +404,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         extras.update(batch=batch, plans=list(plans), steps=steps, adaln_key=schedule_key(steps),
                       video_target=torch.cat(vt).to(self.device), audio_target=torch.cat(at).to(self.device))
         extras.pop("adaln_schedule", None)  # a new batch composition may have new unique timesteps: re-prepare
+        extras.pop("t_embs", None)  # likewise the precomputed time embeddings (forwards compute their own)
 
     def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
         """Drop cancelled requests: keep their outputs' rows and plans, re-pack the survivors."""
@@ -434,6 +437,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         kwargs: dict[str, Any] = {}
         if STATE_STEP_KEY in ex and dit.adaln is self.adaln_schedule:
             kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]  # (a combined deployment's Ref2VA DiT runs direct)
+        elif "t_embs" in ex:
+            kwargs["time_embedding"] = ex["t_embs"][step]
         video, audio = state.latents
         v, a = dit(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices, **kwargs)
         return v.float(), a.float()
