@@ -40,7 +40,9 @@ def ungroup_qkv(weight: torch.Tensor, kv_heads: int, groups: int, head_dim: int)
     """Grouped ``[(kv, groups + 2, d), H]`` rows -> ``[Q; K; V]``."""
     w = weight.reshape(kv_heads, groups + 2, head_dim, -1)
     q = w[:, :groups].reshape(kv_heads * groups * head_dim, -1)
-    return torch.cat([q, w[:, groups].reshape(kv_heads * head_dim, -1), w[:, groups + 1].reshape(kv_heads * head_dim, -1)])
+    k = w[:, groups].reshape(kv_heads * head_dim, -1)
+    v = w[:, groups + 1].reshape(kv_heads * head_dim, -1)
+    return torch.cat([q, k, v])
 
 
 def group_qkv(weight: torch.Tensor, kv_heads: int, groups: int, head_dim: int) -> torch.Tensor:

@@ -59,24 +59,28 @@ class StackedExperts(nn.Module):
             nn.init.normal_(w, std=1.0 / math.sqrt(w.shape[-1]))
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]``; ``experts``/``weights`` ``[T, k]``: the weighted sum of each token's experts."""
-        out = torch.zeros_like(x)
+        """``x [T, H]``; ``experts``/``weights`` ``[T, k]``: the weighted sum of each token's experts.
+
+        Token copies are sorted by expert (one matmul pair per active expert on a contiguous slice), then put
+        back in (token, slot) order with a gather and summed over the slots: no atomic scatter-adds, so the
+        result does not depend on thread scheduling."""
+        tokens, k = experts.shape
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
         counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
-        token_of = order // experts.shape[1]
-        weight_of = weights.reshape(-1)[order]
+        xs = x[order // k]
+        ys = torch.empty_like(xs)
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
                 continue
-            tok = token_of[start:start + n]
-            xe = x[tok]
-            he = F.silu(xe @ self.w_gate[e].t()) * (xe @ self.w_up[e].t())
-            ye = he @ self.w_down[e].t()
-            out.index_add_(0, tok, ye * weight_of[start:start + n, None].to(ye.dtype))
+            xe = xs[start:start + n]
+            ys[start:start + n] = (F.silu(xe @ self.w_gate[e].t()) * (xe @ self.w_up[e].t())) @ self.w_down[e].t()
             start += n
-        return out
+        y = ys[inverse].reshape(tokens, k, -1) * weights[..., None].to(ys.dtype)
+        return y.sum(dim=1)
 
 
 class MoE(nn.Module):

@@ -371,8 +371,8 @@ class HunyuanImage3Pipeline(BasePipeline):
                     image = self.model.vae.decode(latents)[0].float()
             pixels = (image.permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             metrics = {"kv_pool_hit_tokens": float(item["pool_hit_tokens"])}
-            outputs.append(Output(kind="image", frames=np.ascontiguousarray(pixels[None]), request_id=request.request_id,
-                                  index=0, seed=request.params.seed, metrics=metrics))
+            outputs.append(Output(kind="image", frames=np.ascontiguousarray(pixels[None]),
+                                  request_id=request.request_id, index=0, seed=request.params.seed, metrics=metrics))
         return outputs
 
     def kv_pool_stats(self) -> dict[str, int]:
