@@ -10,6 +10,9 @@ base 256) with a ~600-token prompt and a 256x256 image (256 image tokens): promp
 issue asks; and the tiny preset's shape with the same prompt.
 
 Goal: wall ``ratio <= 0.5``. Run: ``python benchmarks/hunyuan_kv_reuse.py [--reps N] [--threads 2]``.
+On a shared, overloaded host prefer ``--threads 1``: with 2 threads, OpenMP spin-waiting under contention
+dominated the many small ops of these models (the same arm varied 5x from run to run); one thread measures
+the work itself.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ the whole sequence. ``hit_tokens`` / ``miss_tokens`` show what each found. Model
 (hidden 256, 4 MoE layers), a ~600-token prompt and a 256x256 image (256 image tokens).
 
 Goal: wall ``ratio <= 0.5``. Run: ``python benchmarks/hunyuan_prefix_pool.py [--reps N] [--threads 2]``.
+On a shared, overloaded host prefer ``--threads 1``: with 2 threads, OpenMP spin-waiting under contention
+dominated the many small ops of these models (the same arm varied 5x from run to run); one thread measures
+the work itself.
 """
 
 from __future__ import annotations
