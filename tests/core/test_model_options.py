@@ -25,7 +25,8 @@ def media_engine(cache, model="tiny:toy-media", **kw):
 
 
 @pytest.mark.parametrize(("option", "raw", "value"), [
-    (ModelOption("a", "bool"), "yes", True), (ModelOption("a", "bool"), "0", False), (ModelOption("a", "bool"), True, True),
+    (ModelOption("a", "bool"), "yes", True), (ModelOption("a", "bool"), "0", False),
+    (ModelOption("a", "bool"), True, True),
     (ModelOption("a", "int"), "12", 12), (ModelOption("a", "int"), 7, 7),
     (ModelOption("a", "float"), "0.25", 0.25), (ModelOption("a", "float"), 2, 2.0),
     (ModelOption("a", "path"), "/x/y", "/x/y"), (ModelOption("a", "str", choices=("k", "v")), "v", "v"),

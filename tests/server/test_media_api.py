@@ -193,3 +193,35 @@ def test_image_edits_use_the_default_image_role(srv, client_for, media):
     assert not np.array_equal(pic, np.asarray(Image.open(io.BytesIO(base64.b64decode(plain)))))
     r = c.post("/v1/images/edits", data={"prompt": "x"}, files=[("image[]", ("a.png", media["png"], "image/png"))] * 4)
     assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_input_images"
+
+
+def test_openai_sdk_sends_a_first_frame(srv, media):
+    openai = pytest.importorskip("openai")
+    import time
+    import warnings
+
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        video = client.videos.create(model="toy-media", prompt="a lamp", input_reference=("a.png", media["png"],
+                                                                                          "image/png"),
+                                     extra_body={"num_frames": 2, "seed": 5})
+        for _ in range(600):
+            video = client.videos.retrieve(video.id)
+            if video.status in ("completed", "failed"):
+                break
+            time.sleep(0.05)
+        assert video.status == "completed", video
+        data = client.videos.download_content(video.id).read()
+    plain = _frames(httpx_sync(srv, {**BASE}))
+    first = _frames(httpx_sync(srv, {**BASE, "input_reference": {"image_url": _data_url("image/png", media["png"])}}))
+    assert np.array_equal(_frames(data), first) and not np.array_equal(first, plain)
+
+
+def httpx_sync(srv, body):
+    import httpx
+
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = c.post("/v1/videos/sync", json=body)
+    assert r.status_code == 200, r.text
+    return r.content

@@ -2,9 +2,9 @@
 
 :func:`check_request` gives role-less inputs the model's default role for their kind, then checks each input's
 role, kind, count (per role and in total) and duration, the outputs asked for (modalities, output type, outputs
-per request) and an explicit fps against the declared range. It is pure and idempotent, so a model's ``preprocess`` may call
-it too (for callers that bypass the engine). Model-specific rules (which combination selects which task) stay in
-the model's ``preprocess``.
+per request) and an explicit fps against the declared range. It is pure and idempotent, so a model's
+``preprocess`` may call it too (for callers that bypass the engine). Model-specific rules (which combination
+selects which task) stay in the model's ``preprocess``.
 """
 
 from __future__ import annotations
