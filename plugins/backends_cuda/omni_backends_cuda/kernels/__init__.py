@@ -1,0 +1,1 @@
+"""Triton kernels (import triton; loaded only through the op table or the attention backend)."""
