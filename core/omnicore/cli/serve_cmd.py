@@ -92,7 +92,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
         return Engine(model, host=host, settings=settings, **kwargs)
 
     app = create_app(settings=ss, loader=loader, model_arg=model)
-    config = uvicorn_config(app, host=ss.host, port=ss.port, read_timeout_s=getattr(ss, "read_timeout_s", 30.0),
+    config = uvicorn_config(app, host=ss.host, port=ss.port, read_timeout_s=ss.read_timeout_s,
                             shutdown_grace_s=ss.shutdown_grace_s)  # header timeout, quiet /health polls
     server = DrainingServer(config, app.state.ctx)
     base = f"http://{ss.host if ':' not in ss.host else f'[{ss.host}]'}:{ss.port}"
