@@ -55,8 +55,9 @@ def test_the_dit_routes_its_elementwise_math_through_the_bound_ops(pipe):
         bind_ops(model, ref)
     assert torch.equal(before, after)  # same math, routed through the table
     depth = model.config.depth
-    assert table.calls["modulate"] == 2 * depth and table.calls["gated_residual"] == 2 * depth
-    assert table.calls["rms_norm"] >= 6 * depth  # norm1/2, post-attn/ffn, q/k per block
+    assert table.calls["modulate"] == depth and table.calls["gated_residual"] == depth
+    assert table.calls["gated_residual_norm_modulate"] == depth  # attention residual + norm2 + FFN modulation
+    assert table.calls["rms_norm"] >= 5 * depth  # norm1, post-attn/ffn, q/k per block
     assert table.calls["swiglu"] >= 1
 
 
@@ -89,3 +90,18 @@ def test_a_backend_kernel_is_used_where_it_applies_and_eager_elsewhere(engines, 
     assert diff.max() <= 2
     _, (reference,) = run(pipe, request(PROMPT, **PARAMS))  # the pipeline on an unbound (eager) platform
     assert np.array_equal(eager.frames, reference.frames)
+
+
+@pytest.mark.parametrize("lengths, pad", [((5,), 1), ((5, 3), 1), ((5, 3), 8)])
+def test_fused_residual_norm_modulate_equals_the_three_steps_bitwise(lengths, pad):
+    from omni_lingbot.transformer.layout import JointLayout
+
+    layout = JointLayout.build((1, 2, 2), lengths, torch.device("cpu"), pad)
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(layout.total, 16, generator=g) for _ in range(2))
+    gate, shift, scale = (torch.randn(len(lengths), 16, generator=g) for _ in range(3))
+    weight = torch.randn(16, generator=g)
+    want_x = layout.gated_add(x, gate, y)
+    want_h = layout.modulate(ref.rms_norm(want_x, weight, 1e-6), shift, scale)
+    got_x, got_h = layout.gated_add_norm_modulate(x, gate, y, shift, scale, weight, 1e-6)
+    assert torch.equal(got_x, want_x) and torch.equal(got_h, want_h)

@@ -41,7 +41,7 @@ def build_ffn(config: LingBotTransformerConfig, index: int) -> nn.Module:
 
 
 class LingBotBlock(nn.Module):
-    ops: Any = eager_ops  # platform ops (``modulate``, ``gated_residual``); see norm.bind_ops
+    ops: Any = eager_ops  # platform ops (modulate, gated residual, their fused form); see norm.bind_ops
 
     def __init__(self, config: LingBotTransformerConfig, index: int) -> None:
         super().__init__()
@@ -68,7 +68,7 @@ class LingBotBlock(nn.Module):
         ops = self.ops
         h = layout.modulate(self.norm1(x), shift_msa, scale_msa, ops)
         attn = self.norm_post_attn(self.attn(h, freqs, layout.attention, attention))
-        x = layout.gated_add(x, torch.tanh(gate_msa), attn, ops)
-        h = layout.modulate(self.norm2(x), shift_mlp, scale_mlp, ops)
+        x, h = layout.gated_add_norm_modulate(x, torch.tanh(gate_msa), attn, shift_mlp, scale_mlp, self.norm2.weight,
+                                              self.norm2.eps, ops)  # = modulate(norm2(gated_add(...))), fusable
         ffn = self.norm_post_ffn(self.ffn(h, layout.token_mask))
         return layout.gated_add(x, torch.tanh(gate_mlp), ffn, ops)

@@ -107,3 +107,31 @@ class JointLayout:
         if self.total > valid:
             parts.append(x[valid:])
         return torch.cat(parts, dim=0)
+
+    def gated_add_norm_modulate(
+        self,
+        x: torch.Tensor,
+        gate: torch.Tensor,
+        y: torch.Tensor,
+        shift: torch.Tensor,
+        scale: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        ops: Any = eager_ops,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`gated_add` then :meth:`modulate` of its RMSNorm (``weight``, ``eps``), in one platform op
+        (``gated_residual_norm_modulate``, what fused AdaLN kernels implement); returns ``(x_new, modulated)``."""
+        if self._single:
+            return ops.gated_residual_norm_modulate(x, y.to(x.dtype), gate, shift, scale, eps, norm="rms",
+                                                    weight=weight)
+        xs, hs = [], []
+        for i, (s, e) in enumerate(self.segments):
+            xi, hi = ops.gated_residual_norm_modulate(x[s:e], y[s:e].to(x.dtype), gate[i], shift[i], scale[i], eps,
+                                                      norm="rms", weight=weight)
+            xs.append(xi)
+            hs.append(hi)
+        valid = self.packed.valid_length
+        if self.total > valid:
+            xs.append(x[valid:])
+            hs.append(x.new_zeros(self.total - valid, x.shape[-1], dtype=hs[0].dtype))
+        return torch.cat(xs, dim=0), torch.cat(hs, dim=0)
