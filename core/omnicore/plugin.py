@@ -85,6 +85,11 @@ _LAZY: dict[str, str] = {
     "OP_NAMES": "omnicore.ops.names:OP_NAMES",
     "ops": "omnicore.ops",  # the eager references (omnicore.ops.rms_norm ...); models call options.platform.ops
     "CacheHandle": "omnicore.hookspecs:CacheHandle",
+    # -- request-gated VAE fast paths and the decode precision (seed-contracts §7) -----------------------------
+    "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
+    "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
+    "install_fast_path": "omnicore.vae_fast_paths:install_fast_path",
+    "apply_decode_precision": "omnicore.vae_fast_paths:apply_decode_precision",
     # -- wrapping diffusers models ---------------------------------------------------------------------------
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
 }

@@ -34,6 +34,8 @@ PUBLIC_NAMES = frozenset({
     # backends
     "Platform", "PackedSequence", "sdpa_attention", "AttentionMetadata", "AttentionSpan", "OpSpec", "OP_NAMES", "ops",
     "CacheHandle",
+    # request-gated VAE fast paths, decode precision
+    "FastPathGate", "fast_path_gate", "install_fast_path", "apply_decode_precision",
     # wrapping diffusers
     "route_diffusers_attention",
 })

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled
+from ..vae_fast_paths import request_fast_paths
 from .cancellation import cancel_scope
 from .jobs import Job
 
@@ -53,8 +54,9 @@ class BatchRunner:
         members: list[Job] = []
         try:
             members = [j for j in jobs if not self._cancel_if_requested(j)]
-            if members:
-                self._run(members)
+            if members:  # VAE fast-path gates on iff the batch asks for quality "high" (seed-contracts §7.1)
+                with request_fast_paths(self.pipeline, {j.request.quality for j in members}):
+                    self._run(members)
         except Exception as exc:
             logger.exception("batch of %d request(s) failed", len(members))
             for job in members:

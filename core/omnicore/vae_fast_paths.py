@@ -1,0 +1,175 @@
+"""Request-gated VAE fast paths and the VAE decode precision (seed-contracts §7).
+
+A model plugin installs fast versions of some VAE modules (fused GroupNorm+SiLU, fused Wan RMSNorm+SiLU ...,
+usually calling ``options.platform.ops``) with :func:`install_fast_path`. Each VAE carries one
+:class:`FastPathGate`, off by default: with the gate off every installed module runs its original forward, so the
+decode is bit-exact to the unmodified VAE; with it on the fast forward runs (approximate within the kernel's
+tolerance). The engine's batch runner enters :func:`request_fast_paths` around each batch: the gate of
+``pipeline.vae`` (and of anything ``pipeline.fast_path_gates()`` returns) is on **iff** the batch's requests ask
+for ``quality == "high"``, and a batch never mixes quality levels. Gates nest: leaving restores the previous state.
+
+Installation adds no parameter, buffer or submodule (parameter names and the state dict are unchanged) and is
+idempotent. While ``torch.compile`` traces, installed modules always take their original forward.
+
+:func:`apply_decode_precision` casts only the decoder side of a VAE (``decoder`` and ``post_quant_conv``) to the
+``vae_decode_precision`` dtype and feeds it latents in that dtype; the encoder side stays as loaded.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+_GATE_ATTR = "_omnicore_fast_path_gate"
+_INSTALLED_ATTR = "_omnicore_fast_path"
+_PRECISION_ATTR = "_omnicore_decode_precision"
+FAST_QUALITY = "high"
+
+
+class FastPathGate:
+    """On/off switch of one VAE's fast paths (``enabled`` is False until a gate context turns it on)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"FastPathGate(enabled={self.enabled})"
+
+    @contextlib.contextmanager
+    def __call__(self, enabled: bool) -> Iterator[FastPathGate]:
+        """Set the gate for the ``with`` body and restore the previous state on exit (nesting works)."""
+        with self._lock:
+            previous, self.enabled = self.enabled, bool(enabled)
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self.enabled = previous
+
+
+def fast_path_gate(owner: Any, *, create: bool = True) -> FastPathGate | None:
+    """The gate registered on ``owner`` (a VAE), made on first use unless ``create`` is False."""
+    gate = owner.__dict__.get(_GATE_ATTR) if hasattr(owner, "__dict__") else None
+    if gate is None and create:
+        gate = FastPathGate()
+        object.__setattr__(owner, _GATE_ATTR, gate)  # a plain attribute: never a submodule or state-dict entry
+    return gate
+
+
+def _compiling() -> bool:
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and getattr(compiler, "is_compiling", lambda: False)())
+
+
+def install_fast_path(module: Any, fast_forward: Callable[..., Any], gate: FastPathGate) -> None:
+    """Make ``module`` run ``fast_forward(*args, **kwargs)`` while ``gate`` is on, its own forward otherwise.
+
+    Idempotent (installing again replaces the fast forward and the gate; the original forward is kept once).
+    """
+    installed = module.__dict__.get(_INSTALLED_ATTR)
+    original = installed[0] if installed is not None else module.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if gate.enabled and not _compiling():
+            return fast_forward(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    object.__setattr__(module, _INSTALLED_ATTR, (original, fast_forward, gate))
+    object.__setattr__(module, "forward", forward)
+
+
+def uninstall_fast_path(module: Any) -> None:
+    """Give ``module`` back its own forward."""
+    installed = module.__dict__.pop(_INSTALLED_ATTR, None)
+    if installed is not None:
+        module.__dict__.pop("forward", None)
+
+
+def pipeline_gates(pipeline: Any) -> list[FastPathGate]:
+    """The gates of ``pipeline.vae`` (when one was registered) and of ``pipeline.fast_path_gates()``."""
+    gates: list[FastPathGate] = []
+    vae = getattr(pipeline, "vae", None)
+    if vae is not None:
+        gate = fast_path_gate(vae, create=False)
+        if gate is not None:
+            gates.append(gate)
+    extra = getattr(pipeline, "fast_path_gates", None)
+    if callable(extra):
+        gates.extend(g for g in extra() if g not in gates)
+    return gates
+
+
+@contextlib.contextmanager
+def request_fast_paths(pipeline: Any, qualities: str | Iterable[str | None] | None) -> Iterator[bool]:
+    """Around one batch: every gate of ``pipeline`` on iff the batch's quality is ``"high"``; yields that.
+
+    ``qualities`` is the batch's quality or the set of its requests' qualities; more than one level raises
+    ``RuntimeError`` (the scheduler never forms such a batch)."""
+    levels = {qualities} if qualities is None or isinstance(qualities, str) else set(qualities)
+    if len(levels) > 1:
+        raise RuntimeError(f"cannot mix request quality levels in one batch: {sorted(map(str, levels))}")
+    enabled = levels == {FAST_QUALITY}
+    gates = pipeline_gates(pipeline)
+    with contextlib.ExitStack() as stack:
+        for gate in gates:
+            stack.enter_context(gate(enabled))
+        yield enabled
+
+
+# ---------------------------------------------------------------------------------------------- decode precision
+DECODER_PARTS = ("post_quant_conv", "decoder")
+
+
+def decode_dtype(precision: str | None) -> Any:
+    """The torch dtype of a ``vae_decode_precision`` value (``None`` -> ``None``: keep the VAE's dtype).
+
+    Invalid values are rejected by the core's check (the same rule as ``LoadOptions.vae_decode_precision``)."""
+    import torch
+
+    from .engine.model_options import check_vae_decode_precision
+
+    value = check_vae_decode_precision(precision)
+    return None if value is None else {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[value]
+
+
+def apply_decode_precision(vae: Any, precision: str | None, parts: tuple[str, ...] = DECODER_PARTS) -> Any:
+    """Cast the decoder side of ``vae`` (its ``parts`` that exist) to ``precision`` and cast the latents entering
+    the first of them to that dtype, so ``decode`` of fp32 latents runs and returns in the decode dtype; the
+    encoder side (``encoder``, ``quant_conv``) is untouched. ``None`` changes nothing. Returns the dtype used.
+
+    Applying again replaces the previous setting (one input cast, never two)."""
+    dtype = decode_dtype(precision)
+    previous = vae.__dict__.get(_PRECISION_ATTR)
+    if previous is not None:
+        previous.remove()
+        vae.__dict__.pop(_PRECISION_ATTR, None)
+    if dtype is None:
+        return None
+    present = [getattr(vae, name) for name in parts if getattr(vae, name, None) is not None]
+    if not present:
+        raise AttributeError(f"{type(vae).__name__} has none of the decoder parts {parts}")
+    for module in present:
+        module.to(dtype)
+
+    def cast_inputs(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
+                                                                                        dict[str, Any]]:
+        def cast(a: Any) -> Any:
+            return a.to(dtype) if hasattr(a, "is_floating_point") and a.is_floating_point() else a
+
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    handle = present[0].register_forward_pre_hook(cast_inputs, with_kwargs=True)
+    object.__setattr__(vae, _PRECISION_ATTR, handle)
+    return dtype
+
+
+__all__ = [
+    "FAST_QUALITY", "FastPathGate", "apply_decode_precision", "decode_dtype", "fast_path_gate", "install_fast_path",
+    "pipeline_gates", "request_fast_paths", "uninstall_fast_path",
+]
