@@ -32,7 +32,7 @@ import torch
 from omnicore.cache.adaln_schedule import STATE_STEP_KEY, schedule_key
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
 from omnicore.engine.request import GenerationRequest
-from omnicore.errors import InvalidRequest, PluginError
+from omnicore.errors import ConfigError, InvalidRequest, PluginError
 from omnicore.offload import materialize
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
@@ -165,6 +165,14 @@ class MiniMaxH3Pipeline(BasePipeline):
         if not dirs:
             raise PluginError("minimax_h3", f"{root}: no transformer/ or transformer_ref/ (nor FL2VA/ / Ref2VA/) "
                                             f"partition")
+        wanted = (options.model_options or {}).get("partition")
+        if wanted is not None:
+            parts = ("fl2va", "ref2va") if wanted == "combined" else (wanted,)
+            missing = [p for p in parts if p not in dirs]
+            if missing:
+                raise ConfigError("model_options.partition", f"{root} has no {' / '.join(missing)} partition "
+                                                             f"(it has {', '.join(sorted(dirs))})")
+            dirs = {p: dirs[p] for p in parts}
         vae_dir = shared / "vae" if (shared / "vae").is_dir() else shared / "video_vae"
         for folder in (shared / "text_encoder", vae_dir, shared / "audio_vae"):
             if not folder.is_dir():
@@ -192,7 +200,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         text_encoder = H3TextEncoder.from_pretrained(
             shared / "text_encoder", tokenizer_dir, shared / "processor", device=device, dtype=dtype,
             layer=int(meta.get("text_encoder_layer", 50)))
-        return cls(transformers, text_encoder, H3VideoVAE.from_pretrained(vae_dir, device=device),
+        video_vae = H3VideoVAE.from_pretrained(vae_dir, device=device, precision=options.vae_decode_precision)
+        return cls(transformers, text_encoder, video_vae,
                    H3AudioVAE.from_pretrained(shared / "audio_vae", device=device), deployment, device=device,
                    dtype=dtype, reference_short_edge=int(meta.get("reference_image_short_edge", 2048)), path=root)
 

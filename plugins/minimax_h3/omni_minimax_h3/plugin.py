@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omnicore.hookspecs import hookimpl
-from omnicore.specs import InputRole, ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults
+from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
 
 __version__ = "0.1.0"
 
@@ -70,6 +70,12 @@ PRESETS = (
                defaults=TINY_DEFAULTS),
 )
 
+OPTIONS = (
+    ModelOption("partition", "str", default=None, choices=("fl2va", "ref2va", "combined"),
+                help="which DiT partitions of the repository to load (default: every one present); fl2va serves "
+                     "t2va and fl2va, ref2va serves ref2va, combined both"),
+)
+
 MODEL_SPEC = ModelSpec(
     name="minimax-h3",
     impl="omni_minimax_h3.pipeline:MiniMaxH3Pipeline",
@@ -79,6 +85,7 @@ MODEL_SPEC = ModelSpec(
     capabilities=CAPABILITIES,
     defaults=DEFAULTS,
     presets=PRESETS,
+    options=OPTIONS,
 )
 
 

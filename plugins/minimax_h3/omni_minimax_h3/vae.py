@@ -40,9 +40,16 @@ def _load(cls: Any, folder: Path) -> Any:
     return model.float()
 
 
+_AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 class H3VideoVAE:
-    def __init__(self, vae: Any) -> None:
+    """``precision`` (``LoadOptions.vae_decode_precision``): None/"fp32" decodes in float32 (bit-stable, the
+    parity setting); "fp16"/"bf16" decode under autocast, as the release does on GPUs (fp16)."""
+
+    def __init__(self, vae: Any, precision: str | None = None) -> None:
         self.vae = vae
+        self.autocast = _AUTOCAST.get(precision or "fp32")
         cfg = vae.config
         c = int(cfg.latent_channels)
         self.latent_channels = c
@@ -51,10 +58,10 @@ class H3VideoVAE:
         self.spatial_ratio = int(vae.spatial_compression_ratio)
 
     @classmethod
-    def from_pretrained(cls, folder: Path, *, device: Any) -> H3VideoVAE:
+    def from_pretrained(cls, folder: Path, *, device: Any, precision: str | None = None) -> H3VideoVAE:
         from diffusers import AutoencoderKLMiniMaxH3
 
-        return cls(_load(AutoencoderKLMiniMaxH3, folder).to(device).eval().requires_grad_(False))
+        return cls(_load(AutoencoderKLMiniMaxH3, folder).to(device).eval().requires_grad_(False), precision)
 
     @property
     def device(self) -> torch.device:
@@ -79,7 +86,11 @@ class H3VideoVAE:
         """Normalised ``[1, C, t, h, w]`` -> frames ``[F, H, W, 3]`` float32 in [0, 1]."""
         dev = self.device
         z = latents.to(dev, torch.float32) * self.std.to(dev) + self.mean.to(dev)
-        video = self.vae.decode(z, return_dict=False)[0].float()
+        if self.autocast is None:
+            video = self.vae.decode(z, return_dict=False)[0].float()
+        else:
+            with torch.autocast(dev.type, dtype=self.autocast):
+                video = self.vae.decode(z, return_dict=False)[0].float()
         mean = torch.tensor(PIXEL_MEAN, device=dev).view(1, 3, 1, 1, 1)
         std = torch.tensor(PIXEL_STD, device=dev).view(1, 3, 1, 1, 1)
         video = (video * std + mean).clamp(0, 1)

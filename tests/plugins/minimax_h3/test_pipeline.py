@@ -169,3 +169,22 @@ def test_ref2va_video_reference_with_its_soundtrack(combined, tmp_path):
     decoded = read_audio_clip(str(path)).waveform.shape[1]  # 2.5 s plus the AAC codec's padding
     assert layout.num_condition_audio_rows == 2 * -(-decoded // 800)
     assert out.frames.shape == (107, 64, 128, 3) and np.isfinite(out.audio).all()
+
+
+def test_partition_option_and_vae_precision(tiny_combined_dir, tiny_dir):
+    from _h3_helpers import load
+    from omnicore.errors import ConfigError
+
+    fl2va = load(tiny_combined_dir, model_options={"partition": "fl2va"})
+    assert fl2va.partition == "fl2va" and fl2va.transformer_ref is None
+    with pytest.raises(InvalidRequest) as info:
+        fl2va.preprocess(request(inputs=(reference("image", image(320, 256)),), extra={}))
+    assert info.value.field == "inputs"
+    assert load(tiny_combined_dir, model_options={"partition": "combined"}).partition == "combined"
+    with pytest.raises(ConfigError) as err:
+        load(tiny_dir, model_options={"partition": "ref2va"})  # an FL2VA-only repository
+    assert err.value.name == "model_options.partition"
+    bf16 = load(tiny_combined_dir, model_options={"partition": "fl2va"}, vae_decode_precision="bf16")
+    _, (low,) = run(bf16, request())
+    _, (full,) = run(fl2va, request())
+    assert low.frames.shape == full.frames.shape and np.abs(low.frames.astype(int) - full.frames.astype(int)).max() < 64
