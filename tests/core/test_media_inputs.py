@@ -180,3 +180,35 @@ def test_readers_enforce_caps_and_name_the_field(files):
     assert info.value.field == "--reference" and "not a recognised" in info.value.rule
     with pytest.raises(InvalidRequest, match="cannot read"):
         sniff_kind(files["text"].parent / "missing.png")
+
+
+def test_media_input_load_decodes_every_kind(files):
+    from PIL import Image
+
+    img = MediaInput("image", "reference", str(files["dark"])).load()
+    assert isinstance(img, Image.Image) and img.mode == "RGB" and img.getpixel((0, 0)) == (20, 20, 20)
+    arr = MediaInput("image", None, np.full((4, 6, 3), 7, np.uint8)).load()
+    assert arr.size == (6, 4)
+    assert MediaInput("video", "reference", files["clip"].read_bytes()).load().num_frames == 4
+    assert MediaInput("audio", "reference", str(files["wav"])).load().sample_rate == 8000
+    with pytest.raises(InvalidRequest) as info:
+        MediaInput("image", "reference", np.zeros((4, 4), np.float32)).load(field="inputs[2]")
+    assert info.value.field == "inputs[2]" and "uint8 [H, W, 3]" in info.value.rule
+    with pytest.raises(InvalidRequest, match="more than 100 pixels"):
+        MediaInput("image", "reference", str(files["dark"])).load(max_pixels=100)
+
+
+def test_async_engine_takes_inputs_with_roles(engine, files):
+    import asyncio
+
+    from omnicore.engine.api import AsyncEngine
+
+    async def run():
+        return await AsyncEngine(engine).generate("a lamp", seed=3,
+                                                  inputs=[MediaInput("image", "last_frame", str(files["dark"]))])
+
+    [out] = asyncio.run(run())
+    [same] = engine.generate("a lamp", seed=3, inputs=[MediaInput("image", "last_frame", str(files["dark"]))])
+    assert np.array_equal(out.frames, same.frames)
+    with pytest.raises(InvalidRequest):
+        asyncio.run(AsyncEngine(engine).generate("x", inputs=[MediaInput("audio", "last_frame", "a.wav")]))
