@@ -212,3 +212,20 @@ def test_model_offload_is_exact_and_frees_the_dit_between_forwards(settings, ref
         out = eng.generate("rain on a tin roof", **PARAMS)[0]
         assert same(out, reference)
         assert _storage(p for n, p in eng.pipeline.transformer.named_parameters() if "adaln_proj" not in n) == 0
+
+
+def test_adaln_offload_falls_back_to_direct_when_tables_outgrow_the_weights(settings):
+    """Tables grow with the steps, the weights do not: at 3 steps they are smaller (offloaded, see above), at 24
+    steps of a t2va request larger, so with ``offload_weights`` that request runs the direct projections."""
+    with engine(settings, cache_methods=[ADALN]) as eng:
+        eng.generate("rain on a tin roof", **PARAMS)
+        small = eng.pipeline.adaln_schedule.cache
+        per_step = small.table_bytes / small.steps
+        steps = 24
+        assert steps * per_step >= small.projection_bytes  # this schedule's tables would not save anything
+        out = eng.generate("rain on a tin roof", **{**PARAMS, "num_inference_steps": steps})[0]
+        controller = eng.pipeline.adaln_schedule
+        assert controller.cache is None and all(p.table is None and not p.offloaded for p in controller.projections)
+    with engine(settings) as eng:
+        plain = eng.generate("rain on a tin roof", **{**PARAMS, "num_inference_steps": steps})[0]
+    assert same(out, plain)
