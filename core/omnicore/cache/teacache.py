@@ -16,7 +16,7 @@ uncalibrated model variant, in which case nothing is enabled), or ``config.adapt
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +26,10 @@ from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
 
 METHOD_NAME = "teacache"
 GLOBAL_DEFAULT_THRESHOLD = 0.2
+
+
+def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in value)
 
 
 @attrs.frozen(kw_only=True)
@@ -41,7 +45,7 @@ class TeaCacheAdapter:
     """
 
     extract: Callable[[Any, int], Any]
-    coefficients: tuple[float, ...] = attrs.field(converter=tuple, default=(1.0, 0.0))
+    coefficients: tuple[float, ...] = attrs.field(converter=_float_tuple, default=(1.0, 0.0))
     default_threshold: float | None = None
     residual_base: Callable[[Any, int], Any] | None = None
 

@@ -54,7 +54,7 @@ class TimedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 30.0
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._header_timer: Any = None
         self._arm_header_timer()

@@ -8,7 +8,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -196,7 +196,8 @@ class ModelPluginConformance:
         serves the next request normally."""
         steps = self.runtime_params()
         events: list[Any] = []
-        submitted, jobs = threading.Event(), cast(list[Any], [])
+        submitted = threading.Event()
+        jobs: list[Any] = []
 
         def cancel_after_first_step(event: Any) -> None:
             events.append(event)

@@ -102,7 +102,7 @@ def load_image(value: Any, index: int = 0) -> Image.Image:
         return value if value.mode == "RGB" else value.convert("RGB")
     if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
         try:
-            with Image.open(value) as img:  # type: ignore[arg-type]
+            with Image.open(value) as img:
                 img.load()
                 return img.convert("RGB")
         except (OSError, ValueError) as exc:

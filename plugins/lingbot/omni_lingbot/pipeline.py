@@ -31,7 +31,7 @@ from omnicore.specs import AttentionRequirement
 
 from .image_condition import align_image, apply_clean_prefix, load_image
 from .loader import CheckpointError, load_transformer, read_json
-from .plan import PLAN_KEY, LingBotPlan, plan_of
+from .plan import PLAN_KEY, LingBotPlan, Sampling, caption_of, plan_of
 from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
 from .refiner import refiner_sigmas, start_latents
@@ -160,10 +160,10 @@ class LingBotPipeline(BasePipeline):
 
     # ------------------------------------------------------------------------------------------ encode
     def _sigmas(self, request: GenerationRequest) -> np.ndarray:
-        p, low_noise = request.params, plan_of(request).low_noise
+        s, low_noise = Sampling.of(request), plan_of(request).low_noise
         if low_noise.threshold is not None:
-            return low_noise_sigmas(p.num_inference_steps, p.flow_shift, low_noise.threshold, low_noise.tail_steps)
-        return base_sigmas(p.num_inference_steps, p.flow_shift)
+            return low_noise_sigmas(s.steps, s.shift, low_noise.threshold, low_noise.tail_steps)
+        return base_sigmas(s.steps, s.shift)
 
     @torch.no_grad()
     def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
@@ -176,7 +176,7 @@ class LingBotPipeline(BasePipeline):
             raise ValueError("requests in one batch must share a batch key")
         first = reqs[0]
         plan = plan_of(first)
-        p, mode = first.params, plan.mode
+        p, mode = Sampling.of(first), plan.mode
         vae = self.vae
         latent_shape = (1, vae.z_dim, (p.num_frames - 1) // vae.temporal_ratio + 1, p.height // vae.spatial_ratio,
                         p.width // vae.spatial_ratio)
@@ -200,7 +200,7 @@ class LingBotPipeline(BasePipeline):
         if clean is not None:
             apply_clean_prefix(noise, clean)
 
-        cond_rows = [self.text_encoder.encode(r.prompt, px) for r, px in zip(reqs, pixels)]
+        cond_rows = [self.text_encoder.encode(caption_of(r), px) for r, px in zip(reqs, pixels)]
         extras: dict[str, Any] = {"mode": mode, "clean": clean, "guidance": float(p.guidance_scale),
                                   "use_cfg": use_cfg, "batch_cfg": plan.batch_cfg and use_cfg}
         uncond_rows: list[torch.Tensor] = []

@@ -46,3 +46,33 @@ def plan_of(request: Any) -> LingBotPlan:
     if not isinstance(plan, LingBotPlan):
         raise ValueError("this request was not prepared by LingBotPipeline.preprocess (no LingBotPlan in extra)")
     return plan
+
+
+@attrs.frozen
+class Sampling:
+    """A prepared request's sampling numbers, all filled (``SamplingParams`` keeps them optional)."""
+
+    height: int
+    width: int
+    num_frames: int
+    steps: int
+    guidance_scale: float
+    shift: float
+
+    @classmethod
+    def of(cls, request: Any) -> Sampling:
+        p = request.params
+        values = {"height": p.height, "width": p.width, "num_frames": p.num_frames, "steps": p.num_inference_steps,
+                  "guidance_scale": p.guidance_scale, "shift": p.flow_shift}
+        missing = [k for k, v in values.items() if v is None]
+        if missing:
+            raise ValueError(f"request {request.request_id} reached encode without {missing} (preprocess fills them)")
+        return cls(int(values["height"]), int(values["width"]), int(values["num_frames"]), int(values["steps"]),
+                   float(values["guidance_scale"]), float(values["shift"]))
+
+
+def caption_of(request: Any) -> str:
+    """The caption a prepared request carries as its prompt (preprocess turned any mapping into text)."""
+    if not isinstance(request.prompt, str):
+        raise ValueError("this request was not prepared by LingBotPipeline.preprocess (its prompt is not a caption)")
+    return request.prompt
