@@ -24,6 +24,8 @@ Source = str | os.PathLike[str] | bytes | bytearray
 DEFAULT_MAX_FRAMES = 2048
 DEFAULT_MAX_PIXELS = 50_000_000
 DEFAULT_MAX_DURATION_S = 600.0
+#: All decoded frames together (frames x height x width): ~900 MB of RGB, whatever the frame count and size.
+DEFAULT_MAX_TOTAL_PIXELS = 300_000_000
 
 _IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF87a", "gif"), (b"GIF89a", "gif"),
                 (b"BM", "bmp"))
@@ -182,11 +184,13 @@ def probe_duration(source: Source, kind: str, *, field: str = "media") -> float 
 
 def read_video_clip(source: Source, *, field: str = "video", max_frames: int = DEFAULT_MAX_FRAMES,
                     max_pixels: int = DEFAULT_MAX_PIXELS, max_duration_s: float | None = DEFAULT_MAX_DURATION_S,
-                    min_duration_s: float | None = None) -> VideoClip:
+                    min_duration_s: float | None = None,
+                    max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS) -> VideoClip:
     """Decode the first video stream to RGB uint8 frames (PyAV), refusing what breaks a cap.
 
-    The frame size and declared duration are checked from the header first; frames are counted while decoding,
-    so a file that lies about its length still stops at ``max_frames``.
+    The frame size and declared duration are checked from the header first; frames and their pixels are counted
+    while decoding, so a file that lies about its length or size still stops at ``max_frames`` /
+    ``max_total_pixels`` (all frames together) before it can exhaust memory.
     """
     import av
 
@@ -203,9 +207,15 @@ def read_video_clip(source: Source, *, field: str = "video", max_frames: int = D
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             fps = float(rate) if rate else 0.0
             frames: list[np.ndarray] = []
+            total = 0
             for frame in container.decode(stream):
                 if len(frames) >= max_frames:
                     raise _reject(field, f"has more than {max_frames} frames")
+                if frame.width * frame.height > max_pixels:
+                    raise _reject(field, f"has frames of more than {max_pixels} pixels")
+                total += frame.width * frame.height
+                if total > max_total_pixels:
+                    raise _reject(field, f"decodes to more than {max_total_pixels} pixels in all")
                 frames.append(frame.to_ndarray(format="rgb24"))
     except InvalidRequest:
         raise

@@ -169,6 +169,9 @@ def test_readers_enforce_caps_and_name_the_field(files):
     assert info.value.field == "ref" and "more than 10 frames" in info.value.rule
     with pytest.raises(InvalidRequest, match="more than 100 pixels"):
         read_video_clip(files["clip"], max_pixels=100)
+    with pytest.raises(InvalidRequest, match="more than 3000 pixels in all"):  # 32x32 frames: the third breaks it
+        read_video_clip(files["clip"], max_total_pixels=3000)
+    assert read_video_clip(files["clip"], max_total_pixels=4 * 32 * 32).num_frames == 4
     with pytest.raises(InvalidRequest, match="longer than the limit of 1 s"):
         read_video_clip(files["long"], max_duration_s=1.0)
     with pytest.raises(InvalidRequest, match="shorter than the minimum"):
