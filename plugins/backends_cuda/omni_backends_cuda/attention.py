@@ -54,9 +54,12 @@ def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: A
     if cu_k[-1] > k.shape[0] or k.shape[0] != v.shape[0]:
         raise ValueError(f"cu_seqlens_k[-1]={cu_k[-1]} exceeds the packed key length {k.shape[0]} "
                          f"(or k and v differ: {tuple(k.shape)} vs {tuple(v.shape)})")
-    valid = metadata.valid_kv_length if metadata.valid_kv_length is not None else cu_k[-1]
+    valid = metadata.valid_kv_length
     for i in range(metadata.num_docs):
-        if cu_q[i + 1] > cu_q[i] and min(cu_k[i + 1], max(cu_k[i], valid)) == cu_k[i] and cu_k[i] < valid:
+        if cu_q[i + 1] == cu_q[i]:
+            continue
+        ks, ke = cu_k[i], cu_k[i + 1] if valid is None else min(cu_k[i + 1], max(cu_k[i], valid))
+        if ke == ks and (valid is None or ks < valid):  # a padding document (past valid_kv_length) may have none
             raise ValueError(f"document {i} has {cu_q[i + 1] - cu_q[i]} queries but no keys")
 
 
