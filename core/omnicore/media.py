@@ -102,7 +102,8 @@ def sniff_kind(source: Source, *, field: str = "media") -> str:
     try:
         head = _read_head(source)
     except OSError as exc:
-        raise InvalidRequest(field, f"cannot read {'the data' if isinstance(source, (bytes, bytearray)) else os.fspath(source)}"
+        shown = "the data" if isinstance(source, (bytes, bytearray)) else os.fspath(source)
+        raise InvalidRequest(field, f"cannot read {shown}"
                                     f": {exc.strerror or exc}") from None
     if image_format(head) is not None:
         return "image"

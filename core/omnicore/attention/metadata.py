@@ -114,7 +114,8 @@ class AttentionMetadata:
                                          f"{length} keys")
         if self.latent_grid is not None and (len(self.latent_grid) != 3 or any(
                 type(n) is not int or n <= 0 for n in self.latent_grid)):
-            raise ValueError(f"latent_grid must be three positive ints (frames, height, width), got {self.latent_grid!r}")
+            raise ValueError(f"latent_grid must be three positive ints (frames, height, width), "
+                             f"got {self.latent_grid!r}")
 
     # ------------------------------------------------------------------ views
     @property

@@ -133,7 +133,8 @@ def _version_text() -> str:
     lines = [f"omnicore {__version__} (plugin API {PLUGIN_API_VERSION})"]
     for rec in default_host().records.values():
         if rec.name != "omnicore":
-            lines.append(f"  {rec.name}: {rec.dist} {rec.version}" + ("" if rec.status == LOADED else f" [{rec.status}]"))
+            status = "" if rec.status == LOADED else f" [{rec.status}]"
+            lines.append(f"  {rec.name}: {rec.dist} {rec.version}{status}")
     return "\n".join(lines)
 
 

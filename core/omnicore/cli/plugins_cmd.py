@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     header = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "IMPORT", "REGISTERS")
     rows = [header]
     for rec in records:
-        registers = "; ".join(f"{k}: {', '.join(_labels(host, k, v))}" for k, v in sorted(rec.registered.items())) or "-"
+        registers = "; ".join(f"{k}: {', '.join(_labels(host, k, v))}"
+                              for k, v in sorted(rec.registered.items())) or "-"
         status = rec.status.upper() if rec.status != LOADED else rec.status
         rows.append((rec.name, rec.dist or "-", rec.version or "-", status,
                      f"{rec.import_s * 1000:.1f} ms", registers))

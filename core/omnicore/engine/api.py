@@ -20,12 +20,12 @@ import attrs
 
 from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError, UnsupportedFeature
+from ..offload.policy import OFFLOAD_MODES, apply_offload
 from .inputs import check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
 from .loading import ResolvedModel, load_pipeline, resolve_model
 from .model_options import resolve_model_options
-from ..offload.policy import OFFLOAD_MODES, apply_offload
 from .progress import TERMINAL_PHASES, ProgressEvent
 from .protocol import LoadOptions
 from .request import GenerationRequest, MediaInput, SamplingParams, random_seed

@@ -1,10 +1,11 @@
 """The pipeline protocol every model plugin implements (DESIGN §4) and the state it threads through steps.
 
 The engine calls, per batch: ``encode(requests)`` once (on requests already prepared by ``preprocess``),
-then for each step the ``omnicore_denoise`` hook (whose default runs ``denoise_step`` = ``update(predict(...))``), then ``decode(state)``. Splitting a step
-into ``predict`` (the model evaluation, incl. CFG) and ``update`` (the sampler) lets step caches reuse a
-prediction without knowing the sampler. ``decode`` returns the outputs in request order, ``num_outputs``
-each; the engine fills ``request_id``, ``index``, ``seed`` and ``metrics`` where the pipeline left them unset.
+then for each step the ``omnicore_denoise`` hook (whose default runs ``denoise_step`` =
+``update(predict(...))``), then ``decode(state)``. Splitting a step into ``predict`` (the model evaluation,
+incl. CFG) and ``update`` (the sampler) lets step caches reuse a prediction without knowing the sampler.
+``decode`` returns the outputs in request order, ``num_outputs`` each; the engine fills ``request_id``,
+``index``, ``seed`` and ``metrics`` where the pipeline left them unset.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class LayerwiseOffload:
         self.sets[0].load()  # block 0 is ready for the first forward
 
     def remove(self) -> None:
-        for block, hook in zip(self.blocks, self.hooks):
+        for block in self.blocks[: len(self.hooks)]:
             remove_hook(block, HOOK_NAME)
         self.hooks = []
         for s in self.sets:

@@ -17,7 +17,8 @@ NORMS = ("layer", "rms")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMS normalisation over the last dim, computed in fp32 (statistics and weight multiply), cast back to x's dtype."""
+    """RMS normalisation over the last dim, computed in fp32 (statistics and weight multiply), cast back to x's
+    dtype."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
@@ -95,7 +96,8 @@ def rms_norm_silu(
     eps: float = 1e-12,
     channel_dim: int = 1,
 ) -> torch.Tensor:
-    """Wan-VAE style ``silu(F.normalize(x, dim=channel_dim) * sqrt(C) * gamma + bias)`` (``C = x.shape[channel_dim]``)."""
+    """Wan-VAE style ``silu(F.normalize(x, dim=channel_dim) * sqrt(C) * gamma + bias)``
+    (``C = x.shape[channel_dim]``)."""
     normed = F.normalize(x, dim=channel_dim, eps=eps) * (x.shape[channel_dim] ** 0.5) * gamma
     if bias is not None:
         normed = normed + bias

@@ -95,7 +95,8 @@ class JobManager:
         self._monitor = threading.Thread(target=self._monitor_loop, name="omnicore-monitor", daemon=True)
         self._monitor.start()
         # The server's budget; the engine checks it (with the model's own limits) on the resolved request.
-        self.limits = WorkLimits(max_pixels=settings.max_image_pixels, max_work=getattr(settings, "max_work", 0) or None,
+        self.limits = WorkLimits(max_pixels=settings.max_image_pixels,
+                                 max_work=getattr(settings, "max_work", 0) or None,
                                  source="the server")
 
     # ------------------------------------------------------------------ admission

@@ -94,7 +94,8 @@ class AttentionBackendConformance:
 
         atol, rtol = {**TOLERANCES, **self.tolerances}.get(dtype, (5e-2, 5e-2))
         assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
-        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{what}: {m}")
 
     @staticmethod
     def _reference(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:

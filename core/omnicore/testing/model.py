@@ -138,7 +138,8 @@ class ModelPluginConformance:
             assert isinstance(out, Output)
             assert out.kind in spec.capabilities.outputs, f"{out.kind!r} not in declared {spec.capabilities.outputs}"
             assert out.frames.dtype.name == "uint8" and out.frames.ndim == 4 and out.frames.shape[-1] == 3
-            assert (out.height, out.width) == (height, width), f"output {out.width}x{out.height}, asked {width}x{height}"
+            assert (out.height, out.width) == (height, width), (
+                f"output {out.width}x{out.height}, asked {width}x{height}")
             if out.kind == "video":
                 assert out.fps and out.fps > 0
                 frames = self.params.get("num_frames")
@@ -154,7 +155,8 @@ class ModelPluginConformance:
 
     def test_same_seed_gives_identical_bytes(self, model_engine: Any) -> None:
         first, second = self.run(model_engine), self.run(model_engine)
-        assert output_bytes(first) == output_bytes(second), "same seed, different outputs: generation is not deterministic"
+        assert output_bytes(first) == output_bytes(second), (
+            "same seed, different outputs: generation is not deterministic")
 
     def test_seed_changes_the_output(self, model_engine: Any) -> None:
         a, b = self.run(model_engine), self.run(model_engine, seed=self.seed + 1)

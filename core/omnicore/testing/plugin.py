@@ -212,7 +212,8 @@ class PluginConformance:
         code = (
             "import json\n"
             "from omnicore.testing.plugin import add_to_host, isolated_host\n"
-            f"records = [add_to_host(isolated_host(), {self.plugin_module!r}, {plugin_record.name!r}) for _ in (1, 2)]\n"
+            f"records = [add_to_host(isolated_host(), {self.plugin_module!r}, {plugin_record.name!r})"
+            f" for _ in (1, 2)]\n"
             "print(json.dumps([[r.status, r.error, r.registered] for r in records]))\n"
         )
         first, second = _run_fresh(code)
