@@ -5,6 +5,7 @@ when the platform has no such backend."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -63,14 +64,16 @@ def _error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
 
 
-def test_serve_on_npu_here_fails_before_listening():
-    """Without the NPU plugin "npu" is unknown; with it, the platform is registered but unavailable here."""
-    proc, elapsed = _cli("serve", "tiny:lingbot", "--platform", "npu", "--port", "1")
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu is installed here")
+@pytest.mark.parametrize("command", [("serve", "tiny:lingbot", "--port", "1"),
+                                     ("generate", "tiny:lingbot", "x", "-o", "OUT")])
+def test_npu_here_fails_at_once_with_the_unavailable_reason(command, tmp_path):
+    """omni-plugin-backends-npu registers "npu"; without torch_npu it is unavailable, and saying so is the error."""
+    command = tuple(str(tmp_path / "x.png") if part == "OUT" else part for part in command)
+    proc, elapsed = _cli(*command, "--platform", "npu")
     assert proc.returncode != 0 and elapsed < 5.0, (proc.returncode, elapsed, proc.stderr)
-    (line,) = _error_lines(proc)
-    assert line.startswith(("error: unknown platform 'npu'; known: cpu (from omnicore)",
-                            "error: platform 'npu': unavailable: ")), line
-    assert "listening" not in proc.stderr and proc.stdout == ""
+    assert _error_lines(proc) == ["error: platform 'npu': unavailable: torch_npu not installed"]
+    assert "listening" not in proc.stderr and proc.stdout == "" and not (tmp_path / "x.png").exists()
 
 
 def test_serve_with_an_unknown_platform_names_the_known_ones():
