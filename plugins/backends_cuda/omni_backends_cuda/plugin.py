@@ -54,8 +54,7 @@ def attention_preference() -> tuple[str, ...]:
 
 def plugin_info() -> dict[str, Any]:
     return {"kind": "backend", "api": ">=1.0,<2", "version": __version__, "platforms": [PLATFORM],
-            "attention_backends": [n for n in attention_preference() if n != "sdpa"],
-            "ops": list(FUSED_OPS) if triton_available() else []}
+            "attention_backends": [n for n in attention_preference() if n != "sdpa"]}
 
 
 @hookimpl
