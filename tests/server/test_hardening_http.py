@@ -78,6 +78,11 @@ def test_a_client_that_disconnects_cancels_its_synchronous_request(make_server):
         httpx.post(srv.url + "/v1/videos/sync", json={"prompt": "x", "num_frames": 2, "num_inference_steps": 200},
                    timeout=0.5)
     _wait_for(lambda: engine.stats()["jobs_cancelled"] >= 2, timeout_s=10, what="the sync video to be cancelled")
+    # and for a streamed image request whose client leaves after the first event
+    with httpx.stream("POST", srv.url + "/v1/images/generations", timeout=10,
+                      json={"prompt": "x", "num_inference_steps": 200, "stream": True}) as resp:
+        next(resp.iter_lines())
+    _wait_for(lambda: engine.stats()["jobs_cancelled"] >= 3, timeout_s=10, what="the streamed job to be cancelled")
 
 
 def _raw(srv, data: bytes, read_for_s: float) -> bytes:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.engine.cancellation import cancel_points
 
 
 class LingBotVAE:
@@ -75,5 +76,8 @@ class LingBotVAE:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents ``[B, C, t, h, w]`` → frames ``[B, T, H, W, 3]`` float32 in [0, 1]."""
         z = latents.to(self.device, torch.float32) * self.std.to(self.device) + self.mean.to(self.device)
-        video = self.vae.decode(z).sample.float().clamp(-1.0, 1.0)
+        # diffusers' Wan decoder runs once per latent frame (and per tile when tiled): a cancellation point each
+        # time, so DELETE stops a long video decode within one chunk (omnicore.engine.cancellation)
+        with cancel_points(self.vae.decoder):
+            video = self.vae.decode(z).sample.float().clamp(-1.0, 1.0)
         return ((video + 1.0) / 2.0).permute(0, 2, 3, 4, 1).contiguous()

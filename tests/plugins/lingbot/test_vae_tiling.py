@@ -129,3 +129,25 @@ def test_tiling_is_per_request_in_the_pipeline(pipe):
         with pipe.vae.tiling(tiling):
             frames = pipe.vae.decode(latents)[0]
         assert np.array_equal(out.frames, (frames * 255).round().clamp(0, 255).to(torch.uint8).numpy())
+
+
+# ---------------------------------------------------------------------------------------------- cancellation
+
+
+def test_decode_checks_cancellation_once_per_latent_frame(pipe):
+    """The Wan decoder runs per latent frame; each run is a cancellation point (engine.cancellation), so a
+    cancelled video stops decoding within one chunk instead of after the whole clip."""
+    from omnicore.engine.cancellation import cancel_scope
+    from omnicore.errors import Cancelled
+
+    vae = pipe.vae
+    z = _latent((1, 4, 3, 4, 4), 1)  # three latent frames
+    checks: list[int] = []
+    with cancel_scope(lambda: checks.append(1) or False):
+        vae.decode(z)
+    assert len(checks) == 3, checks  # one check per latent frame
+    checks.clear()
+    with cancel_scope(lambda: checks.append(1) or len(checks) >= 2), pytest.raises(Cancelled):
+        vae.decode(z)  # cancelled before the second frame: stops there
+    assert len(checks) == 2
+    vae.decode(z)  # outside a runner's scope nothing is checked, and the hooks are gone
