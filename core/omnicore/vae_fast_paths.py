@@ -124,6 +124,7 @@ def request_fast_paths(pipeline: Any, qualities: str | Iterable[str | None] | No
 
 # ---------------------------------------------------------------------------------------------- decode precision
 DECODER_PARTS = ("post_quant_conv", "decoder")
+ENCODER_PARTS = ("encoder",)
 
 
 def decode_dtype(precision: str | None) -> Any:
@@ -138,25 +139,7 @@ def decode_dtype(precision: str | None) -> Any:
     return None if value is None else {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[value]
 
 
-def apply_decode_precision(vae: Any, precision: str | None, parts: tuple[str, ...] = DECODER_PARTS) -> Any:
-    """Cast the decoder side of ``vae`` (its ``parts`` that exist) to ``precision`` and cast the latents entering
-    the first of them to that dtype, so ``decode`` of fp32 latents runs and returns in the decode dtype; the
-    encoder side (``encoder``, ``quant_conv``) is untouched. ``None`` changes nothing. Returns the dtype used.
-
-    Applying again replaces the previous setting (one input cast, never two)."""
-    dtype = decode_dtype(precision)
-    previous = vae.__dict__.get(_PRECISION_ATTR)
-    if previous is not None:
-        previous.remove()
-        vae.__dict__.pop(_PRECISION_ATTR, None)
-    if dtype is None:
-        return None
-    present = [getattr(vae, name) for name in parts if getattr(vae, name, None) is not None]
-    if not present:
-        raise AttributeError(f"{type(vae).__name__} has none of the decoder parts {parts}")
-    for module in present:
-        module.to(dtype)
-
+def _input_cast(dtype: Any) -> Callable[..., tuple[tuple[Any, ...], dict[str, Any]]]:
     def cast_inputs(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
                                                                                         dict[str, Any]]:
         def cast(a: Any) -> Any:
@@ -164,8 +147,34 @@ def apply_decode_precision(vae: Any, precision: str | None, parts: tuple[str, ..
 
         return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
 
-    handle = present[0].register_forward_pre_hook(cast_inputs, with_kwargs=True)
-    object.__setattr__(vae, _PRECISION_ATTR, handle)
+    return cast_inputs
+
+
+def apply_decode_precision(vae: Any, precision: str | None, parts: tuple[str, ...] = DECODER_PARTS,
+                           encoder_parts: tuple[str, ...] = ENCODER_PARTS) -> Any:
+    """Cast the decoder side of ``vae`` (its ``parts`` that exist) to ``precision`` and cast the latents entering
+    the first of them to that dtype, so ``decode`` of fp32 latents runs and returns in the decode dtype. The
+    encoder side keeps its dtype and casts what enters it to that dtype (a bf16 image encodes to latents of the
+    encoder's dtype). ``None`` changes nothing. Returns the dtype used.
+
+    Applying again replaces the previous setting (one input cast per part, never two)."""
+    dtype = decode_dtype(precision)
+    for handle in vae.__dict__.pop(_PRECISION_ATTR, ()):
+        handle.remove()
+    if dtype is None:
+        return None
+    present = [getattr(vae, name) for name in parts if getattr(vae, name, None) is not None]
+    if not present:
+        raise AttributeError(f"{type(vae).__name__} has none of the decoder parts {parts}")
+    for module in present:
+        module.to(dtype)
+    handles = [present[0].register_forward_pre_hook(_input_cast(dtype), with_kwargs=True)]
+    for name in encoder_parts:
+        encoder = getattr(vae, name, None)
+        first = next(encoder.parameters(), None) if encoder is not None else None
+        if first is not None:
+            handles.append(encoder.register_forward_pre_hook(_input_cast(first.dtype), with_kwargs=True))
+    object.__setattr__(vae, _PRECISION_ATTR, tuple(handles))
     return dtype
 
 
