@@ -37,7 +37,7 @@ def test_generate_png_matches_the_engine(cli_host, tmp_path, capsys):
     assert rc == 0
     captured = capsys.readouterr()
     assert f"wrote {out}" in captured.out and "seed 5" in captured.out
-    assert "denoise step 3/3" in captured.err and "100% done" in captured.err
+    assert "denoise step 3/3" in captured.err and "[100%] done" in captured.err
     png = np.asarray(Image.open(out).convert("RGB"))
     with Engine("tiny:toy", host=cli_host[0], settings=Settings(cache_dir=str(tmp_path / "cache"))) as engine:
         [ref] = engine.generate("a tiny red house", seed=5, num_inference_steps=3, height=48, width=32)
