@@ -172,7 +172,7 @@ def apply_decode_precision(vae: Any, precision: str | None, parts: tuple[str, ..
     for name in encoder_parts:
         encoder = getattr(vae, name, None)
         first = next(encoder.parameters(), None) if encoder is not None else None
-        if first is not None:
+        if encoder is not None and first is not None:
             handles.append(encoder.register_forward_pre_hook(_input_cast(first.dtype), with_kwargs=True))
     object.__setattr__(vae, _PRECISION_ATTR, tuple(handles))
     return dtype

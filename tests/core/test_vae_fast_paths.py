@@ -148,8 +148,11 @@ def test_while_compiling_the_original_forward_runs(monkeypatch):
 # ---------------------------------------------------------------------------------------------- §7.4
 @pytest.mark.parametrize("bad", ["int8", "fp8", 16, "float"])
 def test_invalid_decode_precisions_are_rejected_naming_the_field(bad):
-    for check in (lambda: apply_decode_precision(ToyVAE(), bad), lambda: LoadOptions(platform=CpuPlatform(), vae_decode_precision=bad)):
-        with pytest.raises(ValueError, match=r"vae_decode_precision.*must be one of.*fp32.*fp16.*bf16.*or None") as info:
+    checks = (lambda: apply_decode_precision(ToyVAE(), bad),
+              lambda: LoadOptions(platform=CpuPlatform(), vae_decode_precision=bad))
+    for check in checks:
+        with pytest.raises(ValueError, match=r"vae_decode_precision.*must be one of.*fp32.*fp16.*bf16.*or None") as \
+                info:
             check()
         assert isinstance(info.value, ConfigError) and repr(bad) in str(info.value)
 

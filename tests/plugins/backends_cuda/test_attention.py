@@ -11,12 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 from _cuda_helpers import CUDA_REASON, DEVICE, PLUGIN, needs_gpu
+from omni_backends_cuda import attention
+from omni_backends_cuda.plugin import flash_attn_available
 from omnicore.attention.metadata import AttentionMetadata
 from omnicore.attention.reference import sdpa_attention
 from omnicore.testing import AttentionBackendConformance
-
-from omni_backends_cuda import attention
-from omni_backends_cuda.plugin import flash_attn_available
 
 
 class TestTritonVarlen(AttentionBackendConformance):

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 import torch
 from _cuda_helpers import DEVICE, PLUGIN, needs_gpu
+from omni_backends_cuda import ops
 from omnicore.ops import reference as ref
 from omnicore.testing import PlatformOpConformance
 from omnicore.testing.ops import Case
-
-from omni_backends_cuda import ops
 
 
 def _t(*shape: int, dtype: Any = torch.float32, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 from _cuda_helpers import CUDA_REASON, PLUGIN, needs_gpu
+from omni_backends_cuda import probe as probe_mod
 from omnicore.errors import PlatformUnavailable
 from omnicore.specs import AttentionRequirement
 from omnicore.testing import PlatformConformance, PluginConformance
 from omnicore.testing.plugin import add_to_host, isolated_host
-
-from omni_backends_cuda import probe as probe_mod
 
 ROOT = Path(__file__).resolve().parents[3]
 no_cuda = pytest.mark.skipif(CUDA_REASON is None, reason="checks the behaviour without a usable CUDA device")
@@ -100,11 +99,10 @@ def test_models_reach_the_fused_kernels_through_the_platform_ops(host, monkeypat
     """LingBot's and MiniMax-H3's RMSNorm modules call ``ops.rms_norm`` of the table they are given; on the cuda
     table that is our kernel (run in the interpreter here), with no import of this plugin in theirs."""
     import torch
-    from omnicore.ops import reference as ref
+    from omni_backends_cuda import ops
     from omni_lingbot.transformer.norm import RMSNorm as LingBotRMSNorm
     from omni_minimax_h3.transformer.attention import RMSNorm as H3RMSNorm
-
-    from omni_backends_cuda import ops
+    from omnicore.ops import reference as ref
 
     calls = []
     real = ops.rms_norm
@@ -158,7 +156,6 @@ def test_forcing_cuda_fails_at_once_with_one_line(command, tmp_path, monkeypatch
 @needs_gpu
 def test_the_platform_serves_streams_events_and_pinned_memory():
     import torch
-
     from omni_backends_cuda.platform import CudaPlatform
 
     plat = CudaPlatform()

@@ -19,7 +19,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, CU_Q, CU_K, qk_scale, valid_kv, group, D, LQ, LK,
+def _attn_fwd(Q, K, V, O, CU_Q, CU_K, qk_scale, valid_kv, group, D, LQ, LK,  # noqa: E741 - Q, K, V, O as in the math
               sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
               VARLEN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):

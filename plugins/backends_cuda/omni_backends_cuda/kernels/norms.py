@@ -46,7 +46,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return out
 
 
-# ---------------------------------------------------------------------------------------------- gated residual + norm + modulate
+# ------------------------------------------------------------------------------- gated residual + norm + modulate
 @triton.jit
 def _grnm_kernel(R, U, G, SH, SC, W, H, M, N, S, D, eps,
                  sgb, sgs, sgd, shb, shs, shd, scb, scs, scd,
@@ -257,5 +257,6 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | flo
         mode = 1 if isinstance(bias, torch.Tensor) else 2 if bias is not None else 0
         _rms_norm_silu_kernel[(n, triton.cdiv(s, block_s))](
             x, gamma.reshape(c), bias.reshape(c) if mode == 1 else x, out, c, s, float(eps), float(c) ** 0.5,
-            float(bias) if mode == 2 else 0.0, sxn, sxc, sxs, syn, syc, sys_, BIAS_MODE=mode, BLOCK_S=block_s, BLOCK_C=block_c)
+            float(bias) if mode == 2 else 0.0, sxn, sxc, sxs, syn, syc, sys_, BIAS_MODE=mode, BLOCK_S=block_s,
+            BLOCK_C=block_c)
     return out
