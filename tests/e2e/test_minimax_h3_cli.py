@@ -29,8 +29,8 @@ def generate(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
         pytest.fail("the `omnicore` console script is not installed next to this interpreter")
     env = {**os.environ, "OMNICORE_CACHE": str(cache), "OMNICORE_PLUGINS": "minimax_h3"}
     env.pop("OMNICORE_DISABLE_PLUGINS", None)
-    return subprocess.run([_SCRIPT, "generate", "tiny:minimax-h3", "rain on a tin roof", *args, "--no-progress"], check=False,
-                          capture_output=True, text=True, env=env, timeout=600)
+    command = [_SCRIPT, "generate", "tiny:minimax-h3", "rain on a tin roof", *args, "--no-progress"]
+    return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_four_seconds_16_9_writes_107_frames_with_stereo_32k_aac(cache, tmp_path):

@@ -7,7 +7,7 @@ Every row gets a float64 ``(t, h, w)`` rotary position:
 - text row ``i``: ``(i, 0, 0)``;
 - a latent frame's spatial grid: per axis ``dim // 2`` points of ``linspace(left, left + r, endpoint=False) * 32``
   with ``r = dim / sqrt(h * w)``, ``left = (1 - r) / 2`` (aspect-normalised, centred);
-- latent frame ``k`` of a clip starting at ``o``: ``o + sum_{j<k} span_j`` with ``span_j = 5/3 · (1, 4, 4, 4, 4)[j % 5]``;
+- latent frame ``k`` of a clip starting at ``o``: ``o + sum_{j<k} span_j``, ``span_j = 5/3 · (1, 4, 4, 4, 4)[j % 5]``;
 - audio rows (channel-major): time ``o + arange(T)`` per channel, no height, width pinned to the first (channel 0) or
   last (channel 1) point of the block's width axis.
 

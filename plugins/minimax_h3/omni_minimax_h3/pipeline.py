@@ -103,6 +103,11 @@ def _soundtrack(source: Any, field: str) -> Any:
         return None  # no (decodable) audio stream: the reference conditions on motion alone
 
 
+def _grid(latents: torch.Tensor) -> tuple[int, int, int]:
+    """The ``(t, h, w)`` latent grid of a ``[1, C, t, h, w]`` condition."""
+    return int(latents.shape[2]), int(latents.shape[3]), int(latents.shape[4])
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -287,7 +292,7 @@ class MiniMaxH3Pipeline(BasePipeline):
                     items.append((f"<Picture {counts['image']}>: ", image))
                     latents = self.video_vae.encode_condition(np.array(image)[None])
                     visual.append(latents)
-                    blocks.append(packing.ReferenceBlock("image", tuple(latents.shape[2:5])))
+                    blocks.append(packing.ReferenceBlock("image", _grid(latents)))
                 else:
                     counts["audio"] += 1
                     items.append((f"<Audio {counts['audio']}>: ", None))
@@ -323,7 +328,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         items.append((f"<Video {counts['video']}>: ", VideoCondition(sampled, stamps)))
         latents = self.video_vae.encode_condition(frames[:encodable_frames(frames.shape[0])])
         visual.append(latents)
-        blocks.append(packing.ReferenceBlock("video", tuple(latents.shape[2:5]), audio_latents))
+        blocks.append(packing.ReferenceBlock("video", _grid(latents), audio_latents))
 
     def _layout(self, r: ResolvedRequest, cond: dict[str, Any], patch: tuple[int, int, int]) -> packing.Layout:
         lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio

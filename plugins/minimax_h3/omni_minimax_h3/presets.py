@@ -88,7 +88,13 @@ def build_tokenizer(target: Path) -> dict[str, int]:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    model_max_length=131072)
     fast.save_pretrained(str(target))
-    return {t: tok.token_to_id(t) for t in QWEN_SPECIAL_TOKENS} | {"__vocab_size__": tok.get_vocab_size()}
+    ids: dict[str, int] = {"__vocab_size__": tok.get_vocab_size()}
+    for token in QWEN_SPECIAL_TOKENS:
+        found = tok.token_to_id(token)
+        if found is None:
+            raise RuntimeError(f"special token {token} was not added to the tiny tokenizer")
+        ids[token] = found
+    return ids
 
 
 def build_processor(tokenizer_dir: Path, processor_dir: Path) -> None:
@@ -131,7 +137,7 @@ def build_transformer(target: Path, seed: int) -> None:
     from diffusers import MiniMaxH3Transformer3DModel
 
     torch.manual_seed(seed)
-    model = MiniMaxH3Transformer3DModel(**TINY_DIT)
+    model: Any = MiniMaxH3Transformer3DModel(**TINY_DIT)
     randomize_(model, seed)
     model.save_pretrained(str(target))
 
@@ -140,10 +146,10 @@ def build_vaes(root: Path, seed: int) -> None:
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
     torch.manual_seed(seed)
-    AutoencoderKLMiniMaxH3(**TINY_VAE).save_pretrained(str(root / "vae"))
+    video: Any = AutoencoderKLMiniMaxH3(**TINY_VAE)
+    video.save_pretrained(str(root / "vae"))
     torch.manual_seed(seed + 1)
-    audio = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE,
-                                        latents_mean=[0.0] * 32, latents_std=[1.0] * 32)
+    audio: Any = AutoencoderKLMiniMaxH3Audio(**TINY_AUDIO_VAE, latents_mean=[0.0] * 32, latents_std=[1.0] * 32)
     audio.save_pretrained(str(root / "audio_vae"))
 
 

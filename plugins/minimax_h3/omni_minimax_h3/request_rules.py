@@ -211,12 +211,13 @@ def explicit_size(params: Any, multiple: int = CANVAS_MULTIPLE) -> tuple[int, in
     if (h is None) != (w is None):
         raise InvalidRequest("params.height" if h is None else "params.width",
                              "height and width must be given together")
-    if h is None:
+    if h is None or w is None:
         return None
     hf, wf = h // multiple * multiple, w // multiple * multiple
     for value, field in ((hf, "params.height"), (wf, "params.width")):
         if value < multiple:
-            raise InvalidRequest(field, f"must be at least {multiple} pixels, got {h if field.endswith('height') else w}")
+            given = h if field.endswith("height") else w
+            raise InvalidRequest(field, f"must be at least {multiple} pixels, got {given}")
     if not MIN_ASPECT <= wf / hf <= MAX_ASPECT:
         raise InvalidRequest("params.width", f"{wf}x{hf} is outside the 1:4 .. 4:1 aspect range")
     return hf, wf
@@ -291,13 +292,14 @@ def resolve_references(media: Sequence[MediaSummary], num_frames: int) -> tuple[
             raise InvalidRequest(f"inputs[{i}]", f"ref2va takes at most {MAX_REFERENCES[m.kind]} {m.kind} references")
         if m.kind == "image" and m.size is not None:
             w, h = m.size
-            lo, hi = REF_IMAGE_SIDES
-            if not (lo <= w <= hi and lo <= h <= hi):
-                raise InvalidRequest(f"inputs[{i}].data", f"reference image sides must be in [{lo}, {hi}] pixels, "
-                                                          f"got {w}x{h}")
+            side_lo, side_hi = REF_IMAGE_SIDES
+            if not (side_lo <= w <= side_hi and side_lo <= h <= side_hi):
+                raise InvalidRequest(f"inputs[{i}].data", f"reference image sides must be in [{side_lo}, {side_hi}] "
+                                                          f"pixels, got {w}x{h}")
             if not REF_IMAGE_RATIO[0] <= w / h <= REF_IMAGE_RATIO[1]:
+                lo_r, hi_r = REF_IMAGE_RATIO
                 raise InvalidRequest(f"inputs[{i}].data", f"reference image aspect (width/height) must be in "
-                                                          f"[{REF_IMAGE_RATIO[0]}, {REF_IMAGE_RATIO[1]}], got {w / h:.3f}")
+                                                          f"[{lo_r}, {hi_r}], got {w / h:.3f}")
         if m.kind == "video":
             if m.duration_s is not None and m.duration_s * FPS < MIN_REF_VIDEO_FRAMES:
                 raise InvalidRequest(f"inputs[{i}].data", f"a reference video needs at least {MIN_REF_VIDEO_FRAMES} "
@@ -366,8 +368,8 @@ def resolve_pad_seq_len(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % SEQ_ALIGN or \
             value > MAX_PAD_SEQ_LEN:
-        raise InvalidRequest("extra.pad_seq_len", f"must be a positive multiple of {SEQ_ALIGN} up to {MAX_PAD_SEQ_LEN}, "
-                                                  f"got {value!r}")
+        raise InvalidRequest("extra.pad_seq_len", f"must be a positive multiple of {SEQ_ALIGN} up to "
+                                                  f"{MAX_PAD_SEQ_LEN}, got {value!r}")
     return value
 
 

@@ -64,7 +64,7 @@ class H3TextEncoder:
         from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
         config = Qwen3VLConfig.from_pretrained(str(text_encoder_dir))
-        text = config.text_config
+        text: Any = config.text_config
         if text.num_hidden_layers < layer:
             raise ValueError(f"{text_encoder_dir}: {text.num_hidden_layers} decoder layers, MiniMax-H3 reads layer "
                              f"{layer}")
@@ -130,7 +130,8 @@ class H3TextEncoder:
         """``items``: ``(label, payload)`` in presentation order; the payload is a PIL image, a
         :class:`VideoCondition`, or None (a label without vision, e.g. ``"<Audio 1>: "``). Returns the text rows
         ``[L, text_dim]`` (the conditioner's dtype) and int64 tags ``[L]``. Images go through the image processor
-        in one batch; videos through Qwen3-VL's video layout (:func:`~omni_minimax_h3.conditions.video_pixel_values`)."""
+        in one batch; videos through Qwen3-VL's video layout
+        (:func:`~omni_minimax_h3.conditions.video_pixel_values`)."""
         from .conditions import video_pixel_values
 
         images = [p for _, p in items if p is not None and not isinstance(p, VideoCondition)]
