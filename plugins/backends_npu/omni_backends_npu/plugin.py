@@ -22,23 +22,23 @@ PLATFORM = "npu"
 DTYPES = ("float16", "bfloat16")
 HEAD_DIMS = (16, 512)
 
-#: name -> (impl, priority, extra capability flags, description)
-BACKENDS: dict[str, tuple[str, int, dict[str, bool], str]] = {
-    "npu_varlen": ("omni_backends_npu.attention:npu_varlen_attention", 30, {},
+#: name -> (impl, priority, executes block-sparse plans, description)
+BACKENDS: dict[str, tuple[str, int, bool, str]] = {
+    "npu_varlen": ("omni_backends_npu.attention:npu_varlen_attention", 30, False,
                    "MindIE-SD TND varlen for [real | pad] packed calls, masked fused_attn_score otherwise"),
-    "npu_laser": ("omni_backends_npu.attention:npu_laser_attention", 20, {},
+    "npu_laser": ("omni_backends_npu.attention:npu_laser_attention", 20, False,
                   "MindIE-SD laser attention: prefix-K/V slice, BNSD, power-of-two laser_input_scale"),
-    "npu_rainfusion": ("omni_backends_npu.attention:npu_rainfusion_attention", 10, {"sparse": True},
+    "npu_rainfusion": ("omni_backends_npu.attention:npu_rainfusion_attention", 10, True,
                        "MindIE-SD rf_v2 block-sparse attention from a RainFusion plan; dense (npu_varlen) "
                        "without one"),
 }
 
 
-def capabilities(platforms: tuple[str, ...] = (PLATFORM,), dtypes: tuple[str, ...] = DTYPES,
-                 **flags: bool) -> AttentionCapabilities:
+def capabilities(platforms: tuple[str, ...] = (PLATFORM,), dtypes: tuple[str, ...] = DTYPES, *,
+                 sparse: bool = False) -> AttentionCapabilities:
     """What every npu backend honours: packed documents, ``[real | pad]`` without a mask, ``valid_kv_length``."""
     return AttentionCapabilities(platforms=platforms, dtypes=dtypes, head_dims=HEAD_DIMS, packed_varlen=True,
-                                 packed_mask_free=True, prefix_kv_slicing=True, **flags)
+                                 packed_mask_free=True, prefix_kv_slicing=True, sparse=sparse)
 
 
 def plugin_info() -> dict[str, Any]:
@@ -61,6 +61,6 @@ def omnicore_register_platforms(register: Callable[[PlatformSpec], None]) -> Non
 
 @hookimpl
 def omnicore_register_attention_backends(register: Callable[[AttentionBackendSpec], None]) -> None:
-    for name, (impl, priority, flags, description) in BACKENDS.items():
-        register(AttentionBackendSpec(name=name, impl=impl, capabilities=capabilities(**flags), priority=priority,
+    for name, (impl, priority, sparse, description) in BACKENDS.items():
+        register(AttentionBackendSpec(name=name, impl=impl, capabilities=capabilities(sparse=sparse), priority=priority,
                                       description=description))

@@ -27,7 +27,8 @@ def _probe_once() -> str | None:
         import torch
         import torch_npu  # noqa: F401  (registers torch.npu)
 
-        count = int(torch.npu.device_count()) if torch.npu.is_available() else 0
+        npu = getattr(torch, "npu")  # noqa: B009 - registered by torch_npu at import
+        count = int(npu.device_count()) if npu.is_available() else 0
     except Exception as exc:  # noqa: BLE001 - a broken driver or CANN install is a reason, never an exception
         first = str(exc).splitlines()[0] if str(exc) else ""
         return f"torch_npu failed to initialise: {type(exc).__name__}: {first}".rstrip(": ")

@@ -213,7 +213,8 @@ class RainFusion:
 
     def describe(self) -> str:
         layers = ",".join(map(str, sorted(self.config.skip_layers))) or "none"
-        return f"RainFusion: sparsity {self.config.sparsity:g}, start step {self.config.start_step}, exempt layers {layers}"
+        return (f"RainFusion: sparsity {self.config.sparsity:g}, start step {self.config.start_step}, "
+                f"exempt layers {layers}")
 
 
 def keep_count(blocks: int, sparsity: float) -> int:

@@ -51,9 +51,10 @@ class CpuSeamBackends:
 
     @hookimpl
     def omnicore_register_attention_backends(self, register: Any) -> None:
-        for name, fn, flags in (("npu_varlen", "npu_varlen_on_cpu", {}), ("npu_laser", "npu_laser_on_cpu", {}),
-                                ("npu_rainfusion", "npu_rainfusion_on_cpu", {"sparse": True})):
+        for name, fn, sparse in (("npu_varlen", "npu_varlen_on_cpu", False), ("npu_laser", "npu_laser_on_cpu", False),
+                                 ("npu_rainfusion", "npu_rainfusion_on_cpu", True)):
             register(AttentionBackendSpec(
                 name=name, impl=f"_npu_helpers:{fn}", priority=0,
-                capabilities=capabilities(platforms=("cpu",), dtypes=("float32", "bfloat16", "float16"), **flags),
+                capabilities=capabilities(platforms=("cpu",), dtypes=("float32", "bfloat16", "float16"),
+                                          sparse=sparse),
                 description=f"{name} on the CPU op seam (tests only)"))

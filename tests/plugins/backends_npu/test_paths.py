@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _npu_helpers import needs_npu
 from omni_backends_npu import seam
 from omni_backends_npu.attention import npu_laser_attention, npu_varlen_attention, packed_mask
 from omni_backends_npu.cpu_reference import CpuReferenceOps
@@ -224,3 +225,35 @@ def test_the_seam_rejects_an_incomplete_ops_object():
     with pytest.raises(TypeError, match="varlen_attention"):
         seam.set_ops(Half())
     assert isinstance(seam.current_ops(), seam.MindIESDOps)
+
+
+def test_laser_input_scale_published_on_the_metadata(ops):
+    """A model may publish ``laser_input_scale`` on its metadata record (MiniMax-H3 documents 256)."""
+    import attrs
+
+    @attrs.frozen(kw_only=True)
+    class ScaledMetadata(AttentionMetadata):
+        laser_input_scale: float | None = None
+
+    md = ScaledMetadata(cu_seqlens_q=(0, 5, 8), max_seqlen_q=5, max_seqlen_k=5, valid_kv_length=5,
+                        laser_input_scale=256)
+    q = rand(8, 2, 4, seed=31)
+    npu_laser_attention(q, q, q, metadata=md)
+    npu_laser_attention(q, q, q, metadata=md, laser_input_scale=4)  # the keyword wins
+    assert [c.kwargs["scale"] for c in ops.calls] == [0.5 * 256 ** 2, 0.5 * 16]
+
+
+@needs_npu
+@pytest.mark.parametrize("backend", [npu_varlen_attention, npu_laser_attention])
+def test_mindiesd_kernels_match_the_reference_on_an_npu(backend):  # pragma: no cover - Ascend machines only
+    """The real MindIE-SD ops (bf16) against the fp32 reference: [real | pad], multi-document and dense calls."""
+    q, k, v = (rand(1024, 8, 128, seed=s).to("npu", torch.bfloat16) for s in (40, 41, 42))
+    md = AttentionMetadata(cu_seqlens_q=(0, 700, 1024), max_seqlen_q=700, max_seqlen_k=700, valid_kv_length=700)
+    for metadata, rows in ((md, 700), (AttentionMetadata(cu_seqlens_q=(0, 300, 1024)), 1024)):
+        out = backend(q, k, v, metadata=metadata, **({"laser_input_scale": 256} if backend is npu_laser_attention
+                                                     else {}))
+        want = sdpa_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), metadata=metadata)
+        torch.testing.assert_close(out[:rows].float().cpu(), want[:rows], atol=3e-2, rtol=3e-2)
+    dense = backend(q[None], k[None], v[None])
+    torch.testing.assert_close(dense.float().cpu(), sdpa_attention(q[None].float().cpu(), k[None].float().cpu(),
+                                                                   v[None].float().cpu()), atol=3e-2, rtol=3e-2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from _npu_helpers import needs_npu
 from omni_backends_npu import seam
 from omni_backends_npu.attention import npu_rainfusion_attention
 from omni_backends_npu.cpu_reference import CpuReferenceOps
@@ -189,3 +190,16 @@ def test_a_plan_that_does_not_cover_the_real_rows_is_an_error(ops):
     q, k, v = _qkv(544, seed=4)
     with pytest.raises(ValueError, match="covers 542 rows"):
         npu_rainfusion_attention(q, k, v, metadata=attrs.evolve(md, sparse_plan=wrong))
+
+
+@needs_npu
+def test_rf_v2_at_zero_sparsity_matches_dense_on_an_npu():  # pragma: no cover - Ascend machines only
+    """§4 accuracy: prefix 384, grid (4, 16, 10) = 640 rows, 1024 total, 4 heads, head dim 128, bf16: mean
+    relative error against dense SDPA below 2e-3."""
+    md = _metadata(384, (4, 16, 10))
+    plan = RainFusion(RainFusionConfig(sparsity=0.0)).plan(md, step=0, layer=0)
+    assert plan is not None and plan.used_len == 1024
+    q, k, v = (t.to("npu", torch.bfloat16) for t in _qkv(1024, heads=4, dim=128, seed=5))
+    out = npu_rainfusion_attention(q, k, v, metadata=attrs.evolve(md, sparse_plan=plan)).float().cpu()
+    want = sdpa_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), metadata=md)
+    assert float((out - want).abs().mean() / want.abs().mean()) < 2e-3
