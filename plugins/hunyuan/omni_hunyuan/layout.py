@@ -8,10 +8,16 @@ Everything is host-side ints, so two layouts compare field by field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 import torch
 
 from .rope import positions_2d
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
 
 
 @attrs.frozen
@@ -163,7 +169,7 @@ class DiffusionKVRequest:
     prefix_len: int
     target_len: int
     seq_len: int
-    block_hashes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    block_hashes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.request_id:

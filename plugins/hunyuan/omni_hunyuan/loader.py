@@ -89,7 +89,7 @@ def iter_checkpoint(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_state(model: nn.Module, root: Path) -> None:
     """Copy the checkpoint under ``root`` into ``model`` (already built from its config), strictly."""
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg: Any = model.config  # the HunyuanImage3 model's config record
     params = dict(model.named_parameters())
     needed: set[str] = set()
     for name, p in params.items():
@@ -167,9 +167,9 @@ def checkpoint_name(internal: str) -> str:
 
 def export_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's parameters under the release names and layouts (inverse of :func:`load_state`)."""
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg: Any = model.config  # the HunyuanImage3 model's config record
     out: dict[str, torch.Tensor] = {}
-    state = dict(model.named_parameters())
+    state: dict[str, torch.Tensor] = dict(model.named_parameters())
     for name, t in state.items():
         t = t.detach().contiguous()
         if _QKV.match(name):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -193,7 +193,8 @@ class TimestepEmbedder(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(freq_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        return self.mlp(timestep_embedding(t, self.freq_dim).to(self.mlp[0].weight.dtype))
+        first = cast(nn.Linear, self.mlp[0])
+        return self.mlp(timestep_embedding(t, self.freq_dim).to(first.weight.dtype))
 
 
 class GroupNorm32(nn.GroupNorm):
@@ -220,7 +221,7 @@ class ResBlock(nn.Module):
         h = self.in_layers(x)
         scale, shift = self.emb_layers(emb)[..., None, None].chunk(2, dim=1)
         h = self.out_layers[0](h) * (1.0 + scale) + shift
-        for layer in self.out_layers[1:]:
+        for layer in cast(nn.Sequential, self.out_layers[1:]):
             h = layer(h)
         return self.skip_connection(x) + h
 

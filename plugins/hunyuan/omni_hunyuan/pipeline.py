@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
+from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.request import MAX_SEED, GenerationRequest
 from omnicore.errors import InvalidRequest, UnsupportedFeature
 from omnicore.outputs.output import Output
@@ -246,7 +246,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         resolved: Resolved = request.extra["hunyuan"]
         if not resolved.images:
             return None
-        gen = torch.Generator(device="cpu").manual_seed(request.params.seed)
+        gen = torch.Generator(device="cpu").manual_seed(output_seeds(request)[0])
         factor = self.config.vae_downsample_factor[0]
         latents, vit = [], []
         for img, sec in zip(resolved.images, layout.cond):
@@ -269,16 +269,19 @@ class HunyuanImage3Pipeline(BasePipeline):
         if not all(r.prepared and "hunyuan" in r.extra for r in reqs):
             raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
         first = reqs[0].params
-        grid = sigmas(first.num_inference_steps, first.flow_shift)
+        steps, shift = first.num_inference_steps, first.flow_shift
+        if steps is None or shift is None:
+            raise ValueError("encode() takes preprocessed requests (steps and shift are filled by preprocess)")
+        grid = sigmas(steps, shift)
         items, latents = [], []
         for r in reqs:
             layout = self.layout_of(r)
-            gen = torch.Generator(device="cpu").manual_seed(r.params.seed)
+            gen = torch.Generator(device="cpu").manual_seed(output_seeds(r)[0])
             latents.append(torch.randn(1, self.config.latent_channels, layout.gen_h, layout.gen_w, generator=gen))
             items.append({"request": r, "layout": layout, "tokens": layout.token_tensor(self.device),
                           "rope": self.model.rope(layout, self.device), "past": None, "cond": None,
                           "cond_ready": False, "pool_hit_tokens": 0})
-        return DenoiseState(requests=reqs, num_steps=first.num_inference_steps,
+        return DenoiseState(requests=reqs, num_steps=steps,
                             latents=torch.cat(latents).to(self.device), timesteps=model_timesteps(grid),
                             extras={"items": items, "sigmas": grid.tolist()})
 
@@ -328,7 +331,8 @@ class HunyuanImage3Pipeline(BasePipeline):
             rows = layout.rows
             lat = state.latents[i:i + 1].expand(rows, -1, -1, -1)
             t = torch.full((rows,), t_value, device=self.device, dtype=torch.float32)
-            past, hashes = item["past"], []
+            past = item["past"]
+            hashes: list[Any] = []
             if past is None:
                 past, hashes = self._pooled_prefix(item)
             needs_cond = past is None or past.length <= (layout.cond[-1].vit_end if layout.cond else -1)

@@ -9,7 +9,7 @@ repeated to ``ffactor_temporal`` frames to encode; decoding a one-frame latent k
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -150,10 +150,10 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
         for level in self.down:
-            for block in level.block:
+            for block in cast(nn.ModuleList, level.block):
                 h = block(h)
             if hasattr(level, "downsample"):
-                h = level.downsample(h)
+                h = cast(nn.Module, level.downsample)(h)
         h = self.mid(h)
         b, c, f, hh, ww = h.shape
         shortcut = h.reshape(b, 2 * self.z_channels, c // (2 * self.z_channels), f, hh, ww).mean(dim=2)
@@ -190,10 +190,10 @@ class Decoder(nn.Module):
         h = self.conv_in(z) + z.repeat_interleave(self.first // self.z_channels, dim=1)
         h = self.mid(h)
         for level in self.up:
-            for block in level.block:
+            for block in cast(nn.ModuleList, level.block):
                 h = block(h)
             if hasattr(level, "upsample"):
-                h = level.upsample(h)
+                h = cast(nn.Module, level.upsample)(h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 

@@ -65,6 +65,7 @@ def vae_pixels(image: Image.Image, width: int, height: int) -> torch.Tensor:
 def make_vit_processor(config: dict[str, Any] | None) -> Any:
     """transformers' SigLIP2 image processor (the PIL backend when torchvision is absent)."""
     fields = {k: v for k, v in (config or {}).items() if k not in ("image_processor_type", "processor_class")}
+    cls: Any
     try:
         from transformers import Siglip2ImageProcessorPil as cls
     except ImportError:  # pragma: no cover - older transformers
