@@ -103,6 +103,8 @@ class ModelCapabilities:
     frame_rule: str | None = None  # for clients, e.g. "4n+1"
     max_steps: int | None = None  # denoise steps per request
     max_pixel_frames: int | None = None  # height x width x frames of one output (a video's total pixels)
+    # parallel dimensions the pipeline implements over a worker group (``--parallel``): "cfg", "ulysses"
+    parallel: tuple[str, ...] = ()
 
     def input_roles(self) -> tuple[InputRole, ...]:
         """The declared roles, or the legacy ``max_reference_images`` as one ``reference`` image role."""

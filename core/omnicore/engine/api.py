@@ -21,6 +21,8 @@ import attrs
 from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError, UnsupportedFeature
 from ..offload.policy import OFFLOAD_MODES, apply_offload
+from ..parallel.config import ParallelConfig
+from ..parallel.launch import start_group
 from .inputs import check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
@@ -85,6 +87,9 @@ class Engine:
     :param model_options: the model's declared deployment options (``omnicore models`` lists them); unknown
         names and bad values are a ``ConfigError`` before loading; undeclared ones get their defaults.
     :param vae_decode_precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` or ``None`` (the model's choice).
+    :param parallel: ``"cfg=2,ulysses=2"`` (or a :class:`~omnicore.parallel.ParallelConfig`): run over that many
+        worker processes on ``torch.distributed`` (see :mod:`omnicore.parallel`); this process is rank 0. Under
+        ``torchrun`` the other ranks serve the group from inside ``Engine(...)`` and exit when it closes.
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """
@@ -92,7 +97,8 @@ class Engine:
     def __init__(self, model: str | os.PathLike[str], *, host: PluginHost | None = None,
                  settings: Settings | None = None, platform: str | Platform | None = None,
                  cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
-                 model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None) -> None:
+                 model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None,
+                 parallel: Any = None) -> None:
         if host is None:
             from ..plugins.host import default_host
 
@@ -115,7 +121,19 @@ class Engine:
                               attention=self._attention, offload=offload, model_options=dict(self.model_options),
                               vae_decode_precision=vae_decode_precision)
         self._attention_requests = 0
-        self.pipeline = load_pipeline(self.resolved, options)
+        self.parallel = ParallelConfig.parse(parallel)
+        self.group = start_group(self.parallel, self.resolved.spec, os.fspath(model), self.platform, self.settings,
+                                 offload=offload, model_options=self.model_options,
+                                 vae_decode_precision=vae_decode_precision, cache_methods=[m for m, _ in methods])
+        options.parallel = self.group.ctx if self.group is not None else None
+        try:
+            self.pipeline = load_pipeline(self.resolved, options)
+        except BaseException as exc:
+            if self.group is not None:
+                self.group.finish_load(exc)  # ends the workers, then raises exc
+            raise
+        if self.group is not None:
+            self.group.finish_load(None)  # every rank loaded, or the group ends and this raises
         _warn_if_forced_attention_unused(self.resolved.spec, self.settings.attention_backend
                                          or host.settings.attention_backend, self._attention_requests)
         if getattr(self.pipeline, "host", None) is None:
@@ -129,6 +147,8 @@ class Engine:
                 self.cache_handles.append(host.enable_cache(self.pipeline, spec, cfg))
         except BaseException:  # leave the host's hooks and the weights as they were
             self._remove_handles()
+            if self.group is not None:
+                self.group.shutdown()
             raise
         caps = self.spec.capabilities
         self.scheduler: Scheduler[Job] = Scheduler(
@@ -136,7 +156,7 @@ class Engine:
             request_batch_max_wait_ms=self.settings.request_batch_max_wait_ms,
             supports_batching=caps.supports_batching)
         self._stats = EngineStats()
-        self._runner = BatchRunner(host, self.pipeline, self.platform, self._stats)
+        self._runner = BatchRunner(host, self.pipeline, self.platform, self._stats, group=self.group)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._running: list[Job] = []
@@ -155,7 +175,7 @@ class Engine:
     @property
     def worker_alive(self) -> bool:
         """Whether the worker thread runs (the server reports ``unhealthy`` and fails jobs when it died)."""
-        return self._worker.is_alive()
+        return self._worker.is_alive() and (self.group is None or self.group.healthy)
 
     def _attention(self, requirement: Any) -> Any:
         self._attention_requests += 1
@@ -300,6 +320,8 @@ class Engine:
         stopped = not self._worker.is_alive()
         if stopped:  # cache methods leave the host's hooks with the engine that enabled them
             self._remove_handles()
+            if self.group is not None:
+                self.group.shutdown()  # every worker process ends (asked, then signalled)
         return stopped
 
     def _remove_handles(self) -> None:

@@ -44,6 +44,9 @@ class LoadOptions:
     offload: str = "none"  # "none" | "model" | "layerwise"
     model_options: Mapping[str, Any] = attrs.field(factory=dict)
     vae_decode_precision: str | None = attrs.field(default=None, converter=_vae_precision)
+    # omnicore.parallel.ParallelContext of this rank when the engine runs over a worker group (``--parallel``);
+    # None in a single-process engine. Models use it only for the dimensions their spec declares (parallel=...).
+    parallel: Any = None
 
 
 @attrs.define(eq=False)

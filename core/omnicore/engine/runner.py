@@ -41,11 +41,15 @@ class EngineStats:
 
 
 class BatchRunner:
-    def __init__(self, host: PluginHost, pipeline: Any, platform: Platform, stats: EngineStats) -> None:
+    def __init__(self, host: PluginHost, pipeline: Any, platform: Platform, stats: EngineStats,
+                 group: Any = None) -> None:
         self.host = host
         self.pipeline = pipeline
         self.platform = platform
         self.stats = stats
+        # rank 0's omnicore.parallel.group.WorkerGroup (``--parallel``): told each batch's plan before every
+        # pipeline call so the workers run the same calls; None in a single-process engine
+        self.group = group
 
     def run(self, jobs: list[Job]) -> None:
         with self.stats.lock:  # counted before any job finishes, so a caller woken by a result sees it
@@ -56,9 +60,15 @@ class BatchRunner:
             members = [j for j in jobs if not self._cancel_if_requested(j)]
             if members:  # VAE fast-path gates on iff the batch asks for quality "high" (seed-contracts §7.1)
                 with request_fast_paths(self.pipeline, {j.request.quality for j in members}):
-                    self._run(members)
+                    try:
+                        self._run(members)
+                    finally:
+                        if self.group is not None:
+                            self.group.end_batch()
         except Exception as exc:
             logger.exception("batch of %d request(s) failed", len(members))
+            if self.group is not None:  # a dead worker becomes one clear error naming the rank
+                exc = self.group.explain(exc)
             for job in members:
                 job.finish("failed", error=exc, on_finish=self._counter("jobs_failed"))
 
@@ -69,6 +79,10 @@ class BatchRunner:
 
     def _counter(self, name: str) -> Callable[[], None]:
         return lambda: self._count(name)
+
+    def _announce(self, kind: str, *args: Any) -> None:
+        if self.group is not None:
+            self.group.announce(kind, *args)
 
     def _cancel_if_requested(self, job: Job) -> bool:
         if job.cancel_requested:
@@ -87,6 +101,7 @@ class BatchRunner:
         for job in members:
             job.emit("encode")
         t = time.perf_counter()
+        self._announce("batch", [j.request for j in members])
         state = pipeline.encode([j.request for j in members])
         platform.synchronize()
         timings["encode_s"] = time.perf_counter() - t
@@ -96,6 +111,7 @@ class BatchRunner:
             state, members = self._drop_cancelled(state, members)
             if all(j.done for j in members):
                 return
+            self._announce("step", step)
             new_state = self.host.denoise(pipeline=pipeline, state=state, step=step)
             if new_state is None:
                 raise RuntimeError(f"omnicore_denoise returned None at step {step}")
@@ -157,6 +173,7 @@ class BatchRunner:
         keep = [i for i, j in enumerate(members) if not j.done]
         if not keep or len(keep) == len(members):
             return state, members
+        self._announce("select", keep)
         shrunk = self.pipeline.select_requests(state, keep)
         if shrunk is None:  # cannot shrink: keep computing the cancelled rows and discard them at the end
             return state, members

@@ -55,6 +55,11 @@ class Platform:
     def empty_cache(self) -> None:
         """Give cached allocator blocks back to the device (after offloading weights)."""
 
+    def dist_backend(self) -> str:
+        """The ``torch.distributed`` backend of a worker group on this platform (``--parallel``): NCCL on CUDA,
+        HCCL on Ascend NPUs, gloo elsewhere. A platform plugin overrides it when its collectives live elsewhere."""
+        return {"cuda": "nccl", "npu": "hccl"}.get(self.device_type, "gloo")
+
     def default_dtype(self) -> Any:
         import torch
 

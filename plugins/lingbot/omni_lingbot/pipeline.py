@@ -27,6 +27,7 @@ from omnicore.engine.request import GenerationRequest, MediaInput
 from omnicore.errors import ConfigError, InvalidRequest
 from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
+from omnicore.parallel.cfg import cfg_branches, data_parallel
 from omnicore.specs import AttentionRequirement
 
 from .image_condition import align_image, apply_clean_prefix, load_image
@@ -63,6 +64,8 @@ class LingBotPipeline(BasePipeline):
     #: Build the DiT's packed layout, RoPE table and text index once per request branch and reuse them every step
     #: (bit-identical either way; off only to measure or to compare against the rebuilding path).
     reuse_forward_metadata: bool = True
+    #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
+    parallel: Any = None
 
     def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
                  scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
@@ -91,6 +94,7 @@ class LingBotPipeline(BasePipeline):
                 raise CheckpointError(root, f"missing the {part}/ folder")
         device = options.platform.device()
         dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
+        parallel = getattr(options, "parallel", None)
 
         def dit(folder: Path) -> Any:
             attention = None
@@ -100,8 +104,11 @@ class LingBotPipeline(BasePipeline):
                 attention = options.attention(AttentionRequirement(
                     platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim,
                     packed_varlen=True))
-            return load_transformer(folder, device=device, dtype=dtype, attention=attention,
-                                    ops=options.platform.ops)
+            model = load_transformer(folder, device=device, dtype=dtype, attention=attention,
+                                     ops=options.platform.ops)
+            if parallel is not None and parallel.ulysses > 1:
+                model.enable_ulysses(parallel)
+            return model
 
         transformer = dit(root / "transformer")
         # loaded eagerly when present: the refiner is a second full DiT, so it adds its whole weight size to the
@@ -119,8 +126,10 @@ class LingBotPipeline(BasePipeline):
                                                           device=device, dtype=dtype, template=prompts.template)
         vae = LingBotVAE.from_pretrained(root / "vae", device=device)
         scheduler_config = read_scheduler_config(root / "scheduler" / "scheduler_config.json")
-        return cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
-                   refiner=refiner, prompts=prompts)
+        pipeline = cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
+                       refiner=refiner, prompts=prompts)
+        pipeline.parallel = parallel
+        return pipeline
 
     # ------------------------------------------------------------------------------------------ admission
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:
@@ -329,9 +338,20 @@ class LingBotPipeline(BasePipeline):
         # the reference rounds the DiT's timestep input per weight dtype (bf16/fp16: sigma and the product)
         t = model_timestep(state.timesteps[step], self.dtype).to(self.device).expand(n)
         refining = ex.get("phase") == "refiner"
+        par = self.parallel
         if not ex["use_cfg"]:
+            if par is not None and par.cfg > 1:  # no second branch: CFG ranks split the batch instead
+                embeds, mask = ex["cond"]
+                split = data_parallel(par, n, lambda rows: self._forward(
+                    ex, "cond.rows", latents[rows], t[rows], (embeds[rows], mask[rows]), refining))
+                if split is not None:
+                    return split
             return self._forward(ex, "cond", latents, t, ex["cond"], refining)
-        if ex["batch_cfg"]:
+        if par is not None and par.cfg > 1:  # CFG-parallel: one branch per CFG rank, predictions exchanged
+            v_cond, v_uncond = cfg_branches(par, [
+                lambda: self._forward(ex, "cond", latents, t, ex["cond"], refining),
+                lambda: self._forward(ex, "uncond", latents, t, ex["uncond"], refining)])
+        elif ex["batch_cfg"]:
             both = self._forward(ex, "cfg", torch.cat([latents, latents]), torch.cat([t, t]), ex["pair"], refining)
             v_cond, v_uncond = both[:n], both[n:]
         else:

@@ -33,6 +33,7 @@ CAPABILITIES = ModelCapabilities(
     max_outputs_per_request=1,
     cache_methods=("first_block_cache",),  # teacache needs per-model coefficients LingBot does not publish
     needs_packed_varlen=True,  # the DiT's attention takes cu_seqlens documents (batch CFG, batched requests)
+    parallel=("cfg", "ulysses"),  # --parallel: branches on CFG ranks; packed rows sharded over Ulysses ranks
 )
 
 DEFAULTS = RequestDefaults(

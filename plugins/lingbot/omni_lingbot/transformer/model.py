@@ -9,11 +9,13 @@ loads with ``strict=True``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
 from omnicore.attention.reference import sdpa_attention
+from omnicore.parallel.ulysses import SequenceShard, UlyssesAttention, check_heads
 from torch import nn
 
 from .attention import AttentionFn
@@ -23,6 +25,7 @@ from .embeddings import TextEmbedder, TimestepEmbedding, linear, patchify, sinus
 from .metadata import ForwardMetadata, build_forward_metadata
 from .norm import FP32LayerNorm, bind_ops
 from .rope import LingBotRotaryEmbedding
+from .sequence_parallel import ShardedLayout
 
 #: Name segments of parameters/buffers kept in fp32 when the model runs in bf16 (models.md §2.4; ``router``
 #: covers the MoE gate weight and ``e_score_correction_bias``).
@@ -50,6 +53,8 @@ class LingBotVideoTransformer3DModel(nn.Module):
     """The LingBot-Video DiT. ``attention`` follows ``omnicore.attention.reference.sdpa_attention`` (packed mode)."""
 
     keep_fp32_modules: tuple[str, ...] = KEEP_FP32_MODULES
+    #: this rank's omnicore.parallel.ParallelContext when the blocks run Ulysses-sharded (enable_ulysses)
+    sequence_parallel: Any = None
 
     def __init__(self, config: LingBotTransformerConfig, attention: AttentionFn | None = None, ops: Any = None) -> None:
         super().__init__()
@@ -74,6 +79,13 @@ class LingBotVideoTransformer3DModel(nn.Module):
         cast_keeping_fp32(self, dtype, self.keep_fp32_modules)
         return self
 
+    def enable_ulysses(self, ctx: Any) -> None:
+        """Run the blocks on this rank's rows of the packed sequence (``ctx.ulysses`` ranks; a head count it does
+        not divide is a ConfigError here, at load) with attention through the Ulysses all-to-all."""
+        check_heads(self.config.num_attention_heads, ctx.ulysses)
+        self.sequence_parallel = ctx
+        self.attention = UlyssesAttention(self.attention, ctx)
+
     # ------------------------------------------------------------------ forward
     def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
         """``timestep [B]`` (sigma*1000) -> ``t_emb [B, H]`` fp32."""
@@ -92,6 +104,8 @@ class LingBotVideoTransformer3DModel(nn.Module):
         Depends only on shapes, the device and the mask's contents, so a pipeline builds it once per request
         branch and passes it as ``forward(..., metadata=...)`` at every step (models.md §2.7).
         """
+        if self.sequence_parallel is not None:  # equal row shards on every Ulysses rank
+            pad_to_multiple = math.lcm(pad_to_multiple, self.sequence_parallel.ulysses)
         return build_forward_metadata(self.config.patch_size, self.rope, hidden_states, encoder_hidden_states,
                                       encoder_attention_mask, pad_to_multiple)
 
@@ -145,8 +159,15 @@ class LingBotVideoTransformer3DModel(nn.Module):
         temb6 = linear(cast(nn.Linear, self.time_modulation[1]), self.time_modulation[0](t_emb)).float()
         x = layout.pack(video, texts)
         freqs = metadata.freqs
+        sp = self.sequence_parallel
+        blocks_layout: Any = layout
+        if sp is not None:  # this rank's rows only, until the output head
+            shard = SequenceShard(layout.total, sp.sp_rank, sp.ulysses)
+            x, freqs, blocks_layout = shard.take(x), shard.take(freqs), ShardedLayout(layout, shard)
         for block in self.blocks:
-            x = block(x, temb6, layout, freqs, self.attention)
+            x = block(x, temb6, blocks_layout, freqs, self.attention)
+        if sp is not None:
+            x = shard.gather(x, sp)
 
         modulation = cast(nn.Linear, self.norm_out_modulation[1])
         shift, scale = linear(modulation, self.norm_out_modulation[0](t_emb)).float().chunk(2, dim=-1)

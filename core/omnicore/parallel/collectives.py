@@ -1,0 +1,49 @@
+"""The collectives the parallel dimensions use, each counting the bytes this rank sends.
+
+``all_to_all_4d`` is Ulysses' exchange (a ``[P, ...]`` tensor whose chunk ``j`` goes to rank ``j`` of the group);
+``all_gather_rows`` concatenates equal-shaped tensors of every rank of a group (CFG branches, sequence shards,
+data-parallel batch slices). Bytes counted are those that leave the rank (the chunk kept locally is not sent).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from .context import CommStats
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def all_to_all_chunks(send: torch.Tensor, group: Any, stats: CommStats | None = None) -> torch.Tensor:
+    """``send [P, ...]`` -> ``recv [P, ...]`` where ``recv[j]`` is what rank ``j`` put in its ``send[me]``."""
+    import torch.distributed as dist
+
+    send = send.contiguous()
+    recv = send.new_empty(send.shape)
+    dist.all_to_all_single(recv, send, group=group)
+    if stats is not None:
+        p = send.shape[0]
+        stats.record("all_to_all", _bytes(send) * (p - 1) // p)
+    return recv
+
+
+def all_gather_rows(local: torch.Tensor, group: Any, stats: CommStats | None = None, dim: int = 0) -> torch.Tensor:
+    """Concatenate every group member's ``local`` (equal shapes) along ``dim``, in group-rank order."""
+    import torch
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    local = local.contiguous()
+    parts = [local.new_empty(local.shape) for _ in range(size)]
+    dist.all_gather(parts, local, group=group)
+    if stats is not None:
+        stats.record("all_gather", _bytes(local) * (size - 1))
+    return torch.cat(parts, dim=dim)
+
+
+__all__ = ["all_gather_rows", "all_to_all_chunks"]

@@ -1,0 +1,271 @@
+"""Rank 0's handle on a worker group: start it, announce each batch's plan, watch the workers, end them.
+
+:meth:`WorkerGroup.start` spawns ``world_size - 1`` worker processes (``torch.multiprocessing``, spawn) on a
+local rendezvous, or attaches to a ``torchrun`` launch (``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` set): there the
+non-zero ranks serve the group from inside ``Engine(...)`` and exit the process when rank 0 shuts it down.
+
+Failure handling: a monitor thread waits on the spawned processes; when one exits unexpectedly the group is
+*broken*: the remaining workers are ended, the engine reports itself unhealthy (``Engine.worker_alive``), the
+running batch fails with :class:`WorkerGroupBroken` naming the rank and its exit code (a peer's death makes the
+pending collective fail rather than wait), and later batches fail at once with the same error.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, OmnicoreError
+from .context import ParallelContext, build_groups
+from .worker import RankSpec, init_distributed, run_rank, worker_main
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+logger = logging.getLogger("omnicore.parallel")
+
+#: Environment variable that pins a worker to one device, per device type (each spawned rank sees its own
+#: device as index 0, so pipelines keep using ``platform.device()``).
+VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+
+
+class WorkerGroupBroken(OmnicoreError, RuntimeError):
+    """A rank of the engine's worker group died or failed; the group cannot run steps any more."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` when this process was launched by ``torchrun`` (or any ``env://`` launcher)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+@contextmanager
+def _visible_device(device_type: str, rank: int) -> Iterator[None]:
+    """Spawn the worker of ``rank`` seeing only device ``rank`` (of the devices visible to rank 0)."""
+    name = VISIBLE_DEVICES.get(device_type)
+    if name is None:
+        yield
+        return
+    before = os.environ.get(name)
+    visible = before.split(",") if before else None
+    os.environ[name] = visible[rank] if visible and rank < len(visible) else str(rank)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+class WorkerGroup:
+    """Rank 0 of a parallel engine (see the module docstring)."""
+
+    def __init__(self, spec: RankSpec, control: Any, ctx: ParallelContext, processes: list[Any]) -> None:
+        self.spec = spec
+        self.control = control
+        self.ctx = ctx
+        self.processes = processes  # spawned workers, rank 1.. (empty when attached to torchrun)
+        self.failure: str | None = None
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._monitor = None
+        if processes:
+            self._monitor = threading.Thread(target=self._watch, name="omnicore-parallel-monitor", daemon=True)
+            self._monitor.start()
+
+    # ------------------------------------------------------------------ start
+    @classmethod
+    def start(cls, spec: RankSpec, device_type: str = "cpu") -> WorkerGroup:
+        """Spawn the workers (or attach to torchrun) and join the process group as rank 0."""
+        launched = torchrun_rank()
+        world = spec.config.world_size
+        if launched is not None:
+            rank, size = launched
+            if size != world:
+                raise ConfigError("parallel", f"{spec.config} needs {world} ranks but torchrun started {size}")
+            if rank != 0:  # a torchrun worker: serve rank 0 until it shuts the group down, then leave
+                run_rank(rank, None, spec)
+                raise SystemExit(0)
+            control = init_distributed(spec.backend, 0, world, None, spec.timeout_s)
+            return cls(spec, control, build_groups(spec.config, 0), [])
+        import torch.multiprocessing as mp
+
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        context = mp.get_context("spawn")
+        processes = []
+        for rank in range(1, world):
+            process = context.Process(target=worker_main, args=(rank, init_method, spec, os.getpid()),
+                                      name=f"omnicore-rank{rank}", daemon=True)
+            with _visible_device(device_type, rank):
+                process.start()
+            processes.append(process)
+        try:
+            control = _join_watching(spec, init_method, processes)
+            ctx = build_groups(spec.config, 0)
+        except BaseException:
+            _end_processes(processes)
+            raise
+        return cls(spec, control, ctx, processes)
+
+    def finish_load(self, error: BaseException | None) -> None:
+        """Collect every rank's load result; on any failure end the group and raise (rank 0's own error first)."""
+        import torch.distributed as dist
+
+        statuses: list[Any] = [None] * self.ctx.world_size
+        try:
+            dist.gather_object(None, statuses, dst=0, group=self.control)
+        except Exception as exc:
+            self.shutdown()
+            raise WorkerGroupBroken(f"a worker died while loading the model: {self.failure or exc}") from exc
+        failed = [(rank, msg) for rank, msg in enumerate(statuses) if msg is not None]
+        if error is None and not failed:
+            return
+        self.shutdown()
+        if error is not None:
+            raise error
+        rank, message = failed[0]
+        raise ConfigError("parallel", f"rank {rank} failed to load the model: {message}")
+
+    # ------------------------------------------------------------------ plan
+    @property
+    def healthy(self) -> bool:
+        return self.failure is None and not self._stopping
+
+    def announce(self, kind: str, *args: Any) -> None:
+        """Broadcast one command of the batch plan to every worker (rank 0 then runs it itself)."""
+        import torch.distributed as dist
+
+        if self.failure is not None:
+            raise WorkerGroupBroken(self.failure)
+        try:
+            dist.broadcast_object_list([(kind, *args)], src=0, group=self.control)
+        except Exception as exc:
+            raise self.explain(exc) from exc
+
+    def end_batch(self) -> None:
+        """Tell the workers the batch is over (never raises: it runs while a failure is being reported)."""
+        if self.failure is None:
+            try:
+                self.announce("end")
+            except Exception:
+                logger.warning("could not end the batch on the workers: %s", self.failure)
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """The error to report for ``exc`` raised during a step: a :class:`WorkerGroupBroken` when a worker died."""
+        if isinstance(exc, WorkerGroupBroken):
+            return exc
+        alive = [p for p in self.processes if p.is_alive()]
+        if len(alive) == len(self.processes) and self.processes:  # give a dying worker a moment to be seen
+            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=1.0)
+        self._check_processes()
+        if self.failure is None and _looks_like_peer_loss(exc):
+            self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
+        if self.failure is not None:
+            return WorkerGroupBroken(f"parallel worker group failed: {self.failure}")
+        return exc
+
+    # ------------------------------------------------------------------ health
+    def _check_processes(self) -> None:
+        for rank, process in enumerate(self.processes, start=1):
+            if not process.is_alive() and not self._stopping:
+                self._mark_broken(f"worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}")
+                return
+
+    def _mark_broken(self, reason: str) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+        logger.error("parallel worker group broken: %s; ending the other workers", reason)
+        _end_processes([p for p in self.processes if p.is_alive()])
+
+    def _watch(self) -> None:
+        sentinels = [p.sentinel for p in self.processes]
+        while not self._stopping and self.failure is None:
+            if multiprocessing.connection.wait(sentinels, timeout=0.5):
+                if not self._stopping:
+                    self._check_processes()
+                return
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """End every worker (asked to leave first, ended by signal when they do not) and leave the group."""
+        import torch.distributed as dist
+
+        if self._stopping:
+            return
+        if self.failure is None:
+            try:
+                dist.broadcast_object_list([("shutdown",)], src=0, group=self.control)
+            except Exception as exc:
+                logger.warning("could not ask the workers to stop: %s", exc)
+        self._stopping = True
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        _end_processes([p for p in self.processes if p.is_alive()])
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # pragma: no cover - best effort while tearing down
+            logger.warning("destroying the process group failed: %s", exc)
+
+
+def _looks_like_peer_loss(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(s in text for s in ("connection closed", "connection reset", "broken pipe", "peer", "timed out"))
+
+
+def _join_watching(spec: RankSpec, init_method: str, processes: list[Any]) -> Any:
+    """Join the process group as rank 0 while watching the spawned workers (a worker that dies before joining
+    fails the start at once instead of after the rendezvous timeout)."""
+    result: dict[str, Any] = {}
+
+    def join() -> None:
+        try:
+            result["control"] = init_distributed(spec.backend, 0, spec.config.world_size, init_method, spec.timeout_s)
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=join, name="omnicore-parallel-join", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + spec.timeout_s
+    while thread.is_alive():
+        thread.join(0.2)
+        dead = [(i, p) for i, p in enumerate(processes, start=1) if not p.is_alive()]
+        if dead and thread.is_alive():
+            rank, process = dead[0]
+            raise WorkerGroupBroken(f"worker rank {rank} exited with code {process.exitcode} before joining the "
+                                    "process group")
+        if time.monotonic() > deadline:
+            raise WorkerGroupBroken(f"the workers did not join the process group within {spec.timeout_s:.0f} s")
+    if "error" in result:
+        raise result["error"]
+    return result["control"]
+
+
+def _end_processes(processes: list[Any], grace: float = 3.0) -> None:
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+
+
+__all__ = ["WorkerGroup", "WorkerGroupBroken", "torchrun_rank"]

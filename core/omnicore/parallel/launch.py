@@ -1,0 +1,53 @@
+"""What ``Engine(..., parallel=...)`` calls: check that the model can run this way, then start the worker group.
+
+Checks made before any process starts (each names the ``parallel`` setting): the model's spec declares every
+dimension asked for (``ModelCapabilities.parallel``); no cache method is enabled (step and block caches decide
+per rank from values that Ulysses shards, so ranks could take different branches and stop in different
+collectives). Head counts are the model's to check at load (:func:`omnicore.parallel.ulysses.check_heads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UnsupportedFeature
+from .config import ParallelConfig
+from .worker import RankSpec
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..platforms.base import Platform
+    from ..specs import ModelSpec
+    from .group import WorkerGroup
+
+
+def check_parallel(config: ParallelConfig, spec: ModelSpec, cache_methods: Sequence[str] = ()) -> None:
+    """Refuse a parallel layout the model does not declare (or that a cache method would break)."""
+    missing = [d for d in config.dims() if d not in spec.capabilities.parallel]
+    if missing:
+        declared = ", ".join(spec.capabilities.parallel) or "none"
+        raise UnsupportedFeature("parallel", f"model {spec.name!r} does not implement {', '.join(missing)} "
+                                             f"parallelism (it declares: {declared})")
+    if cache_methods:
+        raise UnsupportedFeature("parallel", f"cache methods ({', '.join(cache_methods)}) cannot run over a worker "
+                                             "group yet; drop --cache or --parallel")
+
+
+def start_group(config: ParallelConfig, spec: ModelSpec, model: str, platform: Platform, settings: Settings, *,
+                offload: str = "none", model_options: Mapping[str, Any] | None = None,
+                vae_decode_precision: str | None = None, cache_methods: Sequence[str] = (),
+                timeout_s: float = 600.0) -> WorkerGroup | None:
+    """Rank 0's :class:`~.group.WorkerGroup` for ``config`` (``None`` without parallelism)."""
+    if not config.enabled:
+        return None
+    check_parallel(config, spec, cache_methods)
+    from .group import WorkerGroup
+
+    rank_spec = RankSpec(model=model, config=config, backend=platform.dist_backend(), platform=platform.name,
+                         offload=offload, model_options=dict(model_options or {}),
+                         vae_decode_precision=vae_decode_precision, settings=settings.as_dict(), timeout_s=timeout_s)
+    return WorkerGroup.start(rank_spec, platform.device_type)
+
+
+__all__ = ["check_parallel", "start_group"]

@@ -1,0 +1,173 @@
+"""A worker rank: join the process group, load the model once, then replay rank 0's batch plan step by step.
+
+Rank 0 (the engine's process) announces each batch on the control group: ``("batch", requests)`` (encode the
+prepared requests), ``("step", i)`` (run denoise step ``i`` through the ``omnicore_denoise`` hook),
+``("select", keep)`` (drop cancelled requests), ``("end",)`` (forget the batch) and ``("shutdown",)``. Every rank
+holds the same latents (CFG and Ulysses results are exchanged inside the model), so replaying the same calls keeps
+the ranks in lockstep; only rank 0 decodes and returns outputs.
+
+A worker that fails a command exits: its peers' next collective then fails instead of waiting forever, and
+rank 0 reports the group broken. A worker also exits when its parent process disappears (no orphans).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from .config import ParallelConfig
+
+logger = logging.getLogger("omnicore.parallel")
+
+#: The control group never times out while idle (workers wait for the next batch as long as the server lives);
+#: a dead peer still fails a pending call at once (its connection closes).
+CONTROL_TIMEOUT_S = 365 * 24 * 3600.0
+
+
+@attrs.frozen
+class RankSpec:
+    """What every rank needs to load the same pipeline as rank 0 (picklable: it crosses the spawn)."""
+
+    model: str
+    config: ParallelConfig
+    backend: str
+    platform: str | None = None
+    offload: str = "none"
+    model_options: Mapping[str, Any] = attrs.field(factory=dict)
+    vae_decode_precision: str | None = None
+    settings: Mapping[str, Any] | None = None  # Settings.as_dict() of rank 0's engine
+    timeout_s: float = 600.0
+
+
+def init_distributed(backend: str, rank: int, world_size: int, init_method: str | None, timeout_s: float) -> Any:
+    """Join the default process group (``init_method=None``: torchrun's ``env://``) and create the control group."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    return dist.new_group(list(range(world_size)), backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
+
+
+def load_rank_pipeline(spec: RankSpec, ctx: Any) -> tuple[Any, Any]:
+    """``(host, pipeline)`` of this rank, loaded like the engine loads it, with ``LoadOptions.parallel = ctx``."""
+    from ..config import Settings
+    from ..engine.api import _instantiate_platform
+    from ..engine.loading import load_pipeline, resolve_model
+    from ..engine.model_options import resolve_model_options
+    from ..engine.protocol import LoadOptions
+    from ..offload.policy import apply_offload
+    from ..plugins.host import PluginHost
+
+    settings = Settings(**dict(spec.settings)) if spec.settings is not None else None
+    host = PluginHost(settings)
+    platform = _instantiate_platform(host, spec.platform)
+    resolved = resolve_model(spec.model, host, host.settings)
+    options = LoadOptions(platform=platform, dtype=platform.default_dtype(),
+                          attention=lambda req: host.select_attention(req).load_impl(), offload=spec.offload,
+                          model_options=dict(resolve_model_options(resolved.spec, spec.model_options)),
+                          vae_decode_precision=spec.vae_decode_precision, parallel=ctx)
+    pipeline = load_pipeline(resolved, options)
+    if getattr(pipeline, "host", None) is None:
+        pipeline.host = host
+    apply_offload(pipeline, spec.offload, platform.device())
+    return host, pipeline
+
+
+def receive(control: Any) -> Any:
+    """The next command rank 0 broadcasts on the control group."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0, group=control)
+    return box[0]
+
+
+def serve_commands(host: Any, pipeline: Any, control: Any) -> None:
+    """Replay rank 0's batch plan until ``shutdown`` (raises on the first failing command)."""
+    state = None
+    while True:
+        command = receive(control)
+        kind = command[0]
+        if kind == "shutdown":
+            return
+        if kind == "batch":
+            state = pipeline.encode(command[1])
+        elif kind == "step":
+            state = host.denoise(pipeline=pipeline, state=state, step=command[1])
+        elif kind == "select":
+            shrunk = pipeline.select_requests(state, command[1])
+            state = shrunk if shrunk is not None else state
+        elif kind == "end":
+            state = None
+        else:
+            raise RuntimeError(f"unknown command from rank 0: {kind!r}")
+
+
+def report_ready(control: Any, error: BaseException | None) -> None:
+    """Tell rank 0 whether this rank loaded (every rank calls this once, in rank order of the gather)."""
+    import torch.distributed as dist
+
+    dist.gather_object(None if error is None else f"{type(error).__name__}: {error}", None, dst=0, group=control)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the spawning process is gone (re-parented), so a killed server leaves no workers behind."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def worker_main(rank: int, init_method: str, spec: RankSpec, parent_pid: int) -> None:
+    """Entry point of a spawned worker process."""
+    logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="omnicore-parent-watch").start()
+    run_rank(rank, init_method, spec)
+
+
+def run_rank(rank: int, init_method: str | None, spec: RankSpec) -> None:
+    """Join the group, load, report, serve; exit the process on any failure (see the module docstring)."""
+    from .context import build_groups
+
+    try:
+        control = init_distributed(spec.backend, rank, spec.config.world_size, init_method, spec.timeout_s)
+        ctx = build_groups(spec.config, rank)
+    except BaseException:
+        logger.exception("rank %d could not join the process group", rank)
+        os._exit(1)
+    error: BaseException | None = None
+    try:
+        host, pipeline = load_rank_pipeline(spec, ctx)
+    except BaseException as exc:  # reported to rank 0, which raises it from Engine()
+        error = exc
+    try:
+        report_ready(control, error)
+        if error is not None:
+            receive(control)  # rank 0 ends the group after any rank failed to load
+        else:
+            serve_commands(host, pipeline, control)
+    except BaseException:
+        logger.exception("rank %d failed; leaving the group", rank)
+        os._exit(1)
+    _finish()
+
+
+def _finish() -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group()
+    except Exception:  # the group may already be torn down by rank 0
+        pass
+
+
+__all__ = ["RankSpec", "init_distributed", "load_rank_pipeline", "run_rank", "serve_commands", "worker_main"]
