@@ -125,3 +125,24 @@ def test_vae_decode_precision_is_honoured(pipe):
     full, half = decode(pipe), decode(low)
     assert full.shape == half.shape == (1, 32, 32, 3)
     assert (full != half).any() and abs(full - half).max() <= 32
+
+
+@pytest.mark.slow
+def test_cfg_distilled_checkpoint_uses_the_guidance_token(tmp_path):
+    """A CFG-distilled checkpoint runs one row whatever the guidance, and the scale reaches the model through the
+    <guidance> token's embedding."""
+    from _hunyuan_helpers import load
+    from omni_hunyuan.presets import build_tiny
+
+    distilled = load(build_tiny(tmp_path / "distilled", base_size=64, overrides={"cfg_distilled": True}))
+    assert hasattr(distilled.model, "guidance_emb")
+    preds = {}
+    for g in (2.0, 6.0):
+        req = distilled.preprocess(request(guidance_scale=g, num_inference_steps=2))
+        res = req.extra["hunyuan"]
+        assert res.cfg_factor == 1 and res.spec.guidance_token
+        state = distilled.encode([req])
+        layout = state.extras["items"][0]["layout"]
+        assert layout.rows == 1 and layout.tokens[0][layout.guidance_pos] == distilled.tokenizer.ids["guidance"]
+        preds[g] = distilled.predict(state, 0)
+    assert not torch.allclose(preds[2.0], preds[6.0])
