@@ -31,8 +31,19 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _int(data: dict[str, Any], key: str, default: Any = None) -> int:
+def _uniform(data: dict[str, Any], key: str, default: Any) -> Any:
+    """A per-layer list (HunYuan MoE configs allow them) must hold one value for every layer here."""
     value = data.get(key, default)
+    if isinstance(value, list):
+        if not value or any(v != value[0] for v in value):
+            raise ConfigFileError(f"config.json: {key} varies across layers ({value}); only uniform values "
+                                  "are supported")
+        return value[0]
+    return value
+
+
+def _int(data: dict[str, Any], key: str, default: Any = None) -> int:
+    value = _uniform(data, key, default)
     if value is None or isinstance(value, bool) or not isinstance(value, int):
         raise ConfigFileError(f"config.json: {key} must be an integer, got {value!r}")
     return value
@@ -104,11 +115,11 @@ class HunyuanConfig:
         vit = data.get("vit")
         return cls(
             vocab_size=_int(data, "vocab_size"), hidden_size=hidden, intermediate_size=intermediate,
-            moe_intermediate_size=int(data.get("moe_intermediate_size") or intermediate),
+            moe_intermediate_size=int(_uniform(data, "moe_intermediate_size", None) or intermediate),
             num_hidden_layers=_int(data, "num_hidden_layers"), num_attention_heads=heads,
             num_key_value_heads=kv, attention_head_dim=int(head_dim),
-            num_experts=int(data.get("num_experts", 1)), moe_topk=int(data.get("moe_topk", 1)),
-            num_shared_expert=int(data.get("num_shared_expert", 0)),
+            num_experts=_int(data, "num_experts", 1), moe_topk=_int(data, "moe_topk", 1),
+            num_shared_expert=_int(data, "num_shared_expert", 0),
             use_mixed_mlp_moe=bool(data.get("use_mixed_mlp_moe", False)),
             moe_layer_num_skipped=int(data.get("moe_layer_num_skipped", 0)),
             rms_norm_eps=float(data.get("rms_norm_eps", 1e-5)), rope_theta=float(data.get("rope_theta", 10000.0)),

@@ -148,3 +148,14 @@ def test_detect(micro_dir, tmp_path):
     assert detect(micro_dir) and not detect(tmp_path)
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     assert not detect(tmp_path)
+
+
+def test_per_layer_lists_must_be_uniform():
+    from omni_hunyuan.config import ConfigFileError, HunyuanConfig
+    from omni_hunyuan.presets import tiny_config
+
+    cfg = tiny_config()
+    ok = HunyuanConfig.from_dict({**cfg, "moe_topk": [2, 2], "num_experts": [4, 4], "moe_intermediate_size": [32, 32]})
+    assert (ok.moe_topk, ok.num_experts, ok.moe_intermediate_size) == (2, 4, 32)
+    with pytest.raises(ConfigFileError, match="moe_topk varies across layers"):
+        HunyuanConfig.from_dict({**cfg, "moe_topk": [2, 1]})
