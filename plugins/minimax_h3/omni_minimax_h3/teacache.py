@@ -32,31 +32,19 @@ REF2VA_REFUSAL = ("TeaCache only supports the MiniMax-H3 FL2VA partition; Ref2VA
 
 
 def modulated_input(dit: Any, state: Any, step: int) -> torch.Tensor:
-    """Block 0's modulated input ``[T, H]`` for the batch in ``state`` at ``step`` (no block is run)."""
-    from .transformer.config import MODALITY_NUM
-
+    """Block 0's modulated input ``[T, H]`` for the batch in ``state`` at ``step`` (no block is run): the DiT's
+    own :meth:`~omni_minimax_h3.transformer.model.MiniMaxH3DiT.modulated_input`, so exactly what the forward
+    feeds block 0's attention (norm weight folded into the scale, same embedding path)."""
     ex = state.extras
     batch, ts = ex["batch"], ex["steps"][step]
     video, audio = state.latents
-    c, dtype = dit.config, dit.compute_dtype
-    x = batch.text.new_zeros(batch.total, c.hidden_size)
-    x.index_copy_(0, batch.text_index, batch.text)
-    wv, wa = dit.video_patch_proj.weight, dit.audio_patch_proj.weight
-    x.index_copy_(0, batch.video_index, dit.video_patch_proj(video.to(wv.dtype)).to(dtype))
-    x.index_copy_(0, batch.audio_index, dit.audio_patch_proj(audio.to(wa.dtype)).to(dtype))
-    rows = ts.inverse_indices * MODALITY_NUM + batch.tags
-    block = dit.blocks[0]
-    proj = block.adaln_proj
     cache = dit.adaln.cache
-    if cache is not None and cache.key == ex.get("adaln_key"):
-        t_emb = dit.adaln.select(step)  # the table path, at this step
-        chunks = proj(t_emb)
-    else:
-        proj.restore()  # no-op unless an older schedule offloaded it
-        t_emb = dit.time_embed(ts.unique_timesteps)
-        chunks = proj.compute_flat(t_emb).chunk(proj.expand_ratio, dim=-1)
-    shift, scale = chunks[0].index_select(0, rows), chunks[1].index_select(0, rows)
-    return dit.ops.modulate(block.norm1(x, dit.ops), shift, scale)
+    if cache is not None and cache.key == ex.get("adaln_key"):  # the table path, at this step
+        return dit.modulated_input(batch, video, audio, ts.unique_timesteps, ts.inverse_indices,
+                                   adaln_step_index=step)
+    t_embs = ex.get("t_embs")
+    return dit.modulated_input(batch, video, audio, ts.unique_timesteps, ts.inverse_indices, direct=True,
+                               time_embedding=None if t_embs is None else t_embs[step])
 
 
 def make_adapter(pipeline: Any) -> Any:

@@ -133,6 +133,22 @@ def test_modulated_input_is_the_first_blocks_attention_input(setup: Any) -> None
     assert got.shape == (batch.total, dit.config.hidden_size) and torch.equal(got, seen[0])
 
 
+def test_direct_modulated_input_ignores_another_schedules_tables(setup: Any) -> None:
+    """TeaCache's probe can run before this batch's schedule is prepared, while another schedule's tables are
+    installed and the projection weights offloaded: ``direct=True`` still gives the uncached modulated input."""
+    dit, batch, steps, inputs = setup
+    ts = steps[1]
+    args = (batch, inputs["video"], inputs["audio"], ts.unique_timesteps, ts.inverse_indices)
+    plain = dit.modulated_input(*args)
+    other = [batch.step_timesteps([0.1, 0.1], [0.2, 0.2])]
+    assert dit.adaln.prepare([s.unique_timesteps for s in other], schedule_key(other), offload_weights=True)
+    assert dit.blocks[0].adaln_proj.offloaded
+    with pytest.raises(ValueError, match="adaln_step_index must be an int"):
+        dit.modulated_input(*args)
+    assert torch.equal(dit.modulated_input(*args, direct=True), plain)
+    assert not dit.blocks[0].adaln_proj.offloaded  # restored to compute it
+
+
 def test_schedule_embeddings_match_the_per_step_and_cached_paths(setup: Any) -> None:
     dit, batch, steps, inputs = setup
     embs = dit.schedule_embeddings([s.unique_timesteps for s in steps])

@@ -70,20 +70,28 @@ class DiTBlock(nn.Module):
         self.mlp = SwiGLU(c.hidden_size, c.ffn_dim)
         self.adaln_proj = H3AdaLNProjection(c.time_embed_dim, c.hidden_size, BLOCK_EXPAND, MODALITY_NUM)
 
-    def modulation(self, t_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def modulation(self, t_emb: torch.Tensor, *, direct: bool = False) -> tuple[torch.Tensor, ...]:
         """The block's six modulation tables ``[M*3, H]`` (shift, scale, gate, shift2, scale2, gate2), a few rows.
 
         The RMSNorm weights are folded into the scales here: ``rms(x)·w·(1 + s) + b`` == ``rms(x)·(1 + s') + b``
-        with ``s' = w·(1 + s) - 1``, so the per-row work skips a multiply by ``w``.
+        with ``s' = w·(1 + s) - 1``, so the per-row work skips a multiply by ``w``. ``direct``: project from the
+        weights (restored if offloaded) even when an AdaLN schedule table is installed.
         """
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln_proj(t_emb)
+        proj = self.adaln_proj
+        if direct:
+            proj.restore()
+            chunks = proj.compute_flat(t_emb).chunk(proj.expand_ratio, dim=-1)
+        else:
+            chunks = proj(t_emb)
+        shift1, scale1, gate1, shift2, scale2, gate2 = chunks
         scale1 = self.norm1.weight.to(scale1.dtype) * (1 + scale1) - 1
         scale2 = self.norm2.weight.to(scale2.dtype) * (1 + scale2) - 1
         return tuple(m.contiguous() for m in (shift1, scale1, gate1, shift2, scale2, gate2))
 
-    def modulated_input(self, x: torch.Tensor, t_emb: torch.Tensor, rows: torch.Tensor, ops: Any) -> torch.Tensor:
+    def modulated_input(self, x: torch.Tensor, t_emb: torch.Tensor, rows: torch.Tensor, ops: Any, *,
+                        direct: bool = False) -> torch.Tensor:
         """``rms(x)·w·(1 + scale_msa) + shift_msa`` per row: the attention input of this block."""
-        shift1, scale1 = self.modulation(t_emb)[:2]
+        shift1, scale1 = self.modulation(t_emb, direct=direct)[:2]
         return ops.modulate(ops.rms_norm(x, None, self.norm1.eps), shift1.index_select(0, rows),
                             scale1.index_select(0, rows))
 

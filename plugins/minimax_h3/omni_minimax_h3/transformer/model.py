@@ -5,14 +5,15 @@ Compared with a straight port, per request (not per step): the RoPE table and th
 document pair, attention through the packed backend with no O(S²) mask (:meth:`pack`); per step: one fused qkv
 GEMM per block, a few-row AdaLN table per block (pre-norm weights folded into its scales) whose rows are gathered
 by ``timestep_index * 3 + modality`` where they are used, the time embedding or the exact-schedule AdaLN tables
-(``adaln_step_index``), and the output heads applied to the video / audio rows only. Parameter names follow the official checkpoint (``blocks.N.attn.qkv_proj``,
-``mlp.fc1`` rows ``[gate | up]``, ...); :mod:`omni_minimax_h3.loader` converts the diffusers layout.
+(``adaln_step_index``), and the output heads applied to the video / audio rows only. Parameter names follow the
+official checkpoint (``blocks.N.attn.qkv_proj``, ``mlp.fc1`` rows ``[gate | up]``, ...);
+:mod:`omni_minimax_h3.loader` converts the diffusers layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omnicore.cache.adaln_schedule import ABSENT, AdaLNScheduleController
@@ -146,13 +147,24 @@ class MiniMaxH3DiT(nn.Module):
     @torch.no_grad()
     def modulated_input(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor,
                         unique_timesteps: torch.Tensor, inverse_indices: torch.Tensor, *,
-                        time_embedding: torch.Tensor | None = None, adaln_step_index: Any = ABSENT) -> torch.Tensor:
-        """The first block's modulated input ``[T, H]`` (what TeaCache compares between steps)."""
+                        time_embedding: torch.Tensor | None = None, adaln_step_index: Any = ABSENT,
+                        direct: bool = False) -> torch.Tensor:
+        """The first block's modulated input ``[T, H]`` (what TeaCache compares between steps), computed as the
+        forward computes it.
+
+        ``direct``: ignore the AdaLN schedule cache (``adaln_step_index`` unused) and compute block 0's
+        projection from its weights, restoring them if a schedule offloaded them; for a probe that runs before
+        this batch's schedule is prepared, while another schedule's tables may still be installed.
+        """
         self._check(batch, video, audio, inverse_indices)
-        t_emb = self.step_embedding(unique_timesteps, time_embedding=time_embedding,
-                                    adaln_step_index=adaln_step_index)
-        return self.blocks[0].modulated_input(self.embed(batch, video, audio), t_emb,
-                                              inverse_indices * MODALITY_NUM + batch.tags, self.ops)
+        if direct:
+            t_emb = time_embedding if time_embedding is not None else self.time_embed(unique_timesteps)
+        else:
+            t_emb = self.step_embedding(unique_timesteps, time_embedding=time_embedding,
+                                        adaln_step_index=adaln_step_index)
+        block = cast(DiTBlock, self.blocks[0])
+        return block.modulated_input(self.embed(batch, video, audio), t_emb,
+                                     inverse_indices * MODALITY_NUM + batch.tags, self.ops, direct=direct)
 
     def forward(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor, unique_timesteps: torch.Tensor,
                 inverse_indices: torch.Tensor, *, time_embedding: torch.Tensor | None = None,
