@@ -12,8 +12,7 @@ the pooled prefix blocks on a pool hit), keeping the prefix K/V; later steps onl
 
 from __future__ import annotations
 
-import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import attrs
 import numpy as np
 import torch
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
-from omnicore.engine.request import MAX_SEED, GenerationRequest
+from omnicore.engine.request import GenerationRequest, random_seed
 from omnicore.errors import InvalidRequest, UnsupportedFeature
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
@@ -45,6 +44,9 @@ from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
 from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
 
 MODES = ("t2i", "edit")
+#: Fields a prompt mapping may carry (the request's ``extra`` wins when both set one).
+PROMPT_FIELDS = ("bot_task", "use_system_prompt", "system_prompt", "ar_generated_text", "sequence_template",
+                 "drop_think", "guidance_rescale")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -133,8 +135,18 @@ class HunyuanImage3Pipeline(BasePipeline):
     def resolve(self, request: GenerationRequest) -> tuple[Resolved, dict[str, Any]]:
         """The request's mode, layout spec and sampling values (no model work)."""
         ex = dict(request.extra)
-        if not isinstance(request.prompt, str):
-            raise InvalidRequest("prompt", "must be a string for HunyuanImage-3")
+        prompt = request.prompt
+        if isinstance(prompt, Mapping):
+            # a prompt dict may carry the prompt fields; the request's extra wins over them
+            text = prompt.get("prompt")
+            if not isinstance(text, str) or not text.strip():
+                raise InvalidRequest("prompt.prompt", "a prompt mapping needs a non-empty 'prompt' string")
+            for key in PROMPT_FIELDS:
+                if key in prompt and key not in ex:
+                    ex[key] = prompt[key]
+            prompt = text
+        if not isinstance(prompt, str):
+            raise InvalidRequest("prompt", "must be a string (or a mapping with 'prompt') for HunyuanImage-3")
         if request.negative_prompt:
             raise InvalidRequest("negative_prompt", "is not supported: the unconditional row replaces the prompt "
                                                     "with <cfg> tokens; remove negative_prompt")
@@ -173,7 +185,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         drop_think = ex.get("drop_think", self.gen_config.drop_think)
         if not isinstance(drop_think, bool):
             raise InvalidRequest("extra.drop_think", f"must be a boolean, got {drop_think!r}")
-        seed = p.seed if p.seed is not None else random.randint(0, MAX_SEED)
+        seed = p.seed if p.seed is not None else random_seed(p.num_outputs)  # the engine normally filled it
         factor = self.config.vae_downsample_factor[0]
         cond: list[CondImageInfo] = []
         digests = []
@@ -184,7 +196,7 @@ class HunyuanImage3Pipeline(BasePipeline):
                                       int(shapes[1])))
             digests.append(image_digest(img))
         spec = LayoutSpec(
-            prompt=request.prompt, ratio_index=bucket.index, gen_h=bucket.height // factor,
+            prompt=prompt, ratio_index=bucket.index, gen_h=bucket.height // factor,
             gen_w=bucket.width // factor, template=template,
             system_prompt=resolve_system_prompt(ex, self.gen_config.use_system_prompt),
             cot_text=normalize_cot(ex.get("ar_generated_text")), cond_images=tuple(cond), cfg_factor=cfg_factor,

@@ -146,3 +146,19 @@ def test_cfg_distilled_checkpoint_uses_the_guidance_token(tmp_path):
         assert layout.rows == 1 and layout.tokens[0][layout.guidance_pos] == distilled.tokenizer.ids["guidance"]
         preds[g] = distilled.predict(state, 0)
     assert not torch.allclose(preds[2.0], preds[6.0])
+
+
+def test_prompt_mapping_fields_fall_back_behind_extra(pipe):
+    """A prompt mapping carries prompt fields; the request's extra wins (think_recaption -> think)."""
+    from omnicore.engine.request import GenerationRequest, SamplingParams
+
+    params = SamplingParams(height=64, width=64, num_inference_steps=2, seed=1)
+    prompt = {"prompt": "a red fox", "bot_task": "vanilla", "use_system_prompt": "en_unified"}
+    res = pipe.preprocess(GenerationRequest(prompt, params, extra={"bot_task": "think_recaption"})).extra["hunyuan"]
+    assert res.bot_task == "think" and res.spec.prompt == "a red fox"
+    assert res.spec.system_prompt is not None and "multimodal" in res.spec.system_prompt
+    res2 = pipe.preprocess(GenerationRequest(prompt, params)).extra["hunyuan"]
+    assert res2.bot_task == "image"
+    with pytest.raises(InvalidRequest) as info:
+        pipe.preprocess(GenerationRequest({"text": "x"}, params))
+    assert info.value.field == "prompt.prompt"
