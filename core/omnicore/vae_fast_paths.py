@@ -19,7 +19,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 import contextlib
-import threading
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -30,11 +30,12 @@ FAST_QUALITY = "high"
 
 
 class FastPathGate:
-    """On/off switch of one VAE's fast paths (``enabled`` is False until a gate context turns it on)."""
+    """On/off switch of one VAE's fast paths (``enabled`` is False until a gate context turns it on).
+
+    Toggled by the engine's worker around each batch (a plain attribute: copies and pickles of the VAE keep it)."""
 
     def __init__(self) -> None:
         self.enabled = False
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"FastPathGate(enabled={self.enabled})"
@@ -42,13 +43,11 @@ class FastPathGate:
     @contextlib.contextmanager
     def __call__(self, enabled: bool) -> Iterator[FastPathGate]:
         """Set the gate for the ``with`` body and restore the previous state on exit (nesting works)."""
-        with self._lock:
-            previous, self.enabled = self.enabled, bool(enabled)
+        previous, self.enabled = self.enabled, bool(enabled)
         try:
             yield self
         finally:
-            with self._lock:
-                self.enabled = previous
+            self.enabled = previous
 
 
 def fast_path_gate(owner: Any, *, create: bool = True) -> FastPathGate | None:
@@ -67,21 +66,24 @@ def _compiling() -> bool:
     return bool(compiler is not None and getattr(compiler, "is_compiling", lambda: False)())
 
 
+def _gated_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    original, fast_forward, gate = self.__dict__[_INSTALLED_ATTR]
+    if gate.enabled and not _compiling():
+        return fast_forward(*args, **kwargs)
+    return original(*args, **kwargs) if original is not None else type(self).forward(self, *args, **kwargs)
+
+
 def install_fast_path(module: Any, fast_forward: Callable[..., Any], gate: FastPathGate) -> None:
     """Make ``module`` run ``fast_forward(*args, **kwargs)`` while ``gate`` is on, its own forward otherwise.
 
-    Idempotent (installing again replaces the fast forward and the gate; the original forward is kept once).
+    Idempotent (installing again replaces the fast forward and the gate; the original forward is kept once). The
+    module's class ``forward`` is the original unless the instance had its own. A copy of the module keeps the
+    switch, but ``fast_forward`` still refers to whatever it closed over: install again on a copy.
     """
     installed = module.__dict__.get(_INSTALLED_ATTR)
-    original = installed[0] if installed is not None else module.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if gate.enabled and not _compiling():
-            return fast_forward(*args, **kwargs)
-        return original(*args, **kwargs)
-
+    original = installed[0] if installed is not None else module.__dict__.get("forward")
     object.__setattr__(module, _INSTALLED_ATTR, (original, fast_forward, gate))
-    object.__setattr__(module, "forward", forward)
+    object.__setattr__(module, "forward", types.MethodType(_gated_forward, module))
 
 
 def uninstall_fast_path(module: Any) -> None:
@@ -89,6 +91,8 @@ def uninstall_fast_path(module: Any) -> None:
     installed = module.__dict__.pop(_INSTALLED_ATTR, None)
     if installed is not None:
         module.__dict__.pop("forward", None)
+        if installed[0] is not None:
+            object.__setattr__(module, "forward", installed[0])
 
 
 def pipeline_gates(pipeline: Any) -> list[FastPathGate]:
