@@ -7,6 +7,9 @@ Dispatch (seed-contracts §3.3, with the backend chosen by name instead of an en
    the host (:func:`omni_backends_npu.resolve.resolve_packed_sequence`, §3.4). When it resolves,
    :func:`npu_varlen_attention` runs the TND varlen op (§3.5) and :func:`npu_laser_attention` the prefix-K/V-slice
    laser path (§3.6); that result is returned directly.
+   omnicore extension: ``npu_varlen`` hands the varlen op the metadata's real documents as they are when the
+   layout does not resolve but is non-causal (several real documents — the offsets are host ints), so only causal
+   calls reach step 2 on that backend.
 2. Otherwise the mask is rebuilt from the metadata: each document's queries see that document's keys below
    ``valid_kv_length``; queries in padding rows see every real key (their outputs are never consumed). For the
    seed's one-real-document layout this is exactly ``arange(S) < used`` broadcast over the batch. A
@@ -152,6 +155,33 @@ def laser_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: tuple[li
     return out * f if f is not None else out
 
 
+def real_documents(metadata: Any, rows_k: int) -> tuple[list[int], list[int]]:
+    """The documents of a packed call the varlen op can take as they are (host ints): every document whose keys
+    start below ``valid_kv_length`` (all of them without it), keys clipped there. Trailing padding documents are
+    left out (their rows come back as zeros). Refuses an unusable ``valid_kv_length`` like the mask rebuild."""
+    valid = check_valid_kv_length(getattr(metadata, "valid_kv_length", None), rows_k)
+    cu_q, cu_k = metadata.cu_seqlens_q, metadata.cu_k
+    end = cu_k[-1] if valid is None else min(valid, cu_k[-1])
+    docs = sum(1 for start in cu_k[:-1] if start < end)
+    return list(cu_q[: docs + 1]), [min(x, end) for x in cu_k[: docs + 1]]
+
+
+def documents_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any,
+                     scale: float) -> torch.Tensor:
+    """omnicore's extension of §3.5 for layouts §3.4 does not resolve (several real documents: LingBot's batch
+    CFG, a MiniMax-H3 batch): the offsets are host ints, so the varlen op takes the real documents directly —
+    still no mask — instead of the quadratic masked fallback. Non-causal calls only."""
+    cu_q, cu_k = real_documents(metadata, k.shape[0])
+    for i in range(len(cu_q) - 1):
+        if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i]:
+            raise ValueError(f"document {i} has {cu_q[i + 1] - cu_q[i]} queries but no keys")
+    rows = cu_q[-1]
+    out = varlen_path(q[:rows], k[: cu_k[-1]], v[: cu_k[-1]], (cu_q[1:], cu_k[1:]), scale)
+    if rows < q.shape[0]:
+        out = torch.cat([out, out.new_zeros(q.shape[0] - rows, *out.shape[1:])], dim=0)
+    return out
+
+
 def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
            scale: float | None, causal: bool) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -179,6 +209,8 @@ def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any, at
             out = laser_path(q[None], k[None], v[None], seqs, softmax_scale, input_scale)[0]
         else:
             out = varlen_path(q, k, v, seqs, softmax_scale)
+    elif path == "varlen" and not causal:
+        out = documents_varlen(q, k, v, metadata, softmax_scale)
     if out is None:
         mask = packed_mask(metadata, q.shape[0], k.shape[0], causal=causal, device=q.device)
         out = masked_attention(q[None], k[None], v[None], mask, softmax_scale)[0]
@@ -189,7 +221,8 @@ def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any, at
 def npu_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, metadata: Any = None,
                          attn_mask: torch.Tensor | None = None, scale: float | None = None,
                          causal: bool = False) -> torch.Tensor:
-    """``npu_varlen``: packed ``[real | pad]`` calls through the TND varlen op (§3.5), everything else masked."""
+    """``npu_varlen``: packed ``[real | pad]`` calls through the TND varlen op (§3.5), other non-causal packed
+    calls through the same op with their real documents, causal packed and dense calls masked."""
     if metadata is None:
         return _dense(q, k, v, attn_mask, scale, causal)
     return _packed(q, k, v, metadata, attn_mask, scale, causal, "varlen")

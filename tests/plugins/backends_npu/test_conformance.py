@@ -40,8 +40,8 @@ class TestNpuRainfusion(_OnTheCpuSeam):
 
 
 def test_the_kit_reached_the_op_seam():
-    """The conformance numerics above ran through the seam (not around it): a packed [real | pad] call there
-    lands in the varlen op, a multi-document one in the masked op."""
+    """The conformance numerics above ran through the seam (not around it): packed non-causal calls land in the
+    varlen op, causal ones in the masked op."""
     import torch
     from _npu_helpers import npu_varlen_on_cpu
     from omnicore.attention.metadata import AttentionMetadata
@@ -51,7 +51,8 @@ def test_the_kit_reached_the_op_seam():
     npu_varlen_on_cpu(q, q, q, metadata=AttentionMetadata(cu_seqlens_q=(0, 5, 8), max_seqlen_q=5, max_seqlen_k=5,
                                                           valid_kv_length=5))
     npu_varlen_on_cpu(q, q, q, metadata=AttentionMetadata(cu_seqlens_q=(0, 2, 5, 8)))
-    assert [c.op for c in OPS.calls] == ["varlen_attention", "attention"]
+    npu_varlen_on_cpu(q, q, q, metadata=AttentionMetadata(cu_seqlens_q=(0, 2, 5, 8), causal=True))
+    assert [c.op for c in OPS.calls] == ["varlen_attention", "varlen_attention", "attention"]
     OPS.calls.clear()
 
 

@@ -144,11 +144,24 @@ FALLBACKS = [
 ]
 
 
-@pytest.mark.parametrize("backend", [npu_varlen_attention, npu_laser_attention])
+@pytest.mark.parametrize(("backend", "causal"), [(npu_laser_attention, False), (npu_varlen_attention, True)])
 @pytest.mark.parametrize(("metadata", "rows", "used"), FALLBACKS)
-def test_unresolved_packing_rebuilds_the_mask_from_valid_kv_length(ops, backend, metadata, rows, used):
+def test_unresolved_packing_rebuilds_the_mask_from_valid_kv_length(ops, backend, causal, metadata, rows, used):
+    """npu_laser for every unresolved layout; npu_varlen for causal ones (see the next test for the others)."""
     q, k, v = rand(rows, 2, 4, seed=20), rand(rows, 2, 4, seed=21), rand(rows, 2, 4, seed=22)
-    out = backend(q, k, v, metadata=metadata)
+    out = backend(q, k, v, metadata=metadata, causal=causal)
+    (call,) = ops.calls
+    assert call.op == "attention" and call.kwargs["op_type"] == "fused_attn_score"
+    mask = call.kwargs["attn_mask"]
+    want = (torch.arange(rows) < used).expand(1, 1, rows, rows)  # arange(S) < used, broadcast
+    if causal:
+        want = want & packed_mask(metadata, rows, rows, causal=True, device="cpu")
+        want[..., used:, :used] = True  # padding rows see every real key
+        assert torch.equal(mask, want)
+        ref = sdpa_attention(q[:used], k[:used], v[:used], metadata=AttentionMetadata(cu_seqlens_q=(0, used)),
+                             causal=True)
+        torch.testing.assert_close(out[:used], ref)
+        return
     (call,) = ops.calls
     assert call.op == "attention" and call.kwargs["op_type"] == "fused_attn_score"
     mask = call.kwargs["attn_mask"]
@@ -158,18 +171,37 @@ def test_unresolved_packing_rebuilds_the_mask_from_valid_kv_length(ops, backend,
     torch.testing.assert_close(out[:used], _ref_real_rows(q, k, v, used))
 
 
+@pytest.mark.parametrize(("metadata", "rows", "used"), FALLBACKS)
+def test_npu_varlen_takes_unresolved_non_causal_layouts_as_documents(ops, metadata, rows, used):
+    """Host-int offsets let the varlen op take the real documents directly: keys clipped at valid_kv_length, a
+    trailing padding document left out (zeros), no mask."""
+    q, k, v = rand(rows, 2, 4, seed=20), rand(rows, 2, 4, seed=21), rand(rows, 2, 4, seed=22)
+    out = npu_varlen_attention(q, k, v, metadata=metadata)
+    (call,) = ops.calls
+    assert call.op == "varlen_attention" and "attn_mask" not in call.kwargs
+    real_q = metadata.cu_seqlens_q[1] if len(metadata.cu_seqlens_q) == 3 else rows
+    assert call.kwargs["cu_seqlens_q"] == [0, real_q] and call.kwargs["cu_seqlens_k"] == [0, used]
+    assert call.query.data_ptr() == q.data_ptr() and call.query.shape[0] == real_q
+    torch.testing.assert_close(out[:used], _ref_real_rows(q, k, v, used))
+    assert torch.equal(out[real_q:], torch.zeros(rows - real_q, 2, 4))
+
+
 @pytest.mark.parametrize("backend", [npu_varlen_attention, npu_laser_attention])
 def test_two_real_documents_are_never_read_as_real_and_padding(ops, backend):
     """LingBot's batch CFG: cu = [0, 5, 9], no valid_kv_length. The laser slice would let the second document
-    attend to the first one's keys; the masked path isolates them and matches the reference on every row."""
+    attend to the first one's keys; npu_laser isolates them with the masked path, npu_varlen passes both documents
+    to the varlen op; both match the reference on every row."""
     md = AttentionMetadata(cu_seqlens_q=(0, 5, 9), max_seqlen_q=5, max_seqlen_k=5)
     q, k, v = rand(9, 2, 4, seed=23), rand(9, 2, 4, seed=24), rand(9, 2, 4, seed=25)
     out = backend(q, k, v, metadata=md)
     (call,) = ops.calls
-    assert call.op == "attention" and call.kwargs["op_type"] == "fused_attn_score"
-    block = torch.zeros(9, 9, dtype=torch.bool)
-    block[:5, :5] = block[5:, 5:] = True
-    assert torch.equal(call.kwargs["attn_mask"][0, 0], block)
+    if backend is npu_varlen_attention:
+        assert call.op == "varlen_attention" and call.kwargs["cu_seqlens_q"] == call.kwargs["cu_seqlens_k"] == [0, 5, 9]
+    else:
+        assert call.op == "attention" and call.kwargs["op_type"] == "fused_attn_score"
+        block = torch.zeros(9, 9, dtype=torch.bool)
+        block[:5, :5] = block[5:, 5:] = True
+        assert torch.equal(call.kwargs["attn_mask"][0, 0], block)
     torch.testing.assert_close(out, sdpa_attention(q, k, v, metadata=md))
 
 
