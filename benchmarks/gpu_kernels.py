@@ -38,7 +38,9 @@ def _lengths(total: int, docs: int) -> list[int]:
     return out
 
 
-def cases() -> Iterator[object]:
+def cases(device: str = "cuda", tiny: bool = False) -> Iterator[object]:
+    """The cases; ``tiny`` shrinks every shape (the test suite runs them once on the CPU in Triton's interpreter
+    to check the script itself)."""
     import torch
     import torch.nn.functional as F
     from _harness import Case, ratio_at_most
@@ -48,16 +50,16 @@ def cases() -> Iterator[object]:
     from omnicore.attention.metadata import AttentionMetadata
     from omnicore.ops import reference as ref
 
-    sync = torch.cuda.synchronize
-    dev, bf16 = "cuda", torch.bfloat16
-    heads, d = 24, 128
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    dev, bf16 = device, torch.bfloat16
+    heads, d = (2, 64) if tiny else (24, 128)
     flash = None
-    if flash_attn_available():
+    if flash_attn_available() and device == "cuda":
         import flash_attn
 
         flash = flash_attn.flash_attn_varlen_func
 
-    for total in (4096, 16384, 32768):
+    for total in ((256,) if tiny else (4096, 16384, 32768)):
         for docs in (2, 8):
             lengths = _lengths(total, docs)
             md = AttentionMetadata.from_lengths(lengths)
@@ -79,7 +81,7 @@ def cases() -> Iterator[object]:
                        goal=ratio_at_most(1 / 1.5), reps=10, warmup=3, sync=sync)
             del mask
 
-    tokens, width = 8192, 3072
+    tokens, width = (16, 64) if tiny else (8192, 3072)
     x = torch.randn(2, tokens, width, device=dev, dtype=bf16)
     upd = torch.randn_like(x)
     gate, shift, scale = (torch.randn(2, 1, width, device=dev, dtype=torch.float32) * 0.1 for _ in range(3))
@@ -98,13 +100,14 @@ def cases() -> Iterator[object]:
     yield Case("gpu_kernels", "rope_rotate_half_2x8k_h24_d128", "fused", "eager",
                lambda: ops.rope_rotate_half(qh, cos, sin), lambda: ref.rope_rotate_half(qh, cos, sin),
                goal=ratio_at_most(1.0), reps=20, warmup=3, sync=sync)
-    fmap = torch.randn(1, 256, 4, 96, 96, device=dev, dtype=bf16)
-    gw, gb = torch.randn(256, device=dev, dtype=bf16), torch.randn(256, device=dev, dtype=bf16)
+    channels, side = (64, 6) if tiny else (256, 96)
+    fmap = torch.randn(1, channels, 4 if not tiny else 2, side, side, device=dev, dtype=bf16)
+    gw, gb = torch.randn(channels, device=dev, dtype=bf16), torch.randn(channels, device=dev, dtype=bf16)
     yield Case("gpu_kernels", "group_norm_silu_256ch_4x96x96", "fused", "eager",
                lambda: ops.group_norm_silu(fmap, 32, gw, gb, 1e-6), lambda: ref.group_norm_silu(fmap, 32, gw, gb, 1e-6),
                goal=ratio_at_most(1.0), reps=20, warmup=3, sync=sync)
     fmap_cl = fmap.contiguous(memory_format=torch.channels_last_3d)
-    gamma, beta = torch.randn(256, 1, 1, 1, device=dev), torch.randn(256, 1, 1, 1, device=dev)
+    gamma, beta = torch.randn(channels, 1, 1, 1, device=dev), torch.randn(channels, 1, 1, 1, device=dev)
     yield Case("gpu_kernels", "wan_rms_norm_silu_256ch_4x96x96_cl3d", "fused", "eager",
                lambda: ops.rms_norm_silu(fmap_cl, gamma, beta), lambda: ref.rms_norm_silu(fmap_cl, gamma, beta),
                goal=ratio_at_most(1.0), reps=20, warmup=3, sync=sync)
