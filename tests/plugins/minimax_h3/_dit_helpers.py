@@ -24,7 +24,7 @@ def build_reference(config: MiniMaxH3TransformerConfig, seed: int = 0) -> Any:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = MiniMaxH3Transformer3DModel(**config.to_dict())
+        model: Any = MiniMaxH3Transformer3DModel(**config.to_dict())
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight") or ".norm" in name and name.endswith("weight") and p.dim() == 1:
@@ -55,21 +55,22 @@ def fl2va_layout(num_text: int = 7, frames: int = 3, lh: int = 4, lw: int = 6, a
     pos, tags, vid, aud, txt, ncv, nca = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
         text_tags(num_text, vision), frames, lh, lw, audio_latents, PATCH, 2, 2, 0, anchors)
     return {"position_ids": pos, "token_tags": tags, "video_indices": vid, "audio_indices": aud, "text_indices": txt,
-                "num_condition_video_rows": ncv, "num_condition_audio_rows": nca}
+            "num_condition_video_rows": ncv, "num_condition_audio_rows": nca}
 
 
-def ref2va_layout(num_text: int = 9, frames: int = 2, lh: int = 4, lw: int = 4, audio_latents: int = 8) -> dict[str, Any]:
+def ref2va_layout(num_text: int = 9, frames: int = 2, lh: int = 4, lw: int = 4,
+                  audio_latents: int = 8) -> dict[str, Any]:
     """ref2va layout: an image reference, a video reference with a soundtrack, a standalone audio reference."""
     from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3Ref2VAPrepareLayoutStep
 
-    refs = [SimpleNamespace(kind="image", has_audio=False), SimpleNamespace(kind="video", has_audio=True),
+    refs: list[Any] = [SimpleNamespace(kind="image", has_audio=False), SimpleNamespace(kind="video", has_audio=True),
             SimpleNamespace(kind="audio", has_audio=True)]
     cond = [torch.zeros(1, 24, 1, 6, 4), torch.zeros(1, 24, 2, 4, 4)]
     cond_audio = [torch.zeros(2 * 5, 32), torch.zeros(2 * 3, 32)]
     pos, tags, vid, aud, txt, ncv, nca = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
         text_tags(num_text, (2, 5)), refs, cond, cond_audio, frames, lh, lw, audio_latents, PATCH, 2, 2, 0)
     return {"position_ids": pos, "token_tags": tags, "video_indices": vid, "audio_indices": aud, "text_indices": txt,
-                "num_condition_video_rows": ncv, "num_condition_audio_rows": nca}
+            "num_condition_video_rows": ncv, "num_condition_audio_rows": nca}
 
 
 def to_layout(raw: dict[str, Any], **kwargs: Any) -> RequestLayout:

@@ -140,8 +140,10 @@ class MiniMaxH3TransformerConfig:
     @classmethod
     def tiny(cls, **overrides: Any) -> MiniMaxH3TransformerConfig:
         """The tiny CPU config of models.md §1.10 (rot_dim 24 <= head_dim 32)."""
-        base = {"num_layers": 2, "num_refiner_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "attention_head_dim": 32,
-                    "ffn_dim": 128, "in_channels": 24, "audio_in_channels": 32, "patch_size": (1, 2, 2), "text_dim": 32,
-                    "freq_dim": 32, "time_embed_hidden_dim": 64, "time_embed_dim": 32, "rope_freq_dim": 4}
+        base: dict[str, Any] = {
+            "num_layers": 2, "num_refiner_layers": 1, "hidden_size": 64, "num_attention_heads": 2,
+            "attention_head_dim": 32, "ffn_dim": 128, "in_channels": 24, "audio_in_channels": 32,
+            "patch_size": (1, 2, 2), "text_dim": 32, "freq_dim": 32, "time_embed_hidden_dim": 64, "time_embed_dim": 32,
+            "rope_freq_dim": 4}
         base.update(overrides)
         return cls(**base)
