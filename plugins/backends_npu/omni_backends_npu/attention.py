@@ -24,6 +24,7 @@ the host. K/V heads are repeated for grouped-query attention before the op is ca
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -31,6 +32,9 @@ import torch
 
 from .resolve import check_valid_kv_length, laser_scale_factor, resolve_metadata
 from .seam import LASER_OP_TYPE, MASKED_OP_TYPE, current_ops
+
+logger = logging.getLogger("omni_backends_npu")
+_ANNOUNCED: set[tuple[Any, ...]] = set()
 
 #: the op-internal layout the laser kernel supports (inputs stay BSND); the masked path uses it too
 OP_LAYOUT = "BNSD"
@@ -261,6 +265,10 @@ def npu_rainfusion_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if real_rows(metadata) != used:
         raise ValueError(f"the RainFusion plan covers {used} rows (prefix {plan.prefix_len} + video "
                          f"{plan.video_rows}) but the metadata's real document has {real_rows(metadata)}")
+    key = (plan.prefix_len, plan.latent_shape, plan.sparsity)
+    if key not in _ANNOUNCED:  # activation log: sparsity, grid, prefix and video rows, once per layout
+        _ANNOUNCED.add(key)
+        logger.info(plan.describe())
     k, v = _expand_kv(q, k, v)
     out = current_ops().sparse_attention(q[None, :used], k[None, :used], v[None, :used], plan=plan,
                                          scale=_scale(q, scale))[0]

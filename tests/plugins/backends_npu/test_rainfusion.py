@@ -149,11 +149,16 @@ def _qkv(rows, heads=2, dim=16, seed=0):
     return (torch.randn(rows, heads, dim, generator=g) for _ in range(3))
 
 
-def test_sparse_call_covers_used_rows_only_and_dense_at_zero_sparsity(ops):
+def test_sparse_call_covers_used_rows_only_and_dense_at_zero_sparsity(ops, caplog):
     md = _metadata(20, (2, 16, 16), pad=12)  # 532 real rows + 12 padding rows
     plan = RainFusion(RainFusionConfig(sparsity=0.0)).plan(md, step=0, layer=0)
     q, k, v = _qkv(544, seed=1)
-    out = npu_rainfusion_attention(q, k, v, metadata=attrs.evolve(md, sparse_plan=plan), scale=0.25)
+    from omni_backends_npu import attention
+
+    attention._ANNOUNCED.clear()
+    with caplog.at_level("INFO", logger="omni_backends_npu"):
+        out = npu_rainfusion_attention(q, k, v, metadata=attrs.evolve(md, sparse_plan=plan), scale=0.25)
+    assert "grid [2, 16, 16], prefix 20 rows, video 512 rows" in caplog.text
     (call,) = ops.calls
     assert call.op == "sparse_attention" and call.kwargs["plan"] is plan and call.kwargs["scale"] == 0.25
     assert tuple(call.query.shape) == (1, 532, 2, 16) and call.key.data_ptr() == k.data_ptr()  # nothing padded
