@@ -6,6 +6,7 @@ does) Triton's interpreter runs them on CPU tensors instead, so every kernel is 
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -31,8 +32,22 @@ def on_kernel_device(*tensors: Any) -> bool:
 
 
 def kernel_dtype(*tensors: Any) -> bool:
-    """True when every tensor has a dtype the kernels handle."""
-    return all(str(t.dtype).removeprefix("torch.") in KERNEL_DTYPES for t in tensors)
+    """True when every tensor has a dtype the kernels handle (bf16 needs compute capability 8.0 on a GPU)."""
+    for t in tensors:
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in KERNEL_DTYPES:
+            return False
+        if name == "bfloat16" and t.device.type == "cuda" and not bf16_capable(t.device.index or 0):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=16)
+def bf16_capable(index: int) -> bool:
+    """Whether CUDA device ``index`` computes bf16 in Triton (Ampere, compute capability 8.0, and newer)."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
 
 
 def next_pow2(n: int) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._triton import on_kernel_device
+from ._triton import kernel_dtype, on_kernel_device
 
 
 # ---------------------------------------------------------------------------------------------- shared checks
@@ -80,6 +80,9 @@ def triton_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
 
     if not on_kernel_device(q, k, v):
         raise ValueError(f"the Triton attention kernel runs on CUDA tensors, got {q.device}")
+    if not kernel_dtype(q, k, v):
+        raise ValueError(f"the Triton attention kernel takes fp16/fp32 (bf16 from compute capability 8.0), got "
+                         f"{q.dtype} on {q.device}")
     _heads(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if metadata is None:
