@@ -64,11 +64,13 @@ def media_inputs_from_args(args: argparse.Namespace) -> tuple[Any, ...]:
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The Engine keywords shared by ``generate`` and ``serve`` (caches, offload, model options, VAE precision)."""
     from ..engine.model_options import parse_option_args
+    from ..parallel.config import ParallelConfig
 
     return {"cache_methods": tuple(getattr(args, "cache", ()) or ()),
             "offload": getattr(args, "offload", "none") or "none",
             "model_options": parse_option_args(getattr(args, "model_option", None) or ()),
-            "vae_decode_precision": getattr(args, "vae_decode_precision", None)}
+            "vae_decode_precision": getattr(args, "vae_decode_precision", None),
+            "parallel": ParallelConfig.parse(getattr(args, "parallel", None))}  # malformed: fails here
 
 
 def precheck(model: str, host: Any, request: Any, model_options: dict[str, Any]) -> None:

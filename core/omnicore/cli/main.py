@@ -69,6 +69,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="a deployment option the model declares (repeatable); `omnicore models` lists them")
     g.add_argument("--vae-decode-precision", choices=("fp32", "fp16", "bf16"),
                    help="precision of the VAE decode, for models that support another one than the DiT's")
+    g.add_argument("--parallel", metavar="DIM=N[,DIM=N]", default=None,
+                   help="run over several worker processes on torch.distributed (gloo on CPU, NCCL on CUDA, HCCL "
+                        "on NPU): cfg=2 puts the two guidance branches on two ranks, ulysses=N shards the sequence "
+                        "over N ranks; e.g. cfg=2,ulysses=2 (4 processes). Under torchrun, attaches to its ranks")
 
 
 def build_parser() -> argparse.ArgumentParser:
