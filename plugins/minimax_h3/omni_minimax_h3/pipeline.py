@@ -384,6 +384,8 @@ class MiniMaxH3Pipeline(BasePipeline):
                                              pad_seq_len=r.pad_seq_len)
             except ValueError as exc:
                 raise InvalidRequest("extra.pad_seq_len", str(exc)) from None
+            lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
+            layout = layout.with_latent_grid((r.num_latent_frames // patch[0], lh // patch[1], lw // patch[2]))
             plan = dit.prepare_request(layout, cond["embeds"])
             for oi in range(r.num_outputs):
                 seed = int(request.params.seed) + oi

@@ -41,6 +41,9 @@ def test_fl2va_keyframes_are_held_and_change_the_video(pipe):
     state, (out,) = run(pipe, request(inputs=(keyframe("first_frame", first), keyframe("last_frame", last)),
                                       extra={"aspect_ratio": "16:9"}))
     assert state.extras["items"][0].layout.num_condition_video_rows == 2 * (4 // 2) * (8 // 2)
+    # the generated video's token grid (conditioning frames excluded) on the DiT's attention metadata
+    frames = state.requests[0].extra["h3"].num_latent_frames
+    assert state.extras["batch"].docs.metadata.latent_grid == (frames, 4 // 2, 8 // 2)
     assert out.frames.shape == plain.frames.shape and not np.array_equal(out.frames, plain.frames)
     # the anchors never move: the conditioning rows after the loop are the noised latents from encode
     fresh = pipe.encode([pipe.preprocess(request(inputs=(keyframe("first_frame", first),
@@ -95,6 +98,7 @@ def test_ref2va_on_a_combined_deployment(combined):
     assert state.extras["partition"] == "ref2va"
     items = state.extras["items"]
     assert items[0].layout.num_condition_audio_rows == 2 * 100  # 2.5 s of audio = 100 latents per channel
+    assert items[0].layout.latent_grid == (state.requests[0].extra["h3"].num_latent_frames, 4 // 2, 8 // 2)
     assert out.frames.shape == (107, 64, 128, 3) and out.audio.shape == (2, 178 * 800)
     _, (t2va,) = run(combined, request())
     assert combined.preprocess(request()).extra["h3"].partition == "fl2va"

@@ -88,3 +88,29 @@ def test_row_timesteps_of_a_packed_pair() -> None:
     assert rows[o + lay1.used:].eq(0.2).all()  # request 1's pad rows follow its own video timestep
     ts = pair.step_timesteps([0.5, 0.2], [0.25, 0.125])
     assert torch.equal(ts.unique_timesteps[ts.inverse_indices], rows)
+
+
+def test_latent_grid_reaches_the_attention_metadata() -> None:
+    """The generated video's token grid (what the NPU RainFusion planner reads) is published on the DiT's
+    metadata when the batch's requests share it; a grid that does not describe the last real rows is refused."""
+    spy = SpyAttention()
+    dit = MiniMaxH3DiT(tiny_config(), attention=spy).eval()
+    raws = [fl2va_layout(num_text=5), fl2va_layout(anchors=("first",), num_text=6), fl2va_layout(frames=2)]
+    grids = [(3, 2, 3), (3, 2, 3), (2, 2, 3)]  # latent frames, latent 4x6 over the (1, 2, 2) patch
+    layouts = [to_layout(r).with_latent_grid(g) for r, g in zip(raws, grids)]
+    assert layouts[1].latent_grid == (3, 2, 3)
+    with pytest.raises(ValueError, match="latent_grid"):
+        to_layout(raws[0]).with_latent_grid((3, 3, 2 + 1))
+    with pytest.raises(ValueError, match="latent_grid"):
+        to_layout(raws[1]).with_latent_grid((4, 2, 3))  # would take in the conditioning frame's rows
+    xs = [request_inputs(r, dit.config, seed=i) for i, r in enumerate(raws)]
+    plans = [dit.prepare_request(lay, x["text"]) for lay, x in zip(layouts, xs)]
+    assert spy.calls[-1]["metadata"].latent_grid is None  # the token refiner's text-only documents
+    assert dit.pack(plans[:1]).docs.metadata.latent_grid == (3, 2, 3)
+    assert dit.pack(plans[:2]).docs.metadata.latent_grid == (3, 2, 3)
+    assert dit.pack([plans[0], plans[2]]).docs.metadata.latent_grid is None  # no one grid for the batch
+    single = dit.pack(plans[:1])
+    ts = single.step_timesteps([0.5], [0.5])
+    with torch.no_grad():
+        dit(single, xs[0]["video"], xs[0]["audio"], ts.unique_timesteps, ts.inverse_indices)
+    assert spy.calls[-1]["metadata"].latent_grid == (3, 2, 3)

@@ -26,7 +26,7 @@ class Documents:
     """Host-side document bounds of one packed forward, with the device/metadata forms built once."""
 
     def __init__(self, bounds: Sequence[int], device: torch.device, *, valid_kv_length: int | None = None,
-                 max_seqlen: int | None = None) -> None:
+                 max_seqlen: int | None = None, latent_grid: tuple[int, int, int] | None = None) -> None:
         self.bounds = tuple(int(b) for b in bounds)
         if self.bounds[0] != 0 or any(b < a for a, b in zip(self.bounds, self.bounds[1:])):
             raise ValueError(f"document bounds must start at 0 and not decrease, got {self.bounds}")
@@ -36,7 +36,8 @@ class Documents:
         self.max_seqlen = int(max_seqlen if max_seqlen is not None else max(spans, default=0))
         self.device = torch.device(device)
         self.metadata = AttentionMetadata(cu_seqlens_q=self.bounds, cu_seqlens_k=None, max_seqlen_q=self.max_seqlen,
-                                          max_seqlen_k=self.max_seqlen, valid_kv_length=self.valid_kv_length)
+                                          max_seqlen_k=self.max_seqlen, valid_kv_length=self.valid_kv_length,
+                                          latent_grid=latent_grid)
 
 
 class PackedAttention:
@@ -44,8 +45,10 @@ class PackedAttention:
 
     def __init__(self, fn: AttentionFn | None = None) -> None:
         if fn is None:
-            from omnicore.attention.reference import sdpa_attention as fn  # type: ignore[no-redef]
-        self.fn = fn
+            from omnicore.attention.reference import sdpa_attention
+
+            fn = sdpa_attention
+        self.fn: AttentionFn = fn
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents,
                  scale: float) -> torch.Tensor:

@@ -4,6 +4,9 @@ The pipeline builds the layout (text, conditioning/reference, audio and video ro
 positions and modality tags); the DiT only reads it. The fields are exactly what diffusers'
 ``build_packed_sequence`` / ``build_ref2va_packed_sequence`` return, so either may produce them. The document is
 padded with ``pad_rows`` rows to a multiple of ``seq_align`` (``[real | pad]``, §1.9 "Packed varlen").
+``latent_grid`` (set with :meth:`RequestLayout.with_latent_grid`) is the ``(frames, height, width)`` token grid of
+the generated video, which both layouts put last (``[text | conditions | audio | video]``); attention planners
+(e.g. the NPU's RainFusion) read it from ``AttentionMetadata.latent_grid``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class RequestLayout:
     num_condition_video_rows: int = 0
     num_condition_audio_rows: int = 0
     seq_len: int = 0  # used + pad rows
+    latent_grid: tuple[int, int, int] | None = None  # token grid of the generated video (the last real rows)
 
     @classmethod
     def build(
@@ -84,6 +88,18 @@ class RequestLayout:
             seq_len = -(-used // seq_align) * seq_align
         return cls(pos, tags, vid, aud, txt, int(num_condition_video_rows), int(num_condition_audio_rows),
                    max(seq_len, used))
+
+    def with_latent_grid(self, grid: tuple[int, int, int]) -> RequestLayout:
+        """This layout with the ``(frames, height, width)`` token grid of its generated video rows, checked to be
+        exactly the last ``frames * height * width`` real rows."""
+        t, h, w = (int(n) for n in grid)
+        n = t * h * w
+        generated = self.video_indices[self.num_condition_video_rows:]
+        if min(t, h, w) <= 0 or generated.numel() != n or not torch.equal(
+                generated, torch.arange(self.used - n, self.used)):
+            raise ValueError(f"latent_grid {tuple(grid)} ({n} rows) does not describe the "
+                             f"{generated.numel()} generated video rows at the end of the document")
+        return attrs.evolve(self, latent_grid=(t, h, w))
 
     @property
     def used(self) -> int:

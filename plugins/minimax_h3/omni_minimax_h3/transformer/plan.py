@@ -95,8 +95,9 @@ class BatchPlan:
             max_doc = max(max_doc, lay.used, lay.pad_rows)
             offsets.append(off + lay.seq_len)
         single = len(plans) == 1
+        grids = {p.layout.latent_grid for p in plans}  # published when every request shares one grid
         docs = Documents(bounds, device, valid_kv_length=plans[0].layout.used if single else None,
-                         max_seqlen=max_doc)
+                         max_seqlen=max_doc, latent_grid=grids.pop() if len(grids) == 1 else None)
         pair_of_row = torch.cat(pairs)
 
         def cat(ts: Sequence[torch.Tensor]) -> torch.Tensor:
