@@ -189,7 +189,9 @@ class RainFusion:
 
     def plan(self, metadata: Any, *, step: int, layer: int) -> RainFusionPlan | None:
         """The plan for this call, or ``None`` = dense (warm-up, exempt layer, no grid, not one document, video
-        too short, or rows that do not hold the grid)."""
+        too short, or rows that do not hold the grid). Only a model whose real rows are ``[prefix | video]`` (the
+        video last, in ``(t, h, w)`` order) may ask: the metadata cannot say where its video rows sit, so a
+        video-first layout such as LingBot's would be planned wrongly."""
         if step < self.config.start_step or layer in self.config.skip_layers:
             return None
         if metadata is None or metadata.latent_grid is None or metadata.causal:
