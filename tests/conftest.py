@@ -15,6 +15,18 @@ import pytest
 
 _counter = itertools.count()
 
+# pytest runs with --import-mode=importlib (pyproject.toml): nothing is added to sys.path per test file, so test
+# modules may share basenames across directories. What tests import by name goes on sys.path here, once: the
+# tests/ folder (the ``toy`` package) and every folder holding helper modules (``_*.py``). Helper module names
+# must therefore be unique across the suite (``_server_helpers``, ``_lingbot_helpers``, ...), checked here.
+_TESTS = Path(__file__).resolve().parent
+_HELPERS = sorted(p for p in _TESTS.rglob("_*.py") if p.name != "__init__.py" and "toy" not in p.parts)
+_dupes = sorted({p.name for p in _HELPERS if [q.name for q in _HELPERS].count(p.name) > 1})
+assert not _dupes, f"helper module names must be unique across tests/: {_dupes}"
+for _folder in [_TESTS, *sorted({p.parent for p in _HELPERS})]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
 
 @pytest.fixture
 def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., str]]:
