@@ -69,6 +69,12 @@ _LAZY: dict[str, str] = {
     "hook_context": "omnicore.module_hooks:hook_context",
     "AdaLNProjection": "omnicore.cache.adaln_schedule:AdaLNProjection",
     "AdaLNScheduleController": "omnicore.cache.adaln_schedule:AdaLNScheduleController",
+    "ABSENT": "omnicore.cache.adaln_schedule:ABSENT",  # adaln_step_index when no schedule step is given
+    "STATE_STEP_KEY": "omnicore.cache.adaln_schedule:STATE_STEP_KEY",  # state.extras key of that step index
+    "schedule_key": "omnicore.cache.adaln_schedule:schedule_key",
+    "StepTimesteps": "omnicore.cache.adaln_schedule:StepTimesteps",
+    "float32_bits": "omnicore.cache.adaln_schedule:float32_bits",
+    "materialize": "omnicore.offload:materialize",  # load model-offloaded weights to run modules outside forward
     # -- writing a cache method ------------------------------------------------------------------------------
     "StepCache": "omnicore.cache._step:StepCache",
     "StepCacheConfig": "omnicore.cache._step:StepCacheConfig",

@@ -29,7 +29,8 @@ PUBLIC_NAMES = frozenset({
     "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
     "Cancelled",
     # caches and offload
-    "BlockLoop", "TeaCacheAdapter", "hook_context", "AdaLNProjection", "AdaLNScheduleController",
+    "BlockLoop", "TeaCacheAdapter", "hook_context", "AdaLNProjection", "AdaLNScheduleController", "ABSENT",
+    "STATE_STEP_KEY", "schedule_key", "StepTimesteps", "float32_bits", "materialize",
     "StepCache", "StepCacheConfig", "ModelHook", "register_hook", "remove_hook",
     # backends
     "Platform", "PackedSequence", "sdpa_attention", "AttentionMetadata", "AttentionSpan", "OpSpec", "OP_NAMES", "ops",
