@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.errors import PluginError
+from omnicore.plugin import PluginError
 
 from .transformer.config import NATIVE_ALIASES, MiniMaxH3TransformerConfig
 

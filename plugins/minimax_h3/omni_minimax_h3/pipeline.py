@@ -29,13 +29,20 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from omnicore.cache.adaln_schedule import STATE_STEP_KEY, schedule_key
-from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions
-from omnicore.engine.request import GenerationRequest
-from omnicore.errors import ConfigError, InvalidRequest, PluginError
-from omnicore.offload import materialize
-from omnicore.outputs.output import Output
-from omnicore.specs import AttentionRequirement
+from omnicore.plugin import (
+    STATE_STEP_KEY,
+    AttentionRequirement,
+    BasePipeline,
+    ConfigError,
+    DenoiseState,
+    GenerationRequest,
+    InvalidRequest,
+    LoadOptions,
+    Output,
+    PluginError,
+    materialize,
+    schedule_key,
+)
 
 from . import packing
 from .conditions import (
@@ -93,12 +100,12 @@ def _soundtrack(source: Any, field: str) -> Any:
     """The audio stream of a video given as a path or bytes, or None (decoded clips carry no sound)."""
     import os
 
-    from omnicore.media import read_audio_clip
+    from omnicore.plugin import load_media
 
     if not isinstance(source, (str, bytes, bytearray, os.PathLike)):
         return None
     try:
-        return read_audio_clip(source, field=field)
+        return load_media("audio", source, field=field)
     except InvalidRequest:
         return None  # no (decodable) audio stream: the reference conditions on motion alone
 
@@ -488,7 +495,7 @@ class MiniMaxH3Pipeline(BasePipeline):
     @property
     def block_loop(self) -> Any:
         """The blocks layer-wise offload streams (a combined deployment's FL2VA DiT; its Ref2VA DiT stays resident)."""
-        from omnicore.blocks import BlockLoop
+        from omnicore.plugin import BlockLoop
 
         name = "transformer" if self.transformer is not None else "transformer_ref"
         return BlockLoop(blocks=f"{name}.blocks", streams=("x",))

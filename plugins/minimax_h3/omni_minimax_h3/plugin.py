@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from omnicore.hookspecs import hookimpl
-from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
+from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from omnicore.errors import InvalidRequest
+from omnicore.plugin import InvalidRequest
 
 FPS = 24
 SAMPLE_RATE = 32000

@@ -49,7 +49,7 @@ def modulated_input(dit: Any, state: Any, step: int) -> torch.Tensor:
 
 def make_adapter(pipeline: Any) -> Any:
     """The pipeline's ``TeaCacheAdapter`` (raises ``ValueError`` on a Ref2VA-only deployment)."""
-    from omnicore.cache.teacache import TeaCacheAdapter
+    from omnicore.plugin import TeaCacheAdapter
 
     partition = pipeline.partition
     if partition == "ref2va":
@@ -67,7 +67,7 @@ def make_adapter(pipeline: Any) -> Any:
             # an all-zero signal: its relative L1 change is infinite (0 / 0 -> inf), so the rescaled change is
             # inf/nan and never below any threshold -> every step computes
             return torch.zeros(1)
-        from omnicore.offload import materialize
+        from omnicore.plugin import materialize
 
         dit = pipeline.transformers["fl2va"]
         materialize(dit)  # the probe runs DiT modules outside forward (model offload releases them after it)

@@ -14,7 +14,7 @@ import tempfile
 import weakref
 
 import torch
-from omnicore.cache.adaln_schedule import AdaLNProjection
+from omnicore.plugin import AdaLNProjection
 
 
 def _remove(path: str) -> None:

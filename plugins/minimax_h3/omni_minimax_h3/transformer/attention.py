@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from omnicore.attention.metadata import AttentionMetadata
+from omnicore.plugin import AttentionMetadata
 from torch import nn
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -45,7 +45,7 @@ class PackedAttention:
 
     def __init__(self, fn: AttentionFn | None = None) -> None:
         if fn is None:
-            from omnicore.attention.reference import sdpa_attention
+            from omnicore.plugin import sdpa_attention
 
             fn = sdpa_attention
         self.fn: AttentionFn = fn

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from omnicore.errors import ConfigError
+from omnicore.plugin import ConfigError
 
 #: Rows of the per-block AdaLN table per distinct timestep: 0 video, 1 text, 2 audio.
 MODALITY_NUM = 3

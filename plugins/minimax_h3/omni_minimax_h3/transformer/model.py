@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from omnicore.cache.adaln_schedule import ABSENT, AdaLNScheduleController
+from omnicore.plugin import ABSENT, AdaLNScheduleController
 from torch import nn
 
 from .attention import AttentionFn, Documents, PackedAttention

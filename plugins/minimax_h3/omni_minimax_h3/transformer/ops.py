@@ -13,9 +13,12 @@ REQUIRED = ("rms_norm", "modulate", "gated_residual", "gated_residual_norm_modul
 
 
 def resolve_ops(ops: Any = None) -> Any:
-    """``ops`` if given (it must provide every op in :data:`REQUIRED`), else ``omnicore.ops.reference``."""
+    """``ops`` if given (it must provide every op in :data:`REQUIRED`), else the core's eager references
+    (``omnicore.plugin.ops``)."""
     if ops is None:
-        from omnicore.ops import reference as ops  # type: ignore[no-redef]
+        from omnicore.plugin import ops as eager
+
+        ops = eager
     missing = [name for name in REQUIRED if not callable(getattr(ops, name, None))]
     if missing:
         raise TypeError(f"platform ops object lacks {missing}")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 import torch
-from omnicore.cache.adaln_schedule import StepTimesteps, float32_bits
+from omnicore.plugin import StepTimesteps, float32_bits
 
 from .attention import Documents
 from .layout import RequestLayout
