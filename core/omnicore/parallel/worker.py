@@ -51,6 +51,9 @@ def init_distributed(backend: str, rank: int, world_size: int, init_method: str 
 
     import torch.distributed as dist
 
+    if backend == "hccl":  # torch_npu registers the HCCL backend when imported
+        import torch_npu  # noqa: F401
+
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))

@@ -4,8 +4,10 @@ request of a running batch); a killed worker fails its request with a clear erro
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,12 +61,14 @@ def reference(tiny_dir: Path) -> dict[str, list[np.ndarray]]:
 
 
 def _pids_gone(pids: list[int]) -> bool:
+    """No process with these ids runs (a zombie waiting for a reaper that is not its old parent counts as gone)."""
     for pid in pids:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        return False
+        if state != "Z":
+            return False
     return True
 
 
@@ -139,3 +143,26 @@ def test_killed_worker_fails_the_request_clearly_and_the_engine_turns_unhealthy(
     finally:
         assert engine.close(timeout=60)
     assert _pids_gone([worker.pid])
+
+
+@pytest.mark.slow
+def test_workers_exit_when_the_engine_process_is_killed(tiny_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import time\n"
+        "from omnicore.engine.api import Engine\n"
+        "if __name__ == '__main__':\n"
+        f"    engine = Engine({str(tiny_dir)!r}, parallel='ulysses=2')\n"
+        "    print(*[p.pid for p in engine.group.processes], flush=True)\n"
+        "    time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(pid) for pid in holder.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 1
+    finally:
+        holder.kill()  # SIGKILL: no atexit, no close(); the workers must notice on their own
+        holder.wait(30)
+    deadline = time.monotonic() + 20
+    while not _pids_gone(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _pids_gone(pids), "a worker outlived the engine's process"
