@@ -18,7 +18,7 @@ from ..config import Settings
 from ..errors import UnsupportedFeature
 from ..plugins.host import PluginHost
 from ..specs import AttentionBackendSpec, AttentionRequirement
-from .plugin import add_to_host, isolated_host
+from .plugin import add_loaded, isolated_host
 
 #: default (atol, rtol) per dtype against the float32 reference
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -59,9 +59,7 @@ class AttentionBackendConformance:
             pytest.fail(f"{type(self).__name__}: set `backend` to the registered backend name")
         host = isolated_host(settings)
         if self.plugin_module:
-            name = self.plugin_name or self.plugin_module.split(":")[0].split(".")[0]
-            record = add_to_host(host, self.plugin_module, name)
-            assert record.status == "loaded", record.error
+            add_loaded(host, self.plugin_module, self.plugin_name)
         return host
 
     @pytest.fixture

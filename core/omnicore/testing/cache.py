@@ -11,7 +11,7 @@ from ..config import Settings
 from ..plugins.host import PluginHost
 from ..specs import CacheMethodSpec
 from .model import output_bytes
-from .plugin import add_to_host, isolated_host
+from .plugin import add_loaded, isolated_host
 
 
 def _modules(pipeline: Any) -> dict[str, Any]:
@@ -79,8 +79,7 @@ class CacheMethodConformance:
             pytest.fail(f"{cls.__name__}: set `cache_method`, `model` and `plugin_module`")
         host = isolated_host(settings)
         for target in filter(None, (cls.plugin_module, cls.cache_plugin_module)):
-            record = add_to_host(host, target, target.split(":")[0].split(".")[0])
-            assert record.status == "loaded", f"{record.name}: {record.error}\n{record.traceback}"
+            add_loaded(host, target)
         return host
 
     @pytest.fixture(scope="class")

@@ -15,7 +15,7 @@ import pytest
 from ..config import Settings
 from ..errors import Cancelled, InvalidRequest, UnsupportedFeature
 from ..plugins.host import PluginHost
-from .plugin import add_to_host, isolated_host
+from .plugin import add_loaded, isolated_host
 from .runtime import (
     SPY_BACKEND,
     SpyAttentionPlugin,
@@ -87,9 +87,7 @@ class ModelPluginConformance:
         if not (cls.model and cls.plugin_module):
             pytest.fail(f"{cls.__name__}: set `model` (e.g. 'tiny:<name>') and `plugin_module`")
         host = isolated_host(settings)
-        name = cls.plugin_name or cls.plugin_module.split(":")[0].split(".")[0]
-        record = add_to_host(host, cls.plugin_module, name)
-        assert record.status == "loaded", f"{record.name}: {record.error}\n{record.traceback}"
+        add_loaded(host, cls.plugin_module, cls.plugin_name)
         return host
 
     @classmethod

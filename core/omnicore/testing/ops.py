@@ -16,7 +16,7 @@ import pytest
 from ..ops.names import OP_NAMES
 from ..plugins.host import PluginHost
 from ..specs import OpSpec, resolve
-from .plugin import add_to_host, isolated_host
+from .plugin import add_loaded, isolated_host
 
 #: default (atol, rtol) per dtype, kernel vs eager reference on the same inputs
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -104,9 +104,7 @@ class PlatformOpConformance:
             pytest.fail(f"{type(self).__name__}: set `op` (one of {', '.join(OP_NAMES)}) and `platform`")
         host = isolated_host()
         if self.plugin_module:
-            name = self.plugin_name or self.plugin_module.split(":")[0].split(".")[0]
-            record = add_to_host(host, self.plugin_module, name)
-            assert record.status == "loaded", record.error
+            add_loaded(host, self.plugin_module, self.plugin_name)
         return host
 
     @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from ..errors import PlatformUnavailable
 from ..plugins.host import PluginHost
 from ..specs import PlatformSpec
-from .plugin import add_to_host, isolated_host
+from .plugin import add_loaded, isolated_host
 
 
 class PlatformConformance:
@@ -35,9 +35,7 @@ class PlatformConformance:
             pytest.fail(f"{type(self).__name__}: set `platform` to the registered platform name")
         host = isolated_host()
         if self.plugin_module:
-            name = self.plugin_name or self.plugin_module.split(":")[0].split(".")[0]
-            record = add_to_host(host, self.plugin_module, name)
-            assert record.status == "loaded", record.error
+            add_loaded(host, self.plugin_module, self.plugin_name)
         return host
 
     @pytest.fixture

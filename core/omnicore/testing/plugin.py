@@ -52,6 +52,18 @@ def add_to_host(host: PluginHost, target: str, name: str) -> PluginRecord:
     return host.add_plugin(obj, name, value=target)
 
 
+def default_plugin_name(target: str) -> str:
+    """The name the kits register ``target`` under by default: its top-level package."""
+    return target.split(":")[0].split(".")[0]
+
+
+def add_loaded(host: PluginHost, target: str, name: str | None = None) -> PluginRecord:
+    """:func:`add_to_host` under ``name`` (default :func:`default_plugin_name`), asserting that the plugin loaded."""
+    record = add_to_host(host, target, name or default_plugin_name(target))
+    assert record.status == "loaded", f"{record.name}: {record.error}\n{record.traceback}"
+    return record
+
+
 def _run_fresh(code: str, timeout: float = 120.0) -> Any:
     """Run ``code`` in a fresh interpreter that can import what this one can; return its last line as JSON."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -119,7 +131,7 @@ class PluginConformance:
     def _name(self) -> str:
         if not self.plugin_module:
             pytest.fail(f"{type(self).__name__}: set `plugin_module` to your entry-point target")
-        return self.plugin_name or self.plugin_module.split(":")[0].split(".")[0]
+        return self.plugin_name or default_plugin_name(self.plugin_module)
 
     @pytest.fixture
     def plugin_host(self) -> PluginHost:
