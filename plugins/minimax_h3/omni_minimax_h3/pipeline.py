@@ -119,17 +119,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PluginError("minimax_h3", f"{path.parent}: missing {path.name}") from None
-    except ValueError as exc:
-        raise PluginError("minimax_h3", f"{path}: not valid JSON ({exc})") from None
-
-
 def component_root(path: Path) -> Path:
     """Where the shared components live: the repository itself (diffusers layout) or its ``FL2VA/`` partition
     (official layout; a Ref2VA-only download keeps them under ``Ref2VA/``)."""
@@ -168,11 +157,11 @@ class MiniMaxH3Pipeline(BasePipeline):
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: Path | str, options: LoadOptions) -> MiniMaxH3Pipeline:
-        from .loader import load_transformer, read_transformer_config, transformer_dirs
+        from .loader import load_transformer, read_json, read_transformer_config, transformer_dirs
 
         root = Path(path)
         shared = component_root(root)
-        meta = _read_json(shared / "model_index.json").get("_minimax_h3") or {}
+        meta = read_json(shared / "model_index.json").get("_minimax_h3") or {}
         dirs = transformer_dirs(root)
         if not dirs:
             raise PluginError("minimax_h3", f"{root}: no transformer/ or transformer_ref/ (nor FL2VA/ / Ref2VA/) "
