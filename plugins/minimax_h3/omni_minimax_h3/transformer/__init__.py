@@ -30,6 +30,8 @@ Per request (branch), once — ``RequestLayout`` (``.layout``) is what the pipel
         # multiple of ``seq_align`` rows ([real | pad], pad rows attend nowhere real and are never read back):
         # 64 (the release's MINIMAX_H3_SEQ_ALIGN) gives accelerator kernels static shapes; on a CPU device use
         # seq_align=1 — padding rows there cost GEMM work and buy nothing (results are identical either way).
+    layout = layout.with_latent_grid((frames, h, w))       # optional: the generated video's token grid, published
+        # as AttentionMetadata.latent_grid for attention planners (checked to be the last real rows)
     plan = dit.prepare_request(layout, prompt_embeds)      # prompt_embeds [L, text_dim] (L = len(text_indices))
         # -> RequestPlan: RoPE cos/sin table and the token-refined text rows (refiner runs here, not per step)
 
@@ -55,7 +57,8 @@ Per step::
         # x0 = x_t + (1 - t) v), conditioning/reference rows included and unmasked (as diffusers); float32.
 
 TeaCache: ``dit.modulated_input(batch, video, audio, unique_timesteps, inverse_indices, adaln_step_index=...)``
-is the first block's modulated input ``[T, H]`` (what the cache compares). Pieces of the forward are public:
+is the first block's modulated input ``[T, H]`` (what the cache compares; ``direct=True`` bypasses another
+schedule's installed AdaLN tables). Pieces of the forward are public:
 ``dit.step_embedding(unique_timesteps, adaln_step_index=...)`` -> ``t_emb``, ``dit.embed(batch, video, audio)``.
 
 Time embeddings for a whole schedule up front: ``dit.schedule_embeddings([s.unique_timesteps for s in steps])``
