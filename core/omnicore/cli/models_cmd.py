@@ -13,8 +13,11 @@ from typing import Any
 from ..plugins import PluginHost
 
 
-def _preset_name(name: str) -> str:
-    return name if name.startswith("tiny:") else f"tiny:{name}"
+def preset_card(preset: Any) -> dict[str, Any]:
+    """A :class:`~omnicore.specs.PresetSpec` as listed: its ``tiny:`` name, description and request defaults."""
+    name = preset.name if preset.name.startswith("tiny:") else f"tiny:{preset.name}"
+    return {"name": name, "description": preset.description,
+            "defaults": None if preset.defaults is None else preset.defaults.to_json()}
 
 
 def model_card(spec: Any) -> dict[str, Any]:
@@ -36,8 +39,7 @@ def model_card(spec: Any) -> dict[str, Any]:
                    "max_frames": caps.max_frames, "frame_rule": caps.frame_rule,
                    "fps_range": None if caps.fps_range is None else list(caps.fps_range)},
         "defaults": spec.defaults.to_json(),
-        "presets": [{"name": _preset_name(p.name), "description": p.description,
-                     "defaults": None if p.defaults is None else p.defaults.to_json()} for p in spec.presets],
+        "presets": [preset_card(p) for p in spec.presets],
         "options": [o.to_json() for o in spec.options],
     }
 

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from ..plugins import LOADED, PluginHost
+from .models_cmd import preset_card
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _presets(host: PluginHost) -> list[dict[str, Any]]:
     """Every registered tiny preset: its ``tiny:`` name, model, provider, description and request defaults."""
-    return [{"name": p.name if p.name.startswith("tiny:") else f"tiny:{p.name}", "model": spec.name,
-             "provider": spec.provider, "description": p.description,
-             "defaults": None if p.defaults is None else p.defaults.to_json()}
+    return [{**preset_card(p), "model": spec.name, "provider": spec.provider}
             for spec in host.models for p in spec.presets]
 
 
