@@ -43,6 +43,8 @@ _LAZY: dict[str, str] = {
     "output_seeds": "omnicore.engine.protocol:output_seeds",
     "GenerationRequest": "omnicore.engine.request:GenerationRequest",
     "SamplingParams": "omnicore.engine.request:SamplingParams",
+    "MAX_SEED": "omnicore.engine.request:MAX_SEED",  # seeds are ints in [0, MAX_SEED]; output i uses seed + i
+    "random_seed": "omnicore.engine.request:random_seed",
     "Output": "omnicore.outputs.output:Output",
     "read_image": "omnicore.outputs.readers:read_image",
     # -- media inputs with roles and deployment options -------------------------------------------------------
@@ -52,6 +54,10 @@ _LAZY: dict[str, str] = {
     "VideoClip": "omnicore.media:VideoClip",
     "AudioClip": "omnicore.media:AudioClip",
     "load_media": "omnicore.media:load_media",
+    # the engine's capability check, for a preprocess that callers may reach without the engine (pure, idempotent)
+    "check_request": "omnicore.engine.inputs:check_request",
+    "resolve_roles": "omnicore.engine.inputs:resolve_roles",
+    "check_inputs": "omnicore.engine.inputs:check_inputs",
     # -- cancellation points inside a long stage (decode chunks) ---------------------------------------------
     "raise_if_cancelled": "omnicore.engine.cancellation:raise_if_cancelled",
     "cancel_points": "omnicore.engine.cancellation:cancel_points",

@@ -21,10 +21,10 @@ PUBLIC_NAMES = frozenset({
     "AttentionCapabilities", "AttentionRequirement", "CacheMethodSpec",
     # pipeline protocol
     "Pipeline", "BasePipeline", "DenoiseState", "LoadOptions", "output_seeds", "GenerationRequest",
-    "SamplingParams", "Output", "read_image",
+    "SamplingParams", "Output", "read_image", "MAX_SEED", "random_seed",
     # media inputs, model options, cancellation points
     "MediaInput", "InputRole", "ModelOption", "VideoClip", "AudioClip", "load_media", "raise_if_cancelled",
-    "cancel_points",
+    "cancel_points", "check_request", "resolve_roles", "check_inputs",
     # errors
     "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
     "Cancelled",
