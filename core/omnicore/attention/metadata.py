@@ -44,6 +44,59 @@ class AttentionSpan:
             raise ValueError(f"AttentionSpan needs ints 0 <= start < end, got [{self.start!r}, {self.end!r})")
 
 
+@attrs.frozen
+class QueryRun:
+    """Consecutive query positions ``[start, end)`` of one document that share how far they see.
+
+    ``causal=False``: every query of the run sees keys ``[0, keys)``. ``causal=True``: the query at position
+    ``p`` sees keys ``[0, p + 1)`` (and ``keys == end``). Positions are document-relative key positions.
+    """
+
+    start: int
+    end: int
+    keys: int
+    causal: bool = False
+
+
+def query_runs(q_start: int, q_end: int, spans: Sequence[AttentionSpan] = (), *,
+               key_limit: int | None = None) -> tuple[QueryRun, ...]:
+    """Cut the causal queries at positions ``[q_start, q_end)`` of one document into :class:`QueryRun` s.
+
+    A query at ``p`` sees keys ``[0, limit(p))``: ``limit(p)`` is the largest end of a span containing ``p``
+    (spans are bidirectional islands), or ``p + 1`` outside every span, and never more than ``key_limit``
+    (keys past it are padding). Every visible set is a key prefix, so each run can be computed with no mask
+    at all (a fixed prefix, or plain causal from position 0), except a causal run that starts later (a text
+    run between images, or queries after a cached prefix), whose mask is ``run x keys``.
+    Host ints only; nothing here touches a device.
+    """
+    if not 0 <= q_start <= q_end:
+        raise ValueError(f"query positions must satisfy 0 <= start <= end, got [{q_start}, {q_end})")
+    if key_limit is not None and key_limit <= 0:
+        raise ValueError(f"key_limit must be positive, got {key_limit}")
+    cuts = {q_start, q_end}
+    for span in spans:
+        cuts.update(x for x in (span.start, span.end) if q_start < x < q_end)
+    if key_limit is not None and q_start < key_limit < q_end:
+        cuts.add(key_limit)
+    runs: list[QueryRun] = []
+    for a, b in itertools.pairwise(sorted(cuts)):
+        ends = [span.end for span in spans if span.start <= a < span.end]  # constant over [a, b)
+        if ends:
+            run = QueryRun(a, b, max(ends) if key_limit is None else min(max(ends), key_limit))
+        elif key_limit is not None and a >= key_limit:
+            run = QueryRun(a, b, key_limit)
+        elif b - a == 1:
+            run = QueryRun(a, b, b)
+        else:
+            run = QueryRun(a, b, b, causal=True)
+        last = runs[-1] if runs else None
+        if last is not None and not last.causal and not run.causal and last.keys == run.keys:
+            runs[-1] = QueryRun(last.start, b, run.keys)
+        else:
+            runs.append(run)
+    return tuple(runs)
+
+
 def _host_offsets(name: str, value: Any) -> tuple[int, ...]:
     if hasattr(value, "device") and hasattr(value, "tolist"):
         raise TypeError(f"{name} must be host ints (a tuple), not a tensor: lengths stay on the host so "
@@ -208,4 +261,4 @@ class AttentionMetadata:
         return cls(cu_seqlens_q=offsets, **kwargs)
 
 
-__all__ = ["AttentionMetadata", "AttentionSpan"]
+__all__ = ["AttentionMetadata", "AttentionSpan", "QueryRun", "query_runs"]

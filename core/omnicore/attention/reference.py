@@ -11,10 +11,15 @@ Dense (``metadata is None``): ``q [B, Sq, H, D]``, ``k, v [B, Sk, Hkv, D]`` (GQA
 prefix K/V (more keys than queries), causal and bidirectional spans, an optional sparse plan (a dense backend
 ignores it; selection never gives a dense backend to a call site that requires sparsity).
 
-The reference runs one SDPA call per document on host-int offsets: memory is O(Σ Sᵢ²), documents never see each
-other, no device tensor is read on the host, and a mask is built — per document, small — only where the layout
-needs one (causal with prefix keys, or spans). Query rows outside every document (or past ``valid_kv_length``)
-come back as zeros.
+The reference works one document at a time on host-int offsets: documents never see each other and no device
+tensor is read on the host. Inside a causal document every query sees a key *prefix* (up to its own position, or
+to the end of the bidirectional span it sits in), so the queries are cut into runs that share one prefix
+(:func:`~omnicore.attention.metadata.query_runs`) and each run is one SDPA call over its prefix with no mask: a
+span, a single token, or a causal stretch from position 0 (``is_causal``). Only a causal stretch that starts
+later (text between images, queries after a cached prefix) takes a mask, built in row blocks of at most
+:data:`MASK_BLOCK_ELEMENTS`, so no ``[S, S]`` mask is ever made. Grouped K/V heads are read in place
+(``enable_gqa``), never repeated. Query rows outside every document (or past ``valid_kv_length``) come back as
+zeros.
 
 The keywords ``cu_seqlens_q`` / ``cu_seqlens_k`` (tensors) of the first wave are still accepted for
 compatibility; they are read on the host once per call (a device sync), so new code passes ``metadata``.
@@ -22,12 +27,12 @@ compatibility; they are read on the host once per call (a device sync), so new c
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, QueryRun, query_runs
 
 
 def sdpa_attention(
@@ -50,8 +55,15 @@ def sdpa_attention(
     if metadata is None:
         if q.dim() != 4:
             raise ValueError(f"dense attention expects q as [B, S, H, D], got shape {tuple(q.shape)}")
-        if causal and q.shape[1] != k.shape[1]:
-            mask = _causal_mask(q.shape[1], k.shape[1], None, q.device)
+        sq, sk = q.shape[1], k.shape[1]
+        if causal and sq < sk and attn_mask is None:  # bottom-right causal over a longer key prefix
+            if q.shape[2] % k.shape[2]:
+                raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
+            out = q.new_empty(*q.shape[:3], v.shape[-1])
+            _attend_runs(q, k, v, out, query_runs(sk - sq, sk), sk - sq, scale)
+            return out
+        if causal and sq != sk:
+            mask = _causal_mask(sq, sk, q.device)
             attn_mask = mask if attn_mask is None else attn_mask & mask
             causal = False
         return _dense(q, k, v, attn_mask, scale, causal)
@@ -97,6 +109,8 @@ def packed_reference(
     if cu_k[-1] > k.shape[0] or k.shape[0] != v.shape[0]:
         raise ValueError(f"cu_seqlens_k[-1]={cu_k[-1]} exceeds the packed key length {k.shape[0]} "
                          f"(or k and v differ: {tuple(k.shape)} vs {tuple(v.shape)})")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
     valid = metadata.valid_kv_length
     spans = metadata.spans if causal else None
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
@@ -111,31 +125,62 @@ def packed_reference(
             if valid is not None and ks >= valid:
                 continue  # a padding document: its outputs are unspecified (zeros here)
             raise ValueError(f"document {i} has {qe - qs} queries but no keys")
-        # causal positions come from the document's full lengths (queries are its last lq_full positions)
-        lq_full, lk_full = cu_q[i + 1] - qs, cu_k[i + 1] - ks
-        doc_spans = spans[i] if spans is not None else ()
-        mask = None
-        is_causal = False
         if causal:
-            if doc_spans or lq_full != lk_full or qe - qs != ke - ks:
-                mask = _causal_mask(lq_full, lk_full, doc_spans, q.device)[: qe - qs, : ke - ks]
-            else:
-                is_causal = True
-        out[qs:qe] = _dense(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask, scale, is_causal)[0]
+            # queries are the document's last positions (bottom-right), counted on its full lengths; a query
+            # placed before the first key (more queries than keys) sees nothing and stays zero
+            first = (cu_k[i + 1] - ks) - (cu_q[i + 1] - qs)
+            skip = max(0, -first)
+            runs = query_runs(first + skip, first + qe - qs, spans[i] if spans is not None else (),
+                              key_limit=ke - ks) if qe - qs > skip else ()
+            first, qs = first + skip, qs + skip
+        else:
+            first, runs = 0, (QueryRun(0, qe - qs, ke - ks),)
+        _attend_runs(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], out[None, qs:qe], runs, first, scale)
     return out
 
 
-def _causal_mask(lq: int, lk: int, spans: Any, device: torch.device) -> torch.Tensor:
-    """``[lq, lk]`` bool: query ``i`` sits at key position ``lk - lq + i``; it sees keys at or before it, and
-    every key of a bidirectional span that contains it."""
+#: the most boolean mask elements one SDPA call gets (a causal run starting past position 0 is cut into row
+#: blocks that fit, so no call ever holds a ``queries x keys`` mask of the whole document)
+MASK_BLOCK_ELEMENTS = 1 << 20
+
+
+def _attend_runs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    runs: Sequence[QueryRun],
+    first: int,
+    scale: float | None,
+) -> None:
+    """One SDPA call per :class:`QueryRun` (or per row block of a late causal run), written into ``out``.
+
+    ``q [B, n, H, D]`` holds the queries at positions ``first .. first + n - 1``; ``k, v [B, L, Hkv, D]``
+    the document's keys from position 0; ``out [B, n, H, Dv]`` (a view) receives the rows. A run needs no mask
+    when its queries share one key prefix, or when it is causal from position 0 (``is_causal`` on the square).
+    """
+    gqa = q.shape[2] != k.shape[2]
+    qt, kt, vt, ot = (x.transpose(1, 2) for x in (q, k, v, out))  # views [B, heads, rows, D]
+    for run in runs:
+        a, b = run.start - first, run.end - first
+        if not run.causal or run.start == 0:
+            keys = run.keys
+            ot[:, :, a:b] = F.scaled_dot_product_attention(qt[:, :, a:b], kt[:, :, :keys], vt[:, :, :keys],
+                                                           is_causal=run.causal, scale=scale, enable_gqa=gqa)
+            continue
+        rows = max(1, MASK_BLOCK_ELEMENTS // run.end)
+        for p in range(run.start, run.end, rows):
+            e = min(run.end, p + rows)  # queries at p .. e - 1 see keys [0, own position]
+            mask = torch.arange(e, device=q.device)[None, :] <= torch.arange(p, e, device=q.device)[:, None]
+            ot[:, :, p - first:e - first] = F.scaled_dot_product_attention(
+                qt[:, :, p - first:e - first], kt[:, :, :e], vt[:, :, :e], attn_mask=mask, scale=scale,
+                enable_gqa=gqa)
+
+
+def _causal_mask(lq: int, lk: int, device: torch.device) -> torch.Tensor:
+    """``[lq, lk]`` bool: query ``i`` sits at key position ``lk - lq + i`` and sees the keys at or before it."""
     pos = torch.arange(lk - lq, lk, device=device)
-    keys = torch.arange(lk, device=device)
-    mask = keys[None, :] <= pos[:, None]
-    for span in spans or ():
-        q_in = (pos >= span.start) & (pos < span.end)
-        k_in = (keys >= span.start) & (keys < span.end)
-        mask |= q_in[:, None] & k_in[None, :]
-    return mask
+    return torch.arange(lk, device=device)[None, :] <= pos[:, None]
 
 
 def _dense(

@@ -65,14 +65,17 @@ def test_span_attention_equals_the_dense_mask_reference(spans, lq):
 
 
 def test_dense_mask_is_causal_plus_bidirectional_spans():
-    from omni_hunyuan.attention import dense_mask, query_runs
+    from omni_hunyuan.attention import dense_mask
+    from omnicore.attention.metadata import AttentionSpan, QueryRun, query_runs
 
     m = dense_mask(6, 6, [(2, 4)])
     assert m[1].tolist() == [True, True, False, False, False, False]
     assert m[2].tolist() == [True, True, True, True, False, False]  # sees the whole span, not past it
     assert m[4].tolist() == [True] * 5 + [False]
-    assert query_runs(0, 6, [(2, 4)]) == [(0, 2, None), (2, 4, 4), (4, 6, None)]
-    assert query_runs(3, 6, [(2, 4)]) == [(3, 4, 4), (4, 6, None)]  # queries start inside the span
+    # the core's run plan (what span metadata is computed with): causal, the span, causal
+    span = (AttentionSpan(2, 4),)
+    assert query_runs(0, 6, span) == (QueryRun(0, 2, 2, causal=True), QueryRun(2, 4, 4), QueryRun(4, 6, 6, True))
+    assert query_runs(3, 6, span) == (QueryRun(3, 4, 4), QueryRun(4, 6, 6, True))  # queries start inside the span
 
 
 def test_span_attention_hands_metadata_to_a_backend():
