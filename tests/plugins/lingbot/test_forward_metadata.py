@@ -189,7 +189,8 @@ def test_pipeline_reuse_is_bit_identical(pipe, monkeypatch, case):
 def test_moe_preset_and_refiner_stage_reuse_is_bit_identical(tiny_moe_dir, monkeypatch):
     moe = load(tiny_moe_dir)
     reqs = [request("a red fox", seed=3, extra={"batch_cfg": True, "run_refiner": True, "refiner_height": 64,
-                                                  "refiner_width": 96, "refiner_guidance_scale": 2.0})]
+                                                  "refiner_width": 96, "refiner_guidance_scale": 2.0,
+                                                  "refiner_batch_cfg": True})]
     on, off = _run_both(moe, monkeypatch, *reqs)
     _assert_identical(on, off)
     # after the stage switch only the refiner's branch is kept: the base stage's records went with its text
