@@ -4,10 +4,11 @@ The layout is an edit request's: 600 text tokens, a 1000-token joint condition i
 2400-token generated image and 46 trailing tokens (4096 in all); attention is causal plus bidirectional inside
 both images. Arms, one CFG row, 8 query heads of 64 with 2 K/V heads:
 
-- ``span_metadata``: the model's own mask-free path (:func:`omni_hunyuan.attention.span_attention`: one SDPA per
-  run of queries, no mask except a few rows for the short text runs between spans);
-- ``core_sdpa_metadata``: the same call through omnicore's reference backend with ``AttentionMetadata.spans``
-  (what the engine hands the model on CPU);
+- ``span_metadata``: the model's path with no engine backend (:func:`omni_hunyuan.attention.span_attention`, which
+  calls omnicore's reference ``sdpa`` with span metadata: one SDPA per run of queries sharing a key prefix, no
+  mask except a few rows for the short text runs between spans);
+- ``core_sdpa_metadata``: the same backend handed to the model's ``SpanAttention`` (what the engine selects on
+  CPU);
 - ``dense_mask``: the O(S²) reference, the ``[S, S]`` boolean mask built and passed to one SDPA call.
 
 Time: interleaved medians (harness). Peak memory: each arm runs in a fresh interpreter (Linux): after one
