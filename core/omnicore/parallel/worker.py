@@ -6,8 +6,9 @@ prepared requests), ``("step", i)`` (run denoise step ``i`` through the ``omnico
 holds the same latents (CFG and Ulysses results are exchanged inside the model), so replaying the same calls keeps
 the ranks in lockstep; only rank 0 decodes and returns outputs.
 
-A worker that fails a command exits: its peers' next collective then fails instead of waiting forever, and
-rank 0 reports the group broken. A worker also exits when its parent process disappears (no orphans).
+A worker that fails a step exits: its peers' next collective then fails instead of waiting forever, and rank 0
+reports the group broken. (A failed encode — no collectives, and the same request fails on rank 0 — only drops
+the batch.) A worker also exits when its parent process disappears (no orphans).
 """
 
 from __future__ import annotations
@@ -103,8 +104,14 @@ def serve_commands(host: Any, pipeline: Any, control: Any) -> None:
         if kind == "shutdown":
             return
         if kind == "batch":
-            state = pipeline.encode(command[1])
+            try:  # no collectives in encode: a request that fails here fails on rank 0 too, which ends the batch
+                state = pipeline.encode(command[1])
+            except Exception:
+                logger.warning("rank-local encode failed; waiting for rank 0 to end the batch", exc_info=True)
+                state = None
         elif kind == "step":
+            if state is None:  # rank 0 encoded what this rank could not: the ranks have diverged
+                raise RuntimeError("rank 0 ran a step of a batch this rank failed to encode")
             state = host.denoise(pipeline=pipeline, state=state, step=command[1])
         elif kind == "select":
             shrunk = pipeline.select_requests(state, command[1])
