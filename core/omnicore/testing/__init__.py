@@ -18,6 +18,7 @@ _LAZY = {
     "CacheMethodConformance": "omnicore.testing.cache:CacheMethodConformance",
     "PlatformOpConformance": "omnicore.testing.ops:PlatformOpConformance",
     "isolated_host": "omnicore.testing.plugin:isolated_host",
+    "add_loaded": "omnicore.testing.plugin:add_loaded",
 }
 
 

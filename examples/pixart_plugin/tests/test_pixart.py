@@ -44,14 +44,13 @@ def test_offload_keeps_the_outputs(offload: str, tmp_path) -> None:
     """The declared block loop and offload modules are enough for both offload modes (bit-identical on CPU)."""
     import omnicore
     from omnicore.config import Settings
-    from omnicore.testing import isolated_host
-    from omnicore.testing.plugin import add_to_host
+    from omnicore.testing import add_loaded, isolated_host
 
     settings = Settings(cache_dir=str(tmp_path))
     outputs = []
     for mode in ("none", offload):
         host = isolated_host(settings)
-        add_to_host(host, PLUGIN, "omni_example_pixart")
+        add_loaded(host, PLUGIN)  # registered as its package name, omni_example_pixart; fails unless it loaded
         with omnicore.Engine("tiny:pixart", host=host, settings=settings, offload=mode) as engine:
             [out] = engine.generate("a red fox", height=32, width=32, num_inference_steps=2, seed=3)
             outputs.append(out.frames.tobytes())
