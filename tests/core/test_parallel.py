@@ -80,3 +80,16 @@ def test_collectives_match_single_process_on_gloo(tmp_path: Path, dims: str) -> 
     from _parallel_helpers import collectives_rank
 
     mp.spawn(collectives_rank, args=(str(tmp_path / "rendezvous"), dims), nprocs=2, join=True)
+
+
+def test_engine_refuses_parallel_for_a_model_that_does_not_declare_it_before_any_process_starts(toy_host) -> None:
+    import multiprocessing
+
+    from omnicore.engine.api import Engine
+
+    with pytest.raises(UnsupportedFeature, match=r"does not implement cfg parallelism") as info:
+        Engine("tiny:toy", host=toy_host, parallel="cfg=2")
+    assert info.value.feature == "parallel"
+    assert multiprocessing.active_children() == []
+    with pytest.raises(ConfigError, match="DIM=N"):
+        Engine("tiny:toy", host=toy_host, parallel="pipeline=2")

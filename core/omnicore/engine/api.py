@@ -107,6 +107,7 @@ class Engine:
         self.settings = settings if settings is not None else host.settings
         if offload not in OFFLOAD_MODES:
             raise InvalidRequest("offload", f"must be one of {list(OFFLOAD_MODES)}, got {offload!r}")
+        self.parallel = ParallelConfig.parse(parallel)  # a malformed layout fails before anything loads
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
         host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
         self.platform = _instantiate_platform(host, platform)
@@ -121,7 +122,6 @@ class Engine:
                               attention=self._attention, offload=offload, model_options=dict(self.model_options),
                               vae_decode_precision=vae_decode_precision)
         self._attention_requests = 0
-        self.parallel = ParallelConfig.parse(parallel)
         self.group = start_group(self.parallel, self.resolved.spec, os.fspath(model), self.platform, self.settings,
                                  offload=offload, model_options=self.model_options,
                                  vae_decode_precision=vae_decode_precision, cache_methods=[m for m, _ in methods])
