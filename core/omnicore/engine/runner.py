@@ -62,9 +62,12 @@ class BatchRunner:
                 with request_fast_paths(self.pipeline, {j.request.quality for j in members}):
                     try:
                         self._run(members)
-                    finally:
-                        if self.group is not None:
-                            self.group.end_batch()
+                    except BaseException as exc:
+                        if self.group is not None:  # ends the batch on the workers, or the group if out of step
+                            self.group.fail_batch(exc)
+                        raise
+                    if self.group is not None:
+                        self.group.end_batch()
         except Exception as exc:
             logger.exception("batch of %d request(s) failed", len(members))
             if self.group is not None:  # a dead worker becomes one clear error naming the rank
@@ -129,6 +132,7 @@ class BatchRunner:
         for job in members:
             job.emit("decode", step=total, total_steps=total)
         reused = len(getattr(state, "reused_steps", ()))  # filled by step caches (DenoiseState.reused_steps)
+        self._announce("decode")  # the steps are over on every rank
         t = time.perf_counter()
         try:  # a chunked decode checks between chunks (engine.cancellation), so DELETE stops it within seconds
             with cancel_scope(lambda: all(j.cancel_requested or j.done for j in members)):

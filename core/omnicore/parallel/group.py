@@ -80,6 +80,9 @@ class WorkerGroup:
         self.ctx = ctx
         self.processes = processes  # spawned workers, rank 1.. (empty when attached to torchrun)
         self.failure: str | None = None
+        self._own_failure = False  # the group was ended because rank 0 itself failed mid-step
+        self._checked: BaseException | None = None  # the last error looked at by explain()
+        self._stepping: int | None = None  # the step announced last, until the next command says it completed
         self._stopping = False
         self._lock = threading.Lock()
         self._monitor = None
@@ -151,10 +154,13 @@ class WorkerGroup:
 
         if self.failure is not None:
             raise WorkerGroupBroken(self.failure)
+        self._stepping = None
         try:
             dist.broadcast_object_list([(kind, *args)], src=0, group=self.control)
         except Exception as exc:
             raise self.explain(exc) from exc
+        if kind == "step":
+            self._stepping = args[0]
 
     def end_batch(self) -> None:
         """Tell the workers the batch is over (never raises: it runs while a failure is being reported)."""
@@ -164,19 +170,31 @@ class WorkerGroup:
             except Exception:
                 logger.warning("could not end the batch on the workers: %s", self.failure)
 
+    def fail_batch(self, exc: BaseException) -> None:
+        """Rank 0's batch raised ``exc``. Outside a step the workers just drop the batch; inside one they may be
+        waiting in a collective rank 0 will never enter, so the group is ended (no hang) and reported broken."""
+        self.explain(exc)  # records a dead worker first, if that is what happened
+        if self.failure is None and self._stepping is not None:
+            self._own_failure = True
+            self._mark_broken(f"rank 0 failed in denoise step {self._stepping} ({type(exc).__name__}: {exc}); "
+                              "the ranks are out of step")
+        self.end_batch()
+
     def explain(self, exc: BaseException) -> BaseException:
         """The error to report for ``exc`` raised during a step: a :class:`WorkerGroupBroken` when a worker died."""
         if isinstance(exc, WorkerGroupBroken):
             return exc
-        alive = [p for p in self.processes if p.is_alive()]
-        if len(alive) == len(self.processes) and self.processes:  # give a dying worker a moment to be seen
-            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=1.0)
-        self._check_processes()
-        if self.failure is None and _looks_like_peer_loss(exc):
-            self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
-        if self.failure is not None:
+        if self.failure is None and exc is not self._checked:
+            self._checked = exc
+            alive = [p for p in self.processes if p.is_alive()]
+            if len(alive) == len(self.processes) and self.processes:  # give a dying worker a moment to be seen
+                multiprocessing.connection.wait([p.sentinel for p in alive], timeout=1.0)
+            self._check_processes()
+            if self.failure is None and _looks_like_peer_loss(exc):
+                self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
+        if self.failure is not None and not self._own_failure:
             return WorkerGroupBroken(f"parallel worker group failed: {self.failure}")
-        return exc
+        return exc  # rank 0's own error (the group may have been ended because of it)
 
     # ------------------------------------------------------------------ health
     def _check_processes(self) -> None:

@@ -2,7 +2,8 @@
 
 Rank 0 (the engine's process) announces each batch on the control group: ``("batch", requests)`` (encode the
 prepared requests), ``("step", i)`` (run denoise step ``i`` through the ``omnicore_denoise`` hook),
-``("select", keep)`` (drop cancelled requests), ``("end",)`` (forget the batch) and ``("shutdown",)``. Every rank
+``("select", keep)`` (drop cancelled requests), ``("decode",)`` (the steps are over; rank 0 decodes),
+``("end",)`` (forget the batch) and ``("shutdown",)``. Every rank
 holds the same latents (CFG and Ulysses results are exchanged inside the model), so replaying the same calls keeps
 the ranks in lockstep; only rank 0 decodes and returns outputs.
 
@@ -116,6 +117,8 @@ def serve_commands(host: Any, pipeline: Any, control: Any) -> None:
         elif kind == "select":
             shrunk = pipeline.select_requests(state, command[1])
             state = shrunk if shrunk is not None else state
+        elif kind == "decode":
+            pass  # rank 0 decodes alone
         elif kind == "end":
             state = None
         else:

@@ -166,3 +166,28 @@ def test_workers_exit_when_the_engine_process_is_killed(tiny_dir: Path, tmp_path
     while not _pids_gone(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _pids_gone(pids), "a worker outlived the engine's process"
+
+
+@pytest.mark.slow
+def test_rank0_failing_mid_step_ends_the_group_instead_of_hanging(tiny_dir: Path) -> None:
+    engine = _engine(tiny_dir, "cfg=2")
+    worker = engine.group.processes[0]
+    model = engine.pipeline.transformer  # rank 0's copy only: the worker's forward still enters the exchange
+    calls = {"n": 0}
+    forward = model.forward
+
+    def failing_forward(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # step 1: rank 0 never reaches the CFG exchange the worker waits in
+            raise RuntimeError("rank-0 boom")
+        return forward(*args, **kwargs)
+    model.forward = failing_forward
+    try:
+        job = engine.submit(make_request(PROMPTS[0], guidance_scale=3.0, seed=1, **{**SMALL, "num_inference_steps": 4}))
+        assert job.wait(60), "the request hung"
+        assert job.status == "failed" and "rank-0 boom" in str(job.error)  # the real cause, not a transport error
+        assert not engine.worker_alive
+        assert "denoise step 1" in engine.group.failure
+    finally:
+        assert engine.close(timeout=60)
+    assert _pids_gone([worker.pid])
