@@ -102,6 +102,13 @@ _LAZY: dict[str, str] = {
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
     "install_fast_path": "omnicore.vae_fast_paths:install_fast_path",
     "apply_decode_precision": "omnicore.vae_fast_paths:apply_decode_precision",
+    # -- reading checkpoints: safetensors files, strict loading (errors name plugin, component, tensors) --------
+    "CheckpointError": "omnicore.checkpoint:CheckpointError",
+    "WeightMismatch": "omnicore.checkpoint:WeightMismatch",
+    "read_json": "omnicore.checkpoint:read_json",
+    "weight_files": "omnicore.checkpoint:weight_files",
+    "read_state_dict": "omnicore.checkpoint:read_state_dict",
+    "load_strict": "omnicore.checkpoint:load_strict",
     # -- wrapping diffusers models ---------------------------------------------------------------------------
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
 }

@@ -39,6 +39,8 @@ PUBLIC_NAMES = frozenset({
     "FastPathGate", "fast_path_gate", "install_fast_path", "apply_decode_precision",
     # wrapping diffusers
     "route_diffusers_attention",
+    # reading checkpoints (1.1)
+    "CheckpointError", "WeightMismatch", "read_json", "weight_files", "read_state_dict", "load_strict",
 })
 
 

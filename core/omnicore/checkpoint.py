@@ -1,0 +1,171 @@
+"""Reading safetensors checkpoints and loading them strictly (shared by the model plugins).
+
+A component folder (a diffusers ``transformer/``, ``vae/`` ...) holds a ``config.json`` and its weights as one
+safetensors file or as shards named by a ``*.safetensors.index.json``. The functions here read those, and
+:func:`load_strict` copies (or, with ``assign=True``, assigns into a meta-device model) a state dict where every
+expected tensor must be present with its exact shape and nothing else may be. Every failure is a
+:class:`CheckpointError` (a :class:`~omnicore.errors.PluginError`, so the engine and server report it as one)
+naming the plugin, the component and the folder; :class:`WeightMismatch` lists the missing, unexpected and
+mis-shaped tensors together.
+
+torch and safetensors are imported only when weights are read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import PluginError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CheckpointError", "WeightMismatch", "load_strict", "read_json", "read_state_dict", "weight_files"]
+
+#: How many names of each kind a :class:`WeightMismatch` message shows (the attributes keep them all).
+SHOWN_NAMES = 20
+
+
+class CheckpointError(PluginError):
+    """A checkpoint folder of ``plugin`` is unusable (missing file, bad JSON, missing shard ...).
+
+    ``path`` is the file or folder concerned, ``component`` (optional) the part of the model it belongs to
+    (``"transformer"``, ``"vae"`` ...), ``problem`` what is wrong.
+    """
+
+    def __init__(self, plugin: str, path: Path | str, problem: str, *, component: str | None = None) -> None:
+        self.path = Path(path)
+        self.component = component
+        self.problem = problem
+        where = f"{component} ({path})" if component else f"{path}"
+        super().__init__(plugin, f"{where}: {problem}")
+
+
+class WeightMismatch(CheckpointError):
+    """Strict loading failed. ``missing`` (expected, not in the checkpoint), ``unexpected`` (in the checkpoint, not
+    expected) and ``mismatched`` (``"name (checkpoint (..), model (..))"``) are sorted lists of every name."""
+
+    def __init__(self, plugin: str, path: Path | str, missing: Iterable[str] = (), unexpected: Iterable[str] = (),
+                 mismatched: Iterable[str] = (), *, component: str | None = None) -> None:
+        self.missing = sorted(missing)
+        self.unexpected = sorted(unexpected)
+        self.mismatched = sorted(mismatched)
+        parts = []
+        for label, names in (("missing", self.missing), ("unexpected", self.unexpected),
+                             ("shape mismatch", self.mismatched)):
+            if names:
+                shown = ", ".join(names[:SHOWN_NAMES])
+                if len(names) > SHOWN_NAMES:
+                    shown += f" (+{len(names) - SHOWN_NAMES} more)"
+                parts.append(f"{label} weights: {shown}")
+        super().__init__(plugin, path, "; ".join(parts) or "weights differ", component=component)
+
+
+def read_json(path: Path | str, *, plugin: str, component: str | None = None) -> dict[str, Any]:
+    """The JSON object in ``path``; a missing file, invalid JSON or a non-object is a :class:`CheckpointError`
+    on the file's folder."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(plugin, path.parent, f"missing {path.name}", component=component) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(plugin, path.parent, f"{path.name} is not valid JSON: {exc}",
+                              component=component) from None
+    if not isinstance(data, dict):
+        raise CheckpointError(plugin, path.parent, f"{path.name} holds a {type(data).__name__}, not an object",
+                              component=component)
+    return data
+
+
+def _shards(index: Path, folder: Path, plugin: str, component: str | None) -> list[Path]:
+    weight_map = read_json(index, plugin=plugin, component=component).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(plugin, folder, f"{index.name} has no weight_map", component=component)
+    shards = sorted({str(name) for name in weight_map.values()})
+    for shard in shards:
+        if not (folder / shard).is_file():
+            raise CheckpointError(plugin, folder, f"shard {shard} named by {index.name} is missing",
+                                  component=component)
+    return [folder / shard for shard in shards]
+
+
+def weight_files(folder: Path | str, *, plugin: str, component: str | None = None,
+                 weights_name: str | None = None) -> list[Path]:
+    """The safetensors files of a component folder, in a stable order.
+
+    With ``weights_name`` (e.g. ``"diffusion_pytorch_model.safetensors"``): the shards named by
+    ``<weights_name>.index.json`` when it exists, else that single file (other files, such as diffusers'
+    ``.fp16`` variants, are ignored). Without it: the shards of the folder's only ``*.safetensors.index.json``,
+    else every ``*.safetensors`` file. Finding none, several indexes or a missing shard is a
+    :class:`CheckpointError`.
+    """
+    folder = Path(folder)
+    if weights_name is not None:
+        index = folder / f"{weights_name}.index.json"
+        if index.is_file():
+            return _shards(index, folder, plugin, component)
+        if (folder / weights_name).is_file():
+            return [folder / weights_name]
+        raise CheckpointError(plugin, folder, f"no {weights_name} or {index.name}", component=component)
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise CheckpointError(plugin, folder, f"several safetensors indexes: {[p.name for p in indexes]}",
+                              component=component)
+    if indexes:
+        return _shards(indexes[0], folder, plugin, component)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(plugin, folder, "no safetensors weights (*.safetensors or a "
+                                              "*.safetensors.index.json)", component=component)
+    return files
+
+
+def read_state_dict(folder: Path | str, *, plugin: str, component: str | None = None,
+                    weights_name: str | None = None, prefix: str | None = None,
+                    keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a component folder (files as :func:`weight_files` finds them) on the CPU.
+
+    ``prefix``: only names starting with it, returned with the prefix removed (``"vae."`` of a single-file
+    checkpoint). ``keys``: only these names (after the prefix is removed); every one must be present, else a
+    :class:`WeightMismatch` lists the absent ones. A name in more than one shard is a :class:`CheckpointError`.
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    wanted = None if keys is None else set(keys)
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder, plugin=plugin, component=component, weights_name=weights_name):
+        with safe_open(str(file), framework="pt") as handle:
+            for stored in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+                if prefix is not None and not stored.startswith(prefix):
+                    continue
+                name = stored[len(prefix):] if prefix else stored
+                if wanted is not None and name not in wanted:
+                    continue
+                if name in state:
+                    raise CheckpointError(plugin, folder, f"weight {stored} appears in more than one shard",
+                                          component=component)
+                state[name] = handle.get_tensor(stored)
+    if wanted is not None and wanted - set(state):
+        raise WeightMismatch(plugin, folder, missing=wanted - set(state), component=component)
+    return state
+
+
+def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], *, plugin: str, path: Path | str,
+                component: str | None = None, assign: bool = False) -> None:
+    """Load ``state`` into ``module``: every entry of ``module.state_dict()`` must be in ``state`` with its exact
+    shape, and nothing else may be; otherwise a :class:`WeightMismatch` (``path``: the folder it came from) names
+    them all and ``module`` is left untouched. ``assign=True`` takes the tensors over instead of copying (for a
+    module built on the meta device: no second copy of the weights)."""
+    expected = module.state_dict()
+    missing = set(expected) - set(state)
+    unexpected = set(state) - set(expected)
+    mismatched = [f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)})"
+                  for k, v in expected.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    if missing or unexpected or mismatched:
+        raise WeightMismatch(plugin, path, missing, unexpected, mismatched, component=component)
+    module.load_state_dict(dict(state), strict=True, assign=assign)
