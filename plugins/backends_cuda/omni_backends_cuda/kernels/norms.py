@@ -254,9 +254,11 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | flo
     if out.numel():
         block_c = next_pow2(c)
         block_s = max(1, min(next_pow2(s), 4096 // block_c))
+        bias_tensor = bias.reshape(c) if isinstance(bias, torch.Tensor) else x  # x: an unused placeholder
+        bias_value = float(bias) if isinstance(bias, (int, float)) else 0.0
         mode = 1 if isinstance(bias, torch.Tensor) else 2 if bias is not None else 0
         _rms_norm_silu_kernel[(n, triton.cdiv(s, block_s))](
-            x, gamma.reshape(c), bias.reshape(c) if mode == 1 else x, out, c, s, float(eps), float(c) ** 0.5,
-            float(bias) if mode == 2 else 0.0, sxn, sxc, sxs, syn, syc, sys_, BIAS_MODE=mode, BLOCK_S=block_s,
+            x, gamma.reshape(c), bias_tensor, out, c, s, float(eps), float(c) ** 0.5,
+            bias_value, sxn, sxc, sxs, syn, syc, sys_, BIAS_MODE=mode, BLOCK_S=block_s,
             BLOCK_C=block_c)
     return out
