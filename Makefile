@@ -12,7 +12,7 @@ PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml
 PYTEST_ARGS ?=
 ALLOW_NO_TESTS ?= 0
 
-.PHONY: install test test-all test-isolation serve bench clean
+.PHONY: install lint test test-all test-isolation serve bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "omnicore needs Python 3.10+; set PYTHON=python3.X")'
@@ -35,12 +35,18 @@ if [ $$rc -eq 5 ]; then \
 fi; exit $$rc
 endef
 
+# Static checks, configured in pyproject.toml: ruff on core/ and plugins/, then mypy on the core and every plugin
+# package under plugins/. `make test` and `make test-all` run them first, so CI does too.
+lint: $(STAMP)
+	$(BIN)/ruff check core plugins
+	$(BIN)/mypy
+
 # `make test`: the fast default, tests marked slow deselected (a few minutes on 2 cores).
-test: $(STAMP)
+test: $(STAMP) lint
 	$(call run_pytest,-m "not slow")
 
 # `make test-all`: everything, slow tests included (CI runs this; under 10 minutes on 2 cores).
-test-all: $(STAMP)
+test-all: $(STAMP) lint
 	$(call run_pytest,)
 
 # Each test directory alone, its files in reverse order: catches tests that depend on collection order.

@@ -150,3 +150,19 @@ def test_scheduler_has_no_dead_knobs():
     import omnicore.engine.jobs as jobs
 
     assert not hasattr(jobs, "STATUSES")
+
+
+def test_make_test_runs_the_lint_gate():
+    """``make test`` and ``make test-all`` (so CI) run ruff and mypy, configured for the core and every plugin
+    directory, and a clean clone's test extra installs both (issue 14 §3)."""
+    import tomllib
+
+    repo = CORE.parents[1]
+    makefile = (repo / "Makefile").read_text()
+    assert re.search(r"^test: .*\blint\b", makefile, re.M) and re.search(r"^test-all: .*\blint\b", makefile, re.M)
+    lint = re.search(r"^lint:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert lint and "ruff check core plugins" in lint.group(1) and "mypy" in lint.group(1)
+    workspace = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]
+    assert set(workspace["mypy"]["files"]) == {"core/omnicore", "plugins"}
+    extra = tomllib.loads((repo / "core" / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert {re.split(r"[<>=!~ ]", r)[0] for r in extra} >= {"ruff", "mypy"}
