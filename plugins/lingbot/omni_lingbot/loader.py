@@ -3,100 +3,26 @@
 Layout: ``model_index.json``, ``transformer/`` (config.json + ``diffusion_pytorch_model*.safetensors``, single
 file or sharded with an index), ``text_encoder/`` (transformers Qwen3-VL), ``processor/`` (tokenizer + image
 processor), ``vae/`` (diffusers AutoencoderKLWan), ``scheduler/scheduler_config.json``. Our DiT is loaded
-strictly: any missing, unexpected or mis-shaped weight is an error that names it.
+strictly (``omnicore.checkpoint``): any missing, unexpected or mis-shaped weight is a ``WeightMismatch`` that names
+it, the plugin and the component folder.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from omnicore.errors import PluginError
+from omnicore.plugin import CheckpointError, WeightMismatch, load_strict, read_json, read_state_dict
 
 from .detect import TRANSFORMER_CLASS
 
 PLUGIN = "lingbot"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
-
-class CheckpointError(PluginError):
-    """The checkpoint directory is not a usable LingBot repository (missing file, bad config)."""
-
-    def __init__(self, path: Path | str, problem: str) -> None:
-        self.path = Path(path)
-        super().__init__(PLUGIN, f"{path}: {problem}")
-
-
-class WeightMismatch(CheckpointError):
-    """Strict loading failed: ``missing``, ``unexpected`` and ``mismatched`` (name: shapes) say what differs."""
-
-    def __init__(self, path: Path | str, missing: Iterable[str], unexpected: Iterable[str],
-                 mismatched: Iterable[str] = ()) -> None:
-        self.missing = sorted(missing)
-        self.unexpected = sorted(unexpected)
-        self.mismatched = sorted(mismatched)
-        parts = []
-        for label, names in (("missing", self.missing), ("unexpected", self.unexpected),
-                             ("shape mismatch", self.mismatched)):
-            if names:
-                shown = ", ".join(names[:20]) + (f" (+{len(names) - 20} more)" if len(names) > 20 else "")
-                parts.append(f"{label} weights: {shown}")
-        super().__init__(path, "; ".join(parts))
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(path.parent, f"missing {path.name}") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(path.parent, f"{path.name} is not valid JSON: {exc}") from None
-
-
-def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a diffusers component: the index's shards, else the single file."""
-    index = model_dir / WEIGHTS_INDEX_NAME
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(model_dir, f"{WEIGHTS_INDEX_NAME} has no weight_map")
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if not (model_dir / shard).is_file():
-                raise CheckpointError(model_dir, f"shard {shard} named by {WEIGHTS_INDEX_NAME} is missing")
-        return [model_dir / s for s in shards]
-    single = model_dir / WEIGHTS_NAME
-    if single.is_file():
-        return [single]
-    raise CheckpointError(model_dir, f"no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}")
-
-
-def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for file in weight_files(model_dir):
-        for name, tensor in load_file(str(file)).items():
-            if name in state:
-                raise CheckpointError(model_dir, f"weight {name} appears in more than one shard")
-            state[name] = tensor
-    return state
-
-
-def load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    """Copy ``state`` into ``model``; every expected tensor must be present with its exact shape, nothing more."""
-    expected = model.state_dict()
-    missing = set(expected) - set(state)
-    unexpected = set(state) - set(expected)
-    mismatched = [f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)})"
-                  for k, v in expected.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
-    if missing or unexpected or mismatched:
-        raise WeightMismatch(where, missing, unexpected, mismatched)
-    model.load_state_dict(state, strict=True)
-
+__all__ = ["PLUGIN", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "CheckpointError", "WeightMismatch", "cast_for_inference",
+           "load_transformer", "save_transformer"]
 
 def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """``dtype`` everywhere except the modules the DiT keeps in float32 (its own ``cast`` policy, §2.4)."""
@@ -111,13 +37,15 @@ def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtyp
     from .transformer.config import LingBotTransformerConfig
     from .transformer.model import LingBotVideoTransformer3DModel
 
-    raw = read_json(model_dir / "config.json")
+    part = model_dir.name  # "transformer" or "refiner": named in every error
+    raw = read_json(model_dir / "config.json", plugin=PLUGIN, component=part)
     try:
         config = LingBotTransformerConfig.from_dict(raw)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(model_dir, f"bad transformer config: {exc}") from None
+        raise CheckpointError(PLUGIN, model_dir, f"bad transformer config: {exc}", component=part) from None
     model = LingBotVideoTransformer3DModel(config, attention=attention, ops=ops)
-    load_strict(model, read_state_dict(model_dir), model_dir)
+    state = read_state_dict(model_dir, plugin=PLUGIN, component=part, weights_name=WEIGHTS_NAME)
+    load_strict(model, state, plugin=PLUGIN, path=model_dir, component=part)
     return cast_for_inference(model, dtype).to(device).eval().requires_grad_(False)
 
 

@@ -28,10 +28,11 @@ from omnicore.errors import ConfigError, InvalidRequest
 from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
 from omnicore.parallel.cfg import cfg_branches, data_parallel
+from omnicore.plugin import read_json
 from omnicore.specs import AttentionRequirement
 
 from .image_condition import align_image, apply_clean_prefix, load_image
-from .loader import CheckpointError, load_transformer, read_json
+from .loader import PLUGIN, CheckpointError, load_transformer
 from .plan import PLAN_KEY, LingBotPlan, Sampling, caption_of, plan_of
 from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
@@ -88,10 +89,10 @@ class LingBotPipeline(BasePipeline):
             raise ConfigError("vae_decode_precision", f"LingBot decodes its VAE in fp32 only, got {precision!r}; "
                                                       "leave it unset or use fp32")
         root = Path(path)
-        read_json(root / "model_index.json")  # a clear error when this is not a repository at all
+        read_json(root / "model_index.json", plugin=PLUGIN)  # a clear error when this is not a repository at all
         for part in ("transformer", "text_encoder", "processor", "vae"):
             if not (root / part).is_dir():
-                raise CheckpointError(root, f"missing the {part}/ folder")
+                raise CheckpointError(PLUGIN, root, f"missing the {part}/ folder")
         device = options.platform.device()
         dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
         parallel = getattr(options, "parallel", None)
@@ -99,7 +100,7 @@ class LingBotPipeline(BasePipeline):
         def dit(folder: Path) -> Any:
             attention = None
             if options.attention is not None:
-                cfg = read_json(folder / "config.json")
+                cfg = read_json(folder / "config.json", plugin=PLUGIN, component=folder.name)
                 head_dim = int(cfg.get("hidden_size", 2048)) // int(cfg.get("num_attention_heads", 16))
                 attention = options.attention(AttentionRequirement(
                     platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim,
@@ -118,8 +119,9 @@ class LingBotPipeline(BasePipeline):
             for key in ("text_dim", "in_channels", "out_channels"):
                 mine, base = getattr(refiner.config, key), getattr(transformer.config, key)
                 if mine != base:
-                    raise CheckpointError(root / "refiner", f"refiner {key} {mine} differs from the transformer's "
-                                                            f"{base}; the two stages share text and latents")
+                    raise CheckpointError(PLUGIN, root / "refiner", f"refiner {key} {mine} differs from the "
+                                                                    f"transformer's {base}; the two stages share "
+                                                                    "text and latents")
         # model options first, then files in the checkpoint, then built-in texts (omni_lingbot.prompts)
         prompts = load_prompt_texts(root, getattr(options, "model_options", None))
         text_encoder = LingBotTextEncoder.from_pretrained(root / "text_encoder", root / "processor",
