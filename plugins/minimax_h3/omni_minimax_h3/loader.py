@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.plugin import PluginError
+from omnicore.plugin import CheckpointError, WeightMismatch, load_strict, read_json, read_state_dict, weight_files
 
 from .transformer.config import NATIVE_ALIASES, MiniMaxH3TransformerConfig
 
@@ -33,96 +33,34 @@ DIFFUSERS_CLASS = "MiniMaxH3Transformer3DModel"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 FORMATS = ("diffusers", "official")
-
-
-class CheckpointError(PluginError):
-    """The folder is not a usable MiniMax-H3 transformer (missing file, bad config)."""
-
-    def __init__(self, path: Path | str, problem: str) -> None:
-        self.path = Path(path)
-        super().__init__(PLUGIN, f"{path}: {problem}")
-
-
-class WeightMismatch(CheckpointError):
-    """Strict loading failed: ``missing``, ``unexpected`` and ``mismatched`` name what differs."""
-
-    def __init__(self, path: Path | str, missing: Iterable[str], unexpected: Iterable[str],
-                 mismatched: Iterable[str] = ()) -> None:
-        self.missing = sorted(missing)
-        self.unexpected = sorted(unexpected)
-        self.mismatched = sorted(mismatched)
-        parts = []
-        for label, names in (("missing", self.missing), ("unexpected", self.unexpected),
-                             ("shape mismatch", self.mismatched)):
-            if names:
-                shown = ", ".join(names[:20]) + (f" (+{len(names) - 20} more)" if len(names) > 20 else "")
-                parts.append(f"{label} weights: {shown}")
-        super().__init__(path, "; ".join(parts))
+__all__ = ["PLUGIN", "CheckpointError", "WeightMismatch", "detect_transformer_format", "diffusers_to_ours",
+           "load_transformer", "official_to_ours", "ours_to_diffusers", "ours_to_official", "read_transformer_config",
+           "save_transformer", "transformer_dirs"]
 
 
 # ---------------------------------------------------------------------------------------------- files
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(Path(path).parent, f"missing {Path(path).name}") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(Path(path).parent, f"{Path(path).name} is not valid JSON: {exc}") from None
-
-
-def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a transformer folder: an index's shards, else the single file(s)."""
-    model_dir = Path(model_dir)
-    indexes = sorted(model_dir.glob("*.safetensors.index.json"))
-    if len(indexes) > 1:
-        raise CheckpointError(model_dir, f"several safetensors indexes: {[p.name for p in indexes]}")
-    if indexes:
-        weight_map = read_json(indexes[0]).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(model_dir, f"{indexes[0].name} has no weight_map")
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if not (model_dir / shard).is_file():
-                raise CheckpointError(model_dir, f"shard {shard} named by {indexes[0].name} is missing")
-        return [model_dir / s for s in shards]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(model_dir, f"no safetensors weights ({WEIGHTS_NAME} or an index)")
-    return files
-
-
-def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    state: dict[str, torch.Tensor] = {}
-    for file in weight_files(model_dir):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
-                if name in state:
-                    raise CheckpointError(model_dir, f"weight {name} appears in more than one shard")
-                state[name] = f.get_tensor(name)
-    return state
-
-
 def read_transformer_config(model_dir: Path) -> MiniMaxH3TransformerConfig:
-    raw = read_json(Path(model_dir) / "config.json")
+    model_dir = Path(model_dir)
+    raw = read_json(model_dir / "config.json", plugin=PLUGIN, component=model_dir.name)
     return MiniMaxH3TransformerConfig.from_dict(raw)
 
 
 def detect_transformer_format(model_dir: Path) -> str:
     """``"diffusers"`` or ``"official"`` from the config class name, else from the weight names."""
-    raw = read_json(Path(model_dir) / "config.json")
+    model_dir = Path(model_dir)
+    raw = read_json(model_dir / "config.json", plugin=PLUGIN, component=model_dir.name)
     if raw.get("_class_name") == DIFFUSERS_CLASS:
         return "diffusers"
     from safetensors import safe_open
 
-    with safe_open(str(weight_files(model_dir)[0]), framework="pt") as f:
+    with safe_open(str(weight_files(model_dir, plugin=PLUGIN, component=model_dir.name)[0]), framework="pt") as f:
         names = list(f.keys())
     if any(n.startswith(("transformer_blocks.", "proj_in.")) for n in names):
         return "diffusers"
     if any(n.startswith(("blocks.", "video_patch_proj.")) for n in names):
         return "official"
-    raise CheckpointError(model_dir, "cannot tell the checkpoint layout (neither diffusers nor official names)")
+    raise CheckpointError(PLUGIN, model_dir, "cannot tell the checkpoint layout (neither diffusers nor official "
+                                             "names)", component=model_dir.name)
 
 
 def transformer_dirs(root: Path) -> dict[str, Path]:
@@ -141,7 +79,7 @@ def transformer_dirs(root: Path) -> dict[str, Path]:
     if (root / "transformer" / "config.json").is_file():
         partition = "fl2va"
         if (root / "model_index.json").is_file():
-            meta = read_json(root / "model_index.json").get("_minimax_h3")
+            meta = read_json(root / "model_index.json", plugin=PLUGIN).get("_minimax_h3")
             if isinstance(meta, dict) and meta.get("partition") == "ref2va":
                 partition = "ref2va"
         found.setdefault(partition, root / "transformer")
@@ -274,8 +212,8 @@ def official_to_ours(state: Mapping[str, torch.Tensor], config: MiniMaxH3Transfo
 
             want = inverse_frequencies(config.rope_freq_dim, config.rope_theta)
             if tensor.shape != want.shape or not torch.allclose(tensor.float(), want, rtol=1e-6, atol=0):
-                raise CheckpointError("rope.inv_freq", f"checkpoint frequencies differ from rope_freq_dim="
-                                                       f"{config.rope_freq_dim}, rope_theta={config.rope_theta}")
+                raise CheckpointError(PLUGIN, "rope.inv_freq", "checkpoint frequencies differ from rope_freq_dim="
+                                      f"{config.rope_freq_dim}, rope_theta={config.rope_theta}")
             continue
         if name.endswith("attn.qkv_proj.weight") and qkv_layout == "head_grouped":
             tensor = _regroup(tensor, config.num_attention_heads, config.attention_head_dim, to_grouped=False)
@@ -290,18 +228,6 @@ def ours_to_official(state: Mapping[str, torch.Tensor], config: MiniMaxH3Transfo
 
 
 # ---------------------------------------------------------------------------------------------- load / save
-def load_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    """Assign ``state`` to ``model`` (built on the meta device): exact names and shapes, nothing more."""
-    expected = model.state_dict()
-    missing = set(expected) - set(state)
-    unexpected = set(state) - set(expected)
-    mismatched = [f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(v.shape)})"
-                  for k, v in expected.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
-    if missing or unexpected or mismatched:
-        raise WeightMismatch(where, missing, unexpected, mismatched)
-    model.load_state_dict(state, strict=True, assign=True)
-
-
 def load_transformer(model_dir: Path | str, *, device: Any = "cpu", dtype: torch.dtype = torch.float32,
                      attention: Any = None, ops: Any = None, format: str | None = None,
                      qkv_layout: str = "head_grouped") -> Any:
@@ -309,18 +235,19 @@ def load_transformer(model_dir: Path | str, *, device: Any = "cpu", dtype: torch
     from .transformer.model import MiniMaxH3DiT
 
     model_dir = Path(model_dir)
+    part = model_dir.name  # "transformer" or "transformer_ref": named in every error
     try:
         config = read_transformer_config(model_dir)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(model_dir, f"bad transformer config: {exc}") from None
+        raise CheckpointError(PLUGIN, model_dir, f"bad transformer config: {exc}", component=part) from None
     fmt = format or detect_transformer_format(model_dir)
     if fmt not in FORMATS:
-        raise CheckpointError(model_dir, f"format must be one of {FORMATS}, got {fmt!r}")
-    state = read_state_dict(model_dir)
+        raise CheckpointError(PLUGIN, model_dir, f"format must be one of {FORMATS}, got {fmt!r}", component=part)
+    state = read_state_dict(model_dir, plugin=PLUGIN, component=part)
     state = diffusers_to_ours(state) if fmt == "diffusers" else official_to_ours(state, config, qkv_layout=qkv_layout)
     with torch.device("meta"):
         model = MiniMaxH3DiT(config, attention=attention, ops=ops)
-    load_strict(model, state, model_dir)
+    load_strict(model, state, plugin=PLUGIN, path=model_dir, component=part, assign=True)  # no second copy
     del state
     model.rope.reset_parameters()
     if dtype == torch.float32:

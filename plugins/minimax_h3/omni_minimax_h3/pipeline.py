@@ -157,11 +157,13 @@ class MiniMaxH3Pipeline(BasePipeline):
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: Path | str, options: LoadOptions) -> MiniMaxH3Pipeline:
-        from .loader import load_transformer, read_json, read_transformer_config, transformer_dirs
+        from omnicore.plugin import read_json
+
+        from .loader import PLUGIN, load_transformer, read_transformer_config, transformer_dirs
 
         root = Path(path)
         shared = component_root(root)
-        meta = read_json(shared / "model_index.json").get("_minimax_h3") or {}
+        meta = read_json(shared / "model_index.json", plugin=PLUGIN).get("_minimax_h3") or {}
         dirs = transformer_dirs(root)
         if not dirs:
             raise PluginError("minimax_h3", f"{root}: no transformer/ or transformer_ref/ (nor FL2VA/ / Ref2VA/) "

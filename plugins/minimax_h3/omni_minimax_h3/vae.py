@@ -24,19 +24,14 @@ CONDITION_ENCODE_SEED = 42
 def _load(cls: Any, folder: Path) -> Any:
     """Build from ``config.json`` and load the safetensors strictly (diffusers' ``from_pretrained`` for these
     classes needs ``accelerate``: they pin fp32 modules, which rules out ``low_cpu_mem_usage=False``)."""
-    from safetensors.torch import load_file
+    from omnicore.plugin import load_strict, read_state_dict
 
-    from .loader import weight_files
+    from .loader import PLUGIN
 
+    folder, part = Path(folder), Path(folder).name
     model = cls.from_config(cls.load_config(str(folder)))
-    state: dict[str, torch.Tensor] = {}
-    for file in weight_files(folder):
-        state.update(load_file(str(file)))
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        from .loader import WeightMismatch
-
-        raise WeightMismatch(folder, result.missing_keys, result.unexpected_keys)
+    load_strict(model, read_state_dict(folder, plugin=PLUGIN, component=part), plugin=PLUGIN, path=folder,
+                component=part)
     return model.float()
 
 
