@@ -186,10 +186,7 @@ class WorkerGroup:
             return exc
         if self.failure is None and exc is not self._checked:
             self._checked = exc
-            alive = [p for p in self.processes if p.is_alive()]
-            if len(alive) == len(self.processes) and self.processes:  # give a dying worker a moment to be seen
-                multiprocessing.connection.wait([p.sentinel for p in alive], timeout=1.0)
-            self._check_processes()
+            self._check_processes(wait_s=1.0)  # give a dying worker a moment to be seen
             if self.failure is None and _looks_like_peer_loss(exc):
                 self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
         if self.failure is not None and not self._own_failure:
@@ -197,7 +194,11 @@ class WorkerGroup:
         return exc  # rank 0's own error (the group may have been ended because of it)
 
     # ------------------------------------------------------------------ health
-    def _check_processes(self) -> None:
+    def _check_processes(self, wait_s: float = 0.0) -> None:
+        """Mark the group broken if a worker exited (waiting up to ``wait_s`` for one to)."""
+        by_sentinel = {p.sentinel: p for p in self.processes}
+        for sentinel in multiprocessing.connection.wait(list(by_sentinel), timeout=wait_s) if by_sentinel else ():
+            by_sentinel[sentinel].join(2.0)  # its pipe closes while it exits: reap it so the exit code is known
         for rank, process in enumerate(self.processes, start=1):
             if not process.is_alive() and not self._stopping:
                 self._mark_broken(f"worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}")
