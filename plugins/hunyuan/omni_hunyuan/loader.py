@@ -22,18 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.plugin import CheckpointError, weight_files
 from torch import nn
 
+PLUGIN = "hunyuan"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_and_up_proj|down_proj)\.weight$")
 _FUSED = re.compile(r"^(.*)\.gate_and_up_proj\.weight$")
 _QKV = re.compile(r"^model\.layers\.\d+\.self_attn\.qkv_proj\.weight$")
 DROPPED_PREFIXES = ("vision_model.head.",)
-
-
-class CheckpointError(ValueError):
-    """The checkpoint does not match the model (names the files and the tensors)."""
 
 
 def ungroup_qkv(weight: torch.Tensor, kv_heads: int, groups: int, head_dim: int) -> torch.Tensor:
@@ -62,20 +60,8 @@ def split_up_gate(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def shard_files(root: Path) -> list[Path]:
-    index = root / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{index}: unreadable shard index ({exc})") from exc
-        files = sorted({root / name for name in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(f"{root}: shards named by {INDEX} are missing: {missing}")
-        return files
-    if (root / SINGLE).is_file():
-        return [root / SINGLE]
-    raise CheckpointError(f"{root}: no {INDEX} or {SINGLE}")
+    """The shards named by ``model.safetensors.index.json``, else ``model.safetensors`` (omnicore.checkpoint)."""
+    return weight_files(root, plugin=PLUGIN, weights_name=SINGLE)
 
 
 def iter_checkpoint(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -108,8 +94,8 @@ def load_state(model: nn.Module, root: Path) -> None:
             return
         dest = params[target] if index is None else params[target][index]
         if tuple(dest.shape) != tuple(value.shape):
-            raise CheckpointError(f"{root}: {source} has shape {tuple(value.shape)}, the model expects "
-                                  f"{tuple(dest.shape)} for {key}")
+            raise CheckpointError(PLUGIN, root, f"{source} has shape {tuple(value.shape)}, the model expects "
+                                                f"{tuple(dest.shape)} for {key}")
         with torch.no_grad():
             dest.copy_(value.to(dest.dtype))
         filled.add(key)
@@ -148,7 +134,7 @@ def load_state(model: nn.Module, root: Path) -> None:
         problems.append(f"unexpected {len(unexpected)} tensor(s): {', '.join(sorted(unexpected)[:12])}"
                         + (" ..." if len(unexpected) > 12 else ""))
     if problems:
-        raise CheckpointError(f"{root}: the checkpoint does not match config.json: " + "; ".join(problems))
+        raise CheckpointError(PLUGIN, root, "the checkpoint does not match config.json: " + "; ".join(problems))
 
 
 def checkpoint_name(internal: str) -> str:

@@ -28,7 +28,7 @@ from omnicore.specs import AttentionRequirement
 from .config import ConfigFileError, GenerationConfig, HunyuanConfig
 from .kv_pool import PrefixKVPool, block_hashes, row_identity
 from .layout import PreparedLayout, SequenceLayout, kv_requests
-from .loader import CheckpointError, load_state
+from .loader import PLUGIN, CheckpointError, load_state
 from .model import CondFeatures, HunyuanImage3, PrefixKV
 from .plugin import MODEL_SPEC
 from .request_rules import (
@@ -99,7 +99,7 @@ class HunyuanImage3Pipeline(BasePipeline):
             config = HunyuanConfig.from_file(root / "config.json")
             gen_config = GenerationConfig.from_file(root / "generation_config.json")
         except ConfigFileError as exc:
-            raise CheckpointError(f"{root}: {exc}") from exc
+            raise CheckpointError(PLUGIN, root, str(exc)) from exc
         device = options.platform.device()
         dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
         backend = None

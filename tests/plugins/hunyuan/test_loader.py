@@ -159,3 +159,15 @@ def test_per_layer_lists_must_be_uniform():
     assert (ok.moe_topk, ok.num_experts, ok.moe_intermediate_size) == (2, 4, 32)
     with pytest.raises(ConfigFileError, match="moe_topk varies across layers"):
         HunyuanConfig.from_dict({**cfg, "moe_topk": [2, 1]})
+
+
+def test_checkpoint_errors_are_typed_plugin_errors(tmp_path):
+    from omni_hunyuan.loader import CheckpointError, shard_files
+    from omnicore.errors import PluginError
+
+    with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json") as info:
+        shard_files(tmp_path)
+    assert isinstance(info.value, PluginError) and info.value.plugin == "hunyuan" and info.value.path == tmp_path
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    with pytest.raises(CheckpointError, match="shard model-00001-of-00002.safetensors named by"):
+        shard_files(tmp_path)
