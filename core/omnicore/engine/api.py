@@ -177,6 +177,11 @@ class Engine:
         """Whether the worker thread runs (the server reports ``unhealthy`` and fails jobs when it died)."""
         return self._worker.is_alive() and (self.group is None or self.group.healthy)
 
+    @property
+    def worker_failure(self) -> str | None:
+        """Why the parallel worker group broke (e.g. ``worker rank 1 (pid ...) exited with code -9``), else None."""
+        return self.group.failure if self.group is not None else None
+
     def _attention(self, requirement: Any) -> Any:
         self._attention_requests += 1
         return self.host.select_attention(requirement).load_impl()

@@ -188,7 +188,12 @@ class WorkerGroup:
             self._checked = exc
             self._check_processes(wait_s=1.0)  # give a dying worker a moment to be seen
             if self.failure is None and _looks_like_peer_loss(exc):
-                self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
+                # the transport noticed first: a worker is exiting; name it once it has (bounded wait)
+                deadline = time.monotonic() + 5.0
+                while self.failure is None and time.monotonic() < deadline and self.processes:
+                    self._check_processes(wait_s=0.2)
+                if self.failure is None:
+                    self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
         if self.failure is not None and not self._own_failure:
             return WorkerGroupBroken(f"parallel worker group failed: {self.failure}")
         return exc  # rank 0's own error (the group may have been ended because of it)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -143,6 +144,7 @@ def _watch_parent(parent_pid: int) -> None:
 def worker_main(rank: int, init_method: str, spec: RankSpec, parent_pid: int) -> None:
     """Entry point of a spawned worker process."""
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 ends us
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="omnicore-parent-watch").start()
     run_rank(rank, init_method, spec)
 

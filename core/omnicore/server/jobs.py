@@ -230,7 +230,9 @@ class JobManager:
         """A dead engine worker fails its jobs with ``worker_died`` and makes the server unhealthy (§10)."""
         if self.worker_error is not None or self._stopping or getattr(self.engine, "worker_alive", True):
             return  # (while draining, the engine's worker stops on purpose)
-        self.worker_error = "the engine worker thread is no longer running"
+        # a parallel engine names the rank that died (Engine.worker_failure); otherwise the thread itself stopped
+        self.worker_error = (getattr(self.engine, "worker_failure", None)
+                             or "the engine worker thread is no longer running")
         logger.error("engine worker died; failing active jobs")
         with self._lock:
             jobs = [j for j in self._live.values() if not j.done.is_set() and not j.finishing]

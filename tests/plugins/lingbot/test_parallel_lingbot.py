@@ -137,7 +137,8 @@ def test_killed_worker_fails_the_request_clearly_and_the_engine_turns_unhealthy(
         assert job.status == "failed"
         assert isinstance(job.error, WorkerGroupBroken)
         assert "worker rank 1" in str(job.error) and "exited" in str(job.error)
-        assert not engine.worker_alive  # the server reports unhealthy
+        assert not engine.worker_alive  # the server reports unhealthy, with this reason
+        assert engine.worker_failure is not None and "worker rank 1" in engine.worker_failure
         later = engine.submit(make_request(PROMPTS[1], guidance_scale=3.0, seed=2, **SMALL))
         assert later.wait(60) and isinstance(later.error, WorkerGroupBroken)
     finally:
