@@ -57,3 +57,31 @@ def test_parallel_generate_writes_the_single_process_frames(cache: Path, tmp_pat
     assert a.shape == b.shape and a.shape[0] == 9
     # same uint8 frames in -> same encoder output; allow a level of fp32 rounding at the uint8 step
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+def test_engine_attaches_to_a_torchrun_launch(cache: Path, tmp_path: Path) -> None:
+    """Under torchrun, rank 1 serves the group from inside Engine(...) and exits; rank 0 returns the frames of the
+    single-process engine."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.fail("torchrun is not installed next to this interpreter")
+    script = tmp_path / "attach.py"
+    script.write_text(
+        "import os, sys\n"
+        "import numpy as np\n"
+        "from omnicore.engine.api import Engine\n"
+        "if __name__ == '__main__':\n"
+        "    kw = dict(height=32, width=32, num_frames=5, num_inference_steps=2, seed=3, guidance_scale=3.0)\n"
+        "    engine = Engine('tiny:lingbot', parallel='ulysses=2')  # rank 1 never returns from here\n"
+        "    frames = engine.generate('a red fox', **kw)[0].frames\n"
+        "    engine.close()\n"
+        "    with Engine('tiny:lingbot') as single:\n"
+        "        expected = single.generate('a red fox', **kw)[0].frames\n"
+        "    diff = int(np.abs(frames.astype(int) - expected.astype(int)).max())\n"
+        "    print('rank', os.environ['RANK'], 'max_diff', diff, flush=True)\n")
+    env = {**os.environ, "OMNICORE_CACHE": str(cache)}
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", str(script)], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 max_diff 0" in proc.stdout or "rank 0 max_diff 1" in proc.stdout, proc.stdout
+    assert "rank 1" not in proc.stdout  # the worker rank left from inside Engine(...)
