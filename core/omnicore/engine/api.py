@@ -89,7 +89,8 @@ class Engine:
     :param vae_decode_precision: ``"fp32"``, ``"fp16"``, ``"bf16"`` or ``None`` (the model's choice).
     :param parallel: ``"cfg=2,ulysses=2"`` (or a :class:`~omnicore.parallel.ParallelConfig`): run over that many
         worker processes on ``torch.distributed`` (see :mod:`omnicore.parallel`); this process is rank 0. Under
-        ``torchrun`` the other ranks serve the group from inside ``Engine(...)`` and exit when it closes.
+        ``torchrun`` the other ranks serve the group from inside ``Engine(...)`` and exit when it closes. Workers
+        are spawned, so they import the caller's main module: scripts guard it with ``if __name__ == "__main__"``.
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """

@@ -7,7 +7,9 @@ non-zero ranks serve the group from inside ``Engine(...)`` and exit the process 
 Failure handling: a monitor thread waits on the spawned processes; when one exits unexpectedly the group is
 *broken*: the remaining workers are ended, the engine reports itself unhealthy (``Engine.worker_alive``), the
 running batch fails with :class:`WorkerGroupBroken` naming the rank and its exit code (a peer's death makes the
-pending collective fail rather than wait), and later batches fail at once with the same error.
+pending collective fail rather than wait), and later batches fail at once with the same error. When rank 0 itself
+fails inside a step the workers may be waiting in a collective it will never enter: the group is ended the same way
+(spawned workers are signalled; torchrun ranks leave when that collective times out, ``RankSpec.timeout_s``).
 """
 
 from __future__ import annotations
