@@ -15,6 +15,16 @@ import pytest
 
 _counter = itertools.count()
 
+# Triton decides at decoration time whether a kernel runs compiled or in its CPU interpreter, and any test may
+# import the CUDA backend's kernels first (the engine binds every registered op at start-up). So the choice is
+# made here, before anything is collected: without a usable CUDA device the kernels run interpreted.
+try:
+    from omni_backends_cuda.probe import probe as _cuda_probe
+except ImportError:  # the CUDA backend plugin is not installed
+    _cuda_probe = None
+if _cuda_probe is not None and _cuda_probe() is not None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # pytest runs with --import-mode=importlib (pyproject.toml): nothing is added to sys.path per test file, so test
 # modules may share basenames across directories. What tests import by name goes on sys.path here, once: the
 # tests/ folder (the ``toy`` package) and every folder holding helper modules (``_*.py``). Helper module names

@@ -47,6 +47,10 @@ def add_to_host(host: PluginHost, target: str, name: str) -> PluginRecord:
     """Register ``target`` under ``name`` (or find its record when it is already registered, e.g. built-ins)."""
     obj = load_plugin_object(target)
     registered = host.pm.get_name(obj) if host.pm.is_registered(obj) else None
+    if registered is None and name in host.records:
+        # The same module registered as another object: an earlier test re-imported it (sys.modules purge).
+        same = getattr(host.pm.get_plugin(name), "__name__", None) == getattr(obj, "__name__", object())
+        registered = name if same else None
     if registered is not None:
         return host.records[registered]
     return host.add_plugin(obj, name, value=target)
