@@ -12,7 +12,7 @@ PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml
 PYTEST_ARGS ?=
 ALLOW_NO_TESTS ?= 0
 
-.PHONY: install lint test test-all test-isolation serve bench clean
+.PHONY: install lint test test-slow test-all test-isolation serve bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "omnicore needs Python 3.10+; set PYTHON=python3.X")'
@@ -45,7 +45,11 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(call run_pytest,-m "not slow")
 
-# `make test-all`: everything, slow tests included (CI runs this; under 10 minutes on 2 cores).
+# `make test-slow`: only the tests marked slow (CI runs it right after `make test`, so CI runs everything).
+test-slow: $(STAMP)
+	$(call run_pytest,-m slow)
+
+# `make test-all`: everything in one pytest run, slow tests included.
 test-all: $(STAMP) lint
 	$(call run_pytest,)
 
