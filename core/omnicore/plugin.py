@@ -93,6 +93,8 @@ _LAZY: dict[str, str] = {
     "sdpa_attention": "omnicore.attention.reference:sdpa_attention",
     "AttentionMetadata": "omnicore.attention.metadata:AttentionMetadata",
     "AttentionSpan": "omnicore.attention.metadata:AttentionSpan",
+    "packed_views": "omnicore.attention.inputs:packed_views",
+    "check_packed": "omnicore.attention.inputs:check_packed",
     "OpSpec": "omnicore.specs:OpSpec",
     "OP_NAMES": "omnicore.ops.names:OP_NAMES",
     "ops": "omnicore.ops",  # the eager references (omnicore.ops.rms_norm ...); models call options.platform.ops

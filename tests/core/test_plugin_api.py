@@ -34,7 +34,7 @@ PUBLIC_NAMES = frozenset({
     "StepCache", "StepCacheConfig", "ModelHook", "register_hook", "remove_hook",
     # backends
     "Platform", "PackedSequence", "sdpa_attention", "AttentionMetadata", "AttentionSpan", "OpSpec", "OP_NAMES", "ops",
-    "CacheHandle",
+    "CacheHandle", "packed_views", "check_packed",
     # request-gated VAE fast paths, decode precision
     "FastPathGate", "fast_path_gate", "install_fast_path", "apply_decode_precision",
     # wrapping diffusers

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from .inputs import check_packed, packed_views
 from .metadata import AttentionMetadata, QueryRun, query_runs
 
 
@@ -69,15 +70,7 @@ def sdpa_attention(
         return _dense(q, k, v, attn_mask, scale, causal)
     if attn_mask is not None:
         raise ValueError("packed attention takes no attn_mask: the metadata's documents already isolate rows")
-    batched = q.dim() == 4
-    if batched:
-        if q.shape[0] != 1 or k.dim() != 4 or k.shape[0] != 1 or v.shape[0] != 1:
-            raise ValueError(f"packed attention takes [T, H, D] (or a batch of one), got q {tuple(q.shape)}, "
-                             f"k {tuple(k.shape)}")
-        q, k, v = q[0], k[0], v[0]
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"packed attention expects q, k, v as [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+    batched, q, k, v = packed_views(q, k, v)
     out = packed_reference(q, k, v, metadata, scale=scale, causal=causal or metadata.causal)
     return out[None] if batched else out
 
@@ -103,14 +96,10 @@ def packed_reference(
     causal: bool = False,
 ) -> torch.Tensor:
     """Packed attention, one document at a time, from the metadata's host ints."""
-    cu_q, cu_k = metadata.cu_seqlens_q, metadata.cu_k
-    if cu_q[-1] > q.shape[0]:
-        raise ValueError(f"cu_seqlens_q[-1]={cu_q[-1]} exceeds the packed length {q.shape[0]}")
-    if cu_k[-1] > k.shape[0] or k.shape[0] != v.shape[0]:
-        raise ValueError(f"cu_seqlens_k[-1]={cu_k[-1]} exceeds the packed key length {k.shape[0]} "
-                         f"(or k and v differ: {tuple(k.shape)} vs {tuple(v.shape)})")
+    check_packed(q, k, v, metadata, documents=False)
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+    cu_q, cu_k = metadata.cu_seqlens_q, metadata.cu_k
     valid = metadata.valid_kv_length
     spans = metadata.spans if causal else None
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])

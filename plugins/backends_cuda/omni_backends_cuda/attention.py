@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omnicore.plugin import check_packed, packed_views
 
 from ._triton import kernel_dtype, on_kernel_device
 
@@ -30,37 +31,6 @@ def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          f"v has {v.shape[-2]})")
     if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
         raise ValueError(f"q, k, v head dims differ: {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}")
-
-
-def _unbatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, torch.Tensor, torch.Tensor,
-                                                                          torch.Tensor]:
-    batched = q.dim() == 4
-    if batched:
-        if q.shape[0] != 1 or k.dim() != 4 or k.shape[0] != 1 or v.dim() != 4 or v.shape[0] != 1:
-            raise ValueError(f"packed attention takes [T, H, D] (or a batch of one), got q {tuple(q.shape)}, "
-                             f"k {tuple(k.shape)}")
-        q, k, v = q[0], k[0], v[0]
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"packed attention expects q, k, v as [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    return batched, q, k, v
-
-
-def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any) -> None:
-    """The reference's checks, on host ints only."""
-    cu_q, cu_k = metadata.cu_seqlens_q, metadata.cu_k
-    if cu_q[-1] > q.shape[0]:
-        raise ValueError(f"cu_seqlens_q[-1]={cu_q[-1]} exceeds the packed length {q.shape[0]}")
-    if cu_k[-1] > k.shape[0] or k.shape[0] != v.shape[0]:
-        raise ValueError(f"cu_seqlens_k[-1]={cu_k[-1]} exceeds the packed key length {k.shape[0]} "
-                         f"(or k and v differ: {tuple(k.shape)} vs {tuple(v.shape)})")
-    valid = metadata.valid_kv_length
-    for i in range(metadata.num_docs):
-        if cu_q[i + 1] == cu_q[i]:
-            continue
-        ks, ke = cu_k[i], cu_k[i + 1] if valid is None else min(cu_k[i + 1], max(cu_k[i], valid))
-        if ke == ks and (valid is None or ks < valid):  # a padding document (past valid_kv_length) may have none
-            raise ValueError(f"document {i} has {cu_q[i + 1] - cu_q[i]} queries but no keys")
 
 
 def _last_dim_contiguous(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -96,8 +66,8 @@ def triton_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         raise ValueError("packed attention takes no attn_mask: the metadata's documents already isolate rows")
     if metadata.has_spans:
         raise ValueError("the Triton varlen kernel does not implement bidirectional spans (declares spans=False)")
-    batched, q, k, v = _unbatch(q, k, v)
-    _check_packed(q, k, v, metadata)
+    batched, q, k, v = packed_views(q, k, v)
+    check_packed(q, k, v, metadata)
     q, k, v = _last_dim_contiguous(q, k, v)
     cu_q = metadata.cu_seqlens_q
     valid = metadata.valid_kv_length if metadata.valid_kv_length is not None else metadata.total_k
@@ -165,8 +135,8 @@ def flash_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise ValueError("packed attention takes no attn_mask: the metadata's documents already isolate rows")
     if metadata.has_spans:
         raise ValueError("flash_varlen does not implement bidirectional spans (declares spans=False)")
-    batched, q, k, v = _unbatch(q, k, v)
-    _check_packed(q, k, v, metadata)
+    batched, q, k, v = packed_views(q, k, v)
+    check_packed(q, k, v, metadata)
     cu_k = metadata.cu_seqlens_k_tensor(q.device)
     valid = metadata.valid_kv_length
     if valid is not None and valid < metadata.total_k:

@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 import torch
+from omnicore.plugin import check_packed, packed_views
 
 from .resolve import check_valid_kv_length, laser_scale_factor, resolve_metadata
 from .seam import LASER_OP_TYPE, MASKED_OP_TYPE, current_ops
@@ -62,27 +63,8 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
-def _unbatch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, torch.Tensor, torch.Tensor,
-                                                                          torch.Tensor]:
-    batched = q.dim() == 4
-    if batched:
-        if q.shape[0] != 1 or k.dim() != 4 or k.shape[0] != 1 or v.dim() != 4 or v.shape[0] != 1:
-            raise ValueError(f"packed attention takes [T, H, D] (or a batch of one), got q {tuple(q.shape)}, "
-                             f"k {tuple(k.shape)}")
-        q, k, v = q[0], k[0], v[0]
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"packed attention expects q, k, v as [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    return batched, q, k, v
-
-
 def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any) -> None:
-    cu_q, cu_k = metadata.cu_seqlens_q, metadata.cu_k
-    if cu_q[-1] > q.shape[0]:
-        raise ValueError(f"cu_seqlens_q[-1]={cu_q[-1]} exceeds the packed length {q.shape[0]}")
-    if cu_k[-1] > k.shape[0] or k.shape[0] != v.shape[0]:
-        raise ValueError(f"cu_seqlens_k[-1]={cu_k[-1]} exceeds the packed key length {k.shape[0]} "
-                         f"(or k and v differ: {tuple(k.shape)} vs {tuple(v.shape)})")
+    check_packed(q, k, v, metadata, documents=False)  # empty documents: refused by the varlen path only
     if metadata.has_spans:
         raise ValueError("the npu attention backends do not implement bidirectional spans (declare spans=False)")
 
@@ -202,7 +184,7 @@ def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any, at
     if attn_mask is not None:
         raise ValueError("packed attention takes no attn_mask: the metadata's documents already isolate rows")
     _check_heads(q, k, v)
-    batched, q, k, v = _unbatch(q, k, v)
+    batched, q, k, v = packed_views(q, k, v)
     _check_packed(q, k, v, metadata)
     softmax_scale = _scale(q, scale)
     causal = causal or bool(metadata.causal)
@@ -259,7 +241,7 @@ def npu_rainfusion_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             or attn_mask is not None):
         return npu_varlen_attention(q, k, v, metadata=metadata, attn_mask=attn_mask, scale=scale, causal=causal)
     _check_heads(q, k, v)
-    batched, q, k, v = _unbatch(q, k, v)
+    batched, q, k, v = packed_views(q, k, v)
     _check_packed(q, k, v, metadata)
     used = plan.used_len
     if real_rows(metadata) != used:
