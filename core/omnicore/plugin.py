@@ -111,6 +111,10 @@ _LAZY: dict[str, str] = {
     "weight_files": "omnicore.checkpoint:weight_files",
     "read_state_dict": "omnicore.checkpoint:read_state_dict",
     "load_strict": "omnicore.checkpoint:load_strict",
+    # -- tiny random-weight presets (byte_level_tokenizer needs tokenizers + transformers in the plugin) -------
+    "init_visible_weights": "omnicore.tiny_checkpoints:init_visible_weights",
+    "byte_level_tokenizer": "omnicore.tiny_checkpoints:byte_level_tokenizer",
+    "ByteLevelTokenizer": "omnicore.tiny_checkpoints:ByteLevelTokenizer",
     # -- wrapping diffusers models ---------------------------------------------------------------------------
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
 }

@@ -41,6 +41,8 @@ PUBLIC_NAMES = frozenset({
     "route_diffusers_attention",
     # reading checkpoints (1.1)
     "CheckpointError", "WeightMismatch", "read_json", "weight_files", "read_state_dict", "load_strict",
+    # tiny random-weight presets
+    "init_visible_weights", "byte_level_tokenizer", "ByteLevelTokenizer",
 })
 
 

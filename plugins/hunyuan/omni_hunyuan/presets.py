@@ -10,11 +10,11 @@ the same weights; the result loads through the normal loader.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.plugin import byte_level_tokenizer, init_visible_weights
 
 from .buckets import ResolutionGroup
 from .config import MODEL_TYPE
@@ -69,40 +69,26 @@ def tokenizer_tokens(base_size: int = BASE_SIZE) -> list[str]:
 
 def build_tokenizer(root: Path, base_size: int = BASE_SIZE) -> int:
     """A byte-level BPE without merges (any text encodes) plus the Hunyuan special tokens; returns its size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    tok = byte_level_tokenizer(root, tokenizer_tokens(base_size), bos_token=SPECIAL_TOKENS["bos"],
+                               eos_token=SPECIAL_TOKENS["eos"], pad_token=SPECIAL_TOKENS["pad"],
+                               model_max_length=22800)
+    return tok.vocab_size
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(tokenizer_tokens(base_size))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL_TOKENS["bos"],
-                                   eos_token=SPECIAL_TOKENS["eos"], pad_token=SPECIAL_TOKENS["pad"],
-                                   model_max_length=22800)
-    fast.save_pretrained(str(root))
-    return tok.get_vocab_size()
+
+def _fan_in(name: str, param: torch.Tensor) -> int:
+    """Expert weights are stored [experts, out, in]: their fan-in is the last dim."""
+    return int(param.shape[-1]) if name.endswith(("w_gate", "w_up", "w_down")) else param[0].numel()
 
 
 def randomize_(module: torch.nn.Module, seed: int) -> None:
     """Non-trivial values everywhere (zero-initialised convs would hide bugs): matrices and kernels
-    ~ N(0, 1/fan_in), norm weights ~ 1 + N(0, 0.1²), everything else ~ N(0, 0.1²)."""
+    ~ N(0, 1/fan_in), norm weights (GroupNorm, LayerNorm, RMSNorm modules) ~ 1 + N(0, 0.1²), everything else
+    ~ N(0, 0.1²)."""
     from .modules import RMSNorm
 
     norms = {f"{n}.weight" for n, m in module.named_modules()
              if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm, RMSNorm))}
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(module.named_parameters()):
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            if param.dim() >= 2:
-                fan_in = param.shape[-1] if name.endswith(("w_gate", "w_up", "w_down")) else param[0].numel()
-                value = noise / math.sqrt(fan_in)
-            elif name in norms:
-                value = 1.0 + 0.1 * noise
-            else:
-                value = 0.1 * noise
-            param.copy_(value.to(param.dtype))
+    init_visible_weights(module, seed, fan_in=_fan_in, is_norm_weight=lambda name, param: name in norms)
 
 
 def build_tiny(target_dir: str | Path, seed: int = SEED, base_size: int = BASE_SIZE,

@@ -86,7 +86,7 @@ MODEL_SPEC = ModelSpec(
 
 
 def plugin_info() -> dict[str, Any]:
-    return {"kind": "model", "api": ">=1.1,<2", "version": __version__, "models": [MODEL_SPEC.name],
+    return {"kind": "model", "api": ">=1.2,<2", "version": __version__, "models": [MODEL_SPEC.name],
             "presets": [p.name for p in PRESETS]}
 
 

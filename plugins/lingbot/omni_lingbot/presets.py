@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.plugin import byte_level_tokenizer, init_visible_weights
 
 from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
 from .loader import save_transformer
@@ -53,41 +54,33 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _last_dim_fan_in(name: str, param: torch.Tensor) -> int:
+    return int(param.shape[-1])
+
+
+def _owner_is_norm(name: str, param: torch.Tensor) -> bool:
+    """A 1-D ``weight`` of a module whose own name mentions ``norm``."""
+    owner, _, leaf = name.rpartition(".")
+    return param.dim() == 1 and leaf == "weight" and "norm" in owner.rpartition(".")[2]
+
+
+def _is_modulation_table(name: str, param: torch.Tensor) -> bool:
+    return "scale_shift_table" in name
+
+
 def randomize_(module: torch.nn.Module, seed: int) -> None:
     """Give every tensor non-trivial values (so zero-initialised gates or projections do not hide bugs):
-    matrices ~ N(0, 1/fan_in), norm weights ~ 1 + N(0, 0.1²), everything else ~ N(0, 0.1²)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(module.named_parameters()):
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            leaf = name.rsplit(".", 2)
-            if param.dim() >= 2 and "scale_shift_table" not in name:
-                value = noise / math.sqrt(param.shape[-1])
-            elif param.dim() == 1 and leaf[-1] == "weight" and "norm" in leaf[-2]:
-                value = 1.0 + 0.1 * noise
-            else:
-                value = 0.1 * noise
-            param.copy_(value.to(param.dtype))
+    matrices ~ N(0, 1/fan_in) (fan-in = last dim), norm weights ~ 1 + N(0, 0.1²), everything else (the
+    modulation tables included) ~ N(0, 0.1²)."""
+    init_visible_weights(module, seed, fan_in=_last_dim_fan_in, is_norm_weight=_owner_is_norm,
+                         is_plain=_is_modulation_table)
 
 
 def build_tokenizer_files(processor_dir: Path) -> dict[str, int]:
     """A byte-level BPE without merges (any text encodes) plus the Qwen special tokens; returns their ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(QWEN_SPECIAL_TOKENS))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=131072)
-    fast.save_pretrained(str(processor_dir))
-    ids = {t: tok.token_to_id(t) for t in QWEN_SPECIAL_TOKENS}
-    missing = [t for t, i in ids.items() if i is None]
-    if missing:
-        raise RuntimeError(f"the tiny tokenizer lacks {missing}")
-    return {t: int(i) for t, i in ids.items() if i is not None} | {"__vocab_size__": tok.get_vocab_size()}
+    tok = byte_level_tokenizer(processor_dir, QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>",
+                               pad_token="<|endoftext|>")
+    return {**tok.special_ids, "__vocab_size__": tok.vocab_size}
 
 
 def build_image_processor(processor_dir: Path) -> None:

@@ -16,11 +16,11 @@ diffusers' modular pipeline alike. The same seed always gives the same weights.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.plugin import byte_level_tokenizer, init_visible_weights
 
 SEED = 20260601
 QWEN_SPECIAL_TOKENS = (
@@ -59,42 +59,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def randomize_(module: torch.nn.Module, seed: int, *, gain: float = 1.0) -> None:
-    """Non-trivial values everywhere (zero-initialised AdaLN projections and gates would hide bugs): matrices
-    ~ N(0, gain²/fan_in), norm weights ~ 1 + N(0, 0.1²), other vectors ~ N(0, 0.1²)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(module.named_parameters()):
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            parts = name.rsplit(".", 2)
-            if param.dim() >= 2:
-                value = gain * noise / math.sqrt(param[0].numel())
-            elif param.dim() == 1 and parts[-1] == "weight" and "norm" in name:
-                value = 1.0 + 0.1 * noise
-            else:
-                value = 0.1 * noise
-            param.copy_(value.to(param.dtype))
+    """Non-trivial values everywhere (zero-initialised AdaLN projections and gates would hide bugs): the core's
+    rules (matrices ~ N(0, gain²/fan_in), norm weights ~ 1 + N(0, 0.1²), other vectors ~ N(0, 0.1²))."""
+    init_visible_weights(module, seed, gain=gain)
 
 
 def build_tokenizer(target: Path) -> dict[str, int]:
     """A byte-level BPE without merges (any text encodes) plus the Qwen special tokens; returns their ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(QWEN_SPECIAL_TOKENS))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=131072)
-    fast.save_pretrained(str(target))
-    ids: dict[str, int] = {"__vocab_size__": tok.get_vocab_size()}
-    for token in QWEN_SPECIAL_TOKENS:
-        found = tok.token_to_id(token)
-        if found is None:
-            raise RuntimeError(f"special token {token} was not added to the tiny tokenizer")
-        ids[token] = found
-    return ids
+    tok = byte_level_tokenizer(target, QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    return {"__vocab_size__": tok.vocab_size, **tok.special_ids}
 
 
 def build_processor(tokenizer_dir: Path, processor_dir: Path) -> None:
