@@ -113,6 +113,17 @@ class BasePipeline:
         state.last_prediction = prediction
         return self.update(state, step, prediction)
 
+    def batch_requests(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
+        """The checks every ``encode`` starts with: a non-empty batch of preprocessed requests sharing a batch key."""
+        reqs = list(requests)
+        if not reqs:
+            raise ValueError("encode() needs at least one request")
+        if not all(r.prepared for r in reqs):
+            raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
+        if len({self.batch_key(r) for r in reqs}) != 1:
+            raise ValueError("requests in one batch must share a batch key")
+        return reqs
+
     def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
         """Shrink a running batch to the requests at indices ``keep`` (others were cancelled).
 

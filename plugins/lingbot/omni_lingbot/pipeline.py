@@ -178,13 +178,7 @@ class LingBotPipeline(BasePipeline):
 
     @torch.no_grad()
     def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
-        reqs = list(requests)
-        if not reqs:
-            raise ValueError("encode() needs at least one request")
-        if not all(r.prepared for r in reqs):
-            raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
-        if len({self.batch_key(r) for r in reqs}) != 1:
-            raise ValueError("requests in one batch must share a batch key")
+        reqs = self.batch_requests(requests)
         first = reqs[0]
         plan = plan_of(first)
         p, mode = Sampling.of(first), plan.mode

@@ -358,13 +358,7 @@ class MiniMaxH3Pipeline(BasePipeline):
     def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
         from .transformer.layout import RequestLayout
 
-        reqs = list(requests)
-        if not reqs:
-            raise ValueError("encode() needs at least one request")
-        if not all(r.prepared for r in reqs):
-            raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
-        if len({self.batch_key(r) for r in reqs}) != 1:
-            raise ValueError("requests in one batch must share a batch key")
+        reqs = self.batch_requests(requests)
         first: ResolvedRequest = reqs[0].extra["h3"]
         dit = self.transformers[first.partition]
         materialize(dit)  # prepare_request runs DiT modules outside forward: load model-offloaded weights first
