@@ -163,12 +163,17 @@ def check_fps(value: Any, field: str = "fps") -> int:
 
 
 def frames_from_duration(duration: Any, fps: Any, *, field: str = "duration") -> int:
-    """The reference's conversion: ``n = int(duration × fps)`` (truncated, float arithmetic), then the next
-    ``4k + 1`` above ``n - 1``, i.e. ``((n - 1) // 4 + 1) * 4 + 1``: (4 s, 24 fps) → 96 → 97, (1 s, 25 fps) → 25
-    → 29, (0.01 s, 24 fps) → 0 → 1."""
+    """The reference's conversion: ``n = int(duration × fps)`` (truncated, float arithmetic); fewer than one frame
+    is an error; then :func:`round_up_frames` puts ``n`` on the causal VAE's ``4k + 1`` grid (rounding up, so a
+    count already on the grid stays): (4 s, 24 fps) → 96 → 97, (1 s, 25 fps) → 25 → 25, (0.25 s, 20 fps) → 5 →
+    5, (0.01 s, 24 fps) → 0 → rejected."""
     d = _positive_number(duration, field, "duration")
-    n = int(d * check_fps(fps))
-    return ((n - 1) // 4 + 1) * 4 + 1
+    rate = check_fps(fps)
+    n = int(d * rate)
+    if n < 1:
+        raise InvalidRequest(field, f"duration {duration!r} s at {rate} fps must produce at least one frame "
+                                    f"(int(duration x fps) = {n})")
+    return round_up_frames(n)
 
 
 def pick_duration(

@@ -81,10 +81,9 @@ def test_bad_num_frames(bad):
 
 @pytest.mark.parametrize(("duration", "fps", "expected"), [
     (4, 24, 97), (5, 24, 121), (8, 24, 193), (4, 12, 49), (4, 30, 121), (4, 24.0, 97),
-    # the reference truncates duration x fps and then takes the next 4k+1 above n-1, so a product that is
-    # already 4k+1 moves up a step (ceil + round-up would keep 25 and 5)
-    (1, 25, 29), (0.25, 20, 9), (1.05, 24, 29),
-    (0.01, 24, 1),  # int(0.24) = 0 frames -> one frame, as the reference
+    # the reference truncates duration x fps, then rounds up with ceil((n - 1) / 4) * 4 + 1, so a count already
+    # on the 4k+1 grid stays where it is (1 s at 25 fps is 25 frames, not 29)
+    (1, 25, 25), (0.25, 20, 5), (1.05, 24, 25), (1, 24, 25), (1, 26, 29), (0.04, 25, 1),
 ])
 def test_frames_from_duration(duration, fps, expected):
     assert rr.frames_from_duration(duration, fps) == expected
@@ -92,6 +91,7 @@ def test_frames_from_duration(duration, fps, expected):
 
 @pytest.mark.parametrize(("duration", "fps", "gist"), [
     (0, 24, "duration"), (-1, 24, "duration"), (4, 0, "fps"), (4, 23.976, "whole number"), (4, True, "fps"),
+    (0.01, 24, "at least one frame"),  # int(0.24) = 0 frames: refused, as the reference does
 ])
 def test_bad_duration(duration, fps, gist):
     with pytest.raises(InvalidRequest, match=gist):
