@@ -43,6 +43,14 @@ class _Offloaded:
     cpu: torch.Tensor
     device: torch.device
     shape: torch.Size
+    stride: tuple[int, ...]
+
+    def restored(self) -> torch.Tensor:
+        """A new device tensor with the original shape, strides and dtype (a fresh, allocator-aligned storage),
+        so kernels that pick their path by layout or alignment treat it exactly as the original weight."""
+        out = torch.empty_strided(self.shape, self.stride, dtype=self.cpu.dtype, device=self.device)
+        out.copy_(self.cpu.reshape(self.shape))
+        return out
 
 
 class AdaLNProjection(nn.Module):
@@ -141,11 +149,11 @@ class AdaLNProjection(nn.Module):
         try:
             for name, p in params.items():
                 cpu = p.detach().to("cpu", copy=True)
-                record[name] = _Offloaded(cpu=cpu, device=p.device, shape=p.shape)
+                record[name] = _Offloaded(cpu=cpu, device=p.device, shape=p.shape, stride=p.stride())
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         except BaseException:
             for name, rec in record.items():
-                params[name].data = rec.cpu.to(rec.device).reshape(rec.shape)
+                params[name].data = rec.restored()
             raise
         self._offloaded = record
         return sum(r.cpu.numel() * r.cpu.element_size() for r in record.values())
@@ -156,7 +164,7 @@ class AdaLNProjection(nn.Module):
             return
         params = dict(self.named_parameters())
         for name, rec in record.items():
-            params[name].data = rec.cpu.to(rec.device).reshape(rec.shape)
+            params[name].data = rec.restored()
         self._offloaded = None
 
     # ------------------------------------------------------------------ accounting

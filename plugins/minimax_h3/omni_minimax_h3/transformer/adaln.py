@@ -24,10 +24,23 @@ def _remove(path: str) -> None:
         pass
 
 
+def _fresh_copy(src: torch.Tensor, shape: torch.Size, stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``src`` copied into a new allocation with the original shape, strides and dtype.
+
+    Tensors read back from a safetensors file share the file buffer, where data starts at any 8-byte offset; the
+    CPU GEMM kernels choose their code path by the operand's alignment, so such a weight can give results that
+    differ in the last bit from the original. The caching allocator's fresh storage is aligned like the original
+    weight's was, which makes a restored projection indistinguishable from one that was never offloaded.
+    """
+    out = torch.empty_strided(shape, stride, dtype=dtype, device=src.device)
+    out.copy_(src.reshape(shape))
+    return out
+
+
 class H3AdaLNProjection(AdaLNProjection):
     """``AdaLNProjection`` whose weight offload spills to a file when the weights live on the CPU."""
 
-    _spill: tuple[str, dict[str, tuple[torch.Size, torch.dtype]], int, weakref.finalize] | None = None
+    _spill: tuple[str, dict[str, tuple[torch.Size, tuple[int, ...], torch.dtype]], int, weakref.finalize] | None = None
 
     @property
     def offloaded(self) -> bool:
@@ -56,7 +69,7 @@ class H3AdaLNProjection(AdaLNProjection):
         except BaseException:
             finalizer()
             raise
-        shapes = {n: (p.shape, p.dtype) for n, p in params.items()}
+        shapes = {n: (p.shape, p.stride(), p.dtype) for n, p in params.items()}
         nbytes = sum(p.numel() * p.element_size() for p in params.values())
         for p in params.values():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -73,8 +86,8 @@ class H3AdaLNProjection(AdaLNProjection):
         path, shapes, _, finalizer = spill
         loaded = load_file(path)
         params = dict(self.named_parameters())
-        for name, (shape, dtype) in shapes.items():
-            params[name].data = loaded[name].to(dtype).reshape(shape)
+        for name, (shape, stride, dtype) in shapes.items():
+            params[name].data = _fresh_copy(loaded[name], shape, stride, dtype)
         self._spill = None
         finalizer()
 
