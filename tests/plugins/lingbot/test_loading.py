@@ -130,3 +130,18 @@ def test_sharded_index_with_missing_shard_is_an_error(pipe, tiny_dir, tmp_path):
     next((copy / "transformer").glob("*-00001-of-*.safetensors")).unlink()
     with pytest.raises(CheckpointError, match="shard .* is missing"):
         load(copy)
+
+
+def test_unknown_transformer_config_key_warns_and_loads(pipe, tiny_dir, tmp_path, caplog):
+    """A repo whose transformer/config.json carries a key this model does not know (a newer release's field)
+    loads as the reference and diffusers load it: a warning naming the key, the same output."""
+    copy = tmp_path / "extra-key"
+    shutil.copytree(tiny_dir, copy)
+    cfg_path = copy / "transformer" / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "some_future_option": True}))
+    with caplog.at_level("WARNING", logger="omni_lingbot"):
+        loaded = load(copy)
+    assert any("some_future_option" in r.getMessage() for r in caplog.records)
+    _, expected = run(pipe, request(seed=5))
+    _, got = run(loaded, request(seed=5))
+    assert np.array_equal(got[0].frames, expected[0].frames)

@@ -6,11 +6,14 @@ defaults are the Dense 1.3B values. Torch-free on purpose.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 from omnicore.errors import ConfigError
+
+logger = logging.getLogger("omni_lingbot")
 
 _SCORE_FUNCS = ("sigmoid", "softmax")
 
@@ -94,12 +97,16 @@ class LingBotTransformerConfig:
     # ------------------------------------------------------------------ (de)serialisation
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LingBotTransformerConfig:
-        """Build from a parsed ``config.json``; ``_``-prefixed metadata keys are ignored, unknown keys are an error."""
+        """Build from a parsed ``config.json``; ``_``-prefixed metadata keys are ignored, and so is any other key
+        this model does not know, with a warning naming it: a checkpoint written by a newer release (or a diffusers
+        config carrying extra bookkeeping) must still load, as it does in the reference and in diffusers."""
         known = {f.name for f in attrs.fields(cls)}
         kwargs = {k: v for k, v in data.items() if not k.startswith("_")}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ConfigError(", ".join(unknown), f"unknown LingBot transformer config key(s): {unknown}")
+            logger.warning("LingBot transformer config: ignoring unknown key(s) %s (not used by this model)",
+                           ", ".join(unknown))
+            kwargs = {k: v for k, v in kwargs.items() if k in known}
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:

@@ -61,10 +61,15 @@ class TimestepEmbedding(nn.Module):
         return linear(self.linear_2, self.act(linear(self.linear_1, t_freq))).float()
 
 
+#: The text embedder's RMSNorm eps: fixed by the reference model, not the checkpoint's ``norm_eps`` (which only
+#: the blocks and the output norm use), so a checkpoint with another ``norm_eps`` still normalises text the same.
+TEXT_NORM_EPS = 1e-6
+
+
 class TextEmbedder(nn.Module):
     """Projects text-encoder states into the DiT width: ``linear_2(silu(linear_1(rmsnorm(x))))``."""
 
-    def __init__(self, text_dim: int, hidden: int, eps: float) -> None:
+    def __init__(self, text_dim: int, hidden: int, eps: float = TEXT_NORM_EPS) -> None:
         super().__init__()
         self.norm = RMSNorm(text_dim, eps)
         self.linear_1 = nn.Linear(text_dim, hidden)

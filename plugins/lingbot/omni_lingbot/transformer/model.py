@@ -64,7 +64,7 @@ class LingBotVideoTransformer3DModel(nn.Module):
         self.patch_embedder = nn.Linear(config.patch_volume * config.in_channels, hidden, bias=config.patch_embed_bias)
         self.time_embedder = TimestepEmbedding(config.freq_dim, hidden, bias=config.timestep_mlp_bias)
         self.time_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 6 * hidden))
-        self.text_embedder = TextEmbedder(config.text_dim, hidden, config.norm_eps)
+        self.text_embedder = TextEmbedder(config.text_dim, hidden)  # eps fixed at 1e-6, as the reference
         self.rope = LingBotRotaryEmbedding(config.axes_dims, config.axes_lens, config.rope_theta)
         self.blocks = nn.ModuleList(LingBotBlock(config, i) for i in range(config.depth))
         self.norm_out = FP32LayerNorm(hidden, eps=config.norm_eps, elementwise_affine=False)
