@@ -196,6 +196,15 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def skipped(benchmark: str, reason: str) -> dict:
+    """The record a benchmark prints instead of measurements when its hardware or package is absent.
+
+    ``run_all`` counts a script whose every record is a skip as *skipped* (listed with its reason, not a failure),
+    so ``make bench`` stays green on machines without, e.g., a CUDA device.
+    """
+    return {"benchmark": benchmark, "case": "*", "skipped": reason}
+
+
 def emit(record: Mapping[str, Any]) -> None:
     """One JSON object per line on stdout (the contract run_all.py parses)."""
     print(json.dumps(record, sort_keys=False, default=str), flush=True)

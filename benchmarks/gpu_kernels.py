@@ -8,7 +8,7 @@ Fused ops (bf16 activations, shapes of a 3072-wide DiT at 8k tokens, a 256-chann
 references of ``omnicore.ops.reference``: gated residual + LayerNorm + AdaLN modulate goal >= 2x, the others
 goal: not slower.
 
-Without CUDA it prints ``skipped: no CUDA`` and exits 0.
+Without CUDA it prints a skip record naming the reason (``make bench`` lists it as skipped) and exits 0.
 
     python benchmarks/gpu_kernels.py [--case attn] [--reps 10]
 """
@@ -116,8 +116,9 @@ def cases(device: str = "cuda", tiny: bool = False) -> Iterator[object]:
 if __name__ == "__main__":
     reason = _cuda_reason()
     if reason is not None:
-        print("skipped: no CUDA")
-        print(f"gpu_kernels: {reason}", file=sys.stderr)
+        from _harness import emit, skipped
+
+        emit(skipped("gpu_kernels", f"no CUDA: {reason}"))
         raise SystemExit(0)
     from _harness import main
 

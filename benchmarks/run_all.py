@@ -3,7 +3,9 @@
 Discovers ``benchmarks/*.py`` (except ``_*.py`` helpers and this file), runs each with a timeout, keeps the JSON
 lines each prints on stdout (one object per case), and writes ``benchmarks/results/latest.json`` plus a markdown
 table ``benchmarks/results/latest.md``. A script that crashes or times out is recorded as such; the others still
-run. Exit status: 1 if any script failed, else 0 (goals that are not met are reported, not failures).
+run. A script that prints only skip records (``_harness.skipped``: no CUDA device, a package missing) is listed as
+skipped with its reason. Exit status: 1 if any script failed, else 0 (goals that are not met and skipped scripts are
+reported, not failures).
 
     python benchmarks/run_all.py [--only NAME ...] [--timeout S] [-- ARGS FOR EVERY SCRIPT, e.g. --reps 5]
 """
@@ -74,7 +76,11 @@ def run_script(path: Path, timeout: float, extra_args: list[str]) -> tuple[dict,
     for record in records:
         record.setdefault("benchmark", path.stem)
         record["script"] = path.name
-    if status == "ok" and not records:
+    skips = [r for r in records if "skipped" in r]
+    records = [r for r in records if "skipped" not in r]
+    if status == "ok" and skips and not records:
+        status = "skipped"
+    elif status == "ok" and not records:
         status = "no-output"
     info = {
         "script": path.name,
@@ -83,7 +89,9 @@ def run_script(path: Path, timeout: float, extra_args: list[str]) -> tuple[dict,
         "seconds": round(time.perf_counter() - start, 3),
         "cases": len(records),
     }
-    if status != "ok":
+    if skips:
+        info["skipped"] = "; ".join(str(r["skipped"]) for r in skips)
+    if status not in ("ok", "skipped"):
         info["stderr_tail"] = stderr[-STDERR_TAIL:]
         info["stdout_other"] = "\n".join(other)[-STDERR_TAIL:]
     return info, records
@@ -144,7 +152,11 @@ def to_markdown(report: dict) -> str:
             )
             + " |"
         )
-    bad = [s for s in report["scripts"] if s["status"] != "ok"]
+    skipped = [s for s in report["scripts"] if s["status"] == "skipped"]
+    if skipped:
+        lines += ["", "## Skipped", ""]
+        lines += [f"- `{s['script']}`: {s.get('skipped', '')}" for s in skipped]
+    bad = [s for s in report["scripts"] if s["status"] not in ("ok", "skipped")]
     if bad:
         lines += ["", "## Scripts that did not finish cleanly", ""]
         lines += [f"- `{s['script']}`: {s['status']} (rc {s['returncode']}, {s['seconds']} s)" for s in bad]
@@ -191,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(args.results / "latest.json", json.dumps(report, indent=2, default=str) + "\n")
     write_atomic(args.results / "latest.md", to_markdown(report))
     print(f"wrote {args.results / 'latest.json'} and latest.md", file=sys.stderr)
-    return 1 if any(s["status"] != "ok" for s in report["scripts"]) else 0
+    return 1 if any(s["status"] not in ("ok", "skipped") for s in report["scripts"]) else 0
 
 
 if __name__ == "__main__":

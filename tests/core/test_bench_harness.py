@@ -157,6 +157,10 @@ SCRIPTS = {
         sys.exit(3)
     """,
     "silent.py": "pass\n",
+    "nocuda.py": """
+        import json
+        print(json.dumps({"benchmark": "nocuda", "case": "*", "skipped": "no CUDA: torch is a CPU-only build"}))
+    """,
     "sleepy.py": "import time\ntime.sleep(30)\n",
     "_helper.py": "raise SystemExit('helpers are never run')\n",
 }
@@ -178,7 +182,8 @@ def test_run_all_collects_json_and_writes_markdown(fake_benchmarks, tmp_path):
     assert rc == 1  # broken, silent and sleepy did not finish cleanly
     report = json.loads((results / "latest.json").read_text())
     status = {s["script"]: s["status"] for s in report["scripts"]}
-    assert status == {"alpha.py": "ok", "broken.py": "failed", "silent.py": "no-output", "sleepy.py": "timeout"}
+    assert status == {"alpha.py": "ok", "broken.py": "failed", "silent.py": "no-output", "sleepy.py": "timeout",
+                      "nocuda.py": "skipped"}
     broken = next(s for s in report["scripts"] if s["script"] == "broken.py")
     assert broken["returncode"] == 3 and "something went wrong" in broken["stderr_tail"]
     cases = [(r["benchmark"], r["case"], r["script"]) for r in report["results"]]
@@ -192,7 +197,29 @@ def test_run_all_collects_json_and_writes_markdown(fake_benchmarks, tmp_path):
     assert rows[0].split(" | ")[1:4] == ["one", "ours", "ref"] and "500 ms" in rows[0] and "| yes |" in rows[0]
     assert "**no**" in rows[1] and "0.750" in rows[2]
     assert "`sleepy.py`: timeout" in md and "`silent.py`: no-output" in md
+    assert "## Skipped" in md and "`nocuda.py`: no CUDA: torch is a CPU-only build" in md
+    assert "`nocuda.py`: skipped" not in md  # listed as skipped, not among the scripts that failed
     assert not list(results.glob(".*.part"))  # written atomically
+
+
+def test_a_script_that_only_skips_does_not_fail_the_run(fake_benchmarks, tmp_path):
+    """``make bench`` on a machine without CUDA: the GPU script's skip record keeps the run green."""
+    results = tmp_path / "results"
+    assert run_all.main(["--results", str(results), "--only", "alpha", "--only", "nocuda"]) == 0
+    report = json.loads((results / "latest.json").read_text())
+    assert [r["case"] for r in report["results"]] == ["one", "two"]  # skip records are not result rows
+    skipped = next(s for s in report["scripts"] if s["script"] == "nocuda.py")
+    assert skipped["skipped"] == "no CUDA: torch is a CPU-only build" and "stderr_tail" not in skipped
+
+
+def test_gpu_kernels_prints_a_skip_record_without_cuda():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_kernels.py")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    records, _ = run_all.parse_records(proc.stdout)
+    assert len(records) == 1 and records[0]["benchmark"] == "gpu_kernels" and "no CUDA" in records[0]["skipped"]
 
 
 def test_run_all_only_selects_scripts(fake_benchmarks, tmp_path):
