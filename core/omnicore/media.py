@@ -26,6 +26,8 @@ DEFAULT_MAX_PIXELS = 50_000_000
 DEFAULT_MAX_DURATION_S = 600.0
 #: All decoded frames together (frames x height x width): ~900 MB of RGB, whatever the frame count and size.
 DEFAULT_MAX_TOTAL_PIXELS = 300_000_000
+#: Most audio channels a file may declare; decoded audio is downmixed to mono or stereo (:func:`read_audio_clip`).
+MAX_AUDIO_CHANNELS = 16
 
 _IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF87a", "gif"), (b"GIF89a", "gif"),
                 (b"BM", "bmp"))
@@ -124,10 +126,40 @@ def _reject(field: str, rule: str) -> InvalidRequest:
     return InvalidRequest(field, rule)
 
 
-def read_image_input(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
-    """An image input (PIL image, uint8 ``[H, W, 3]`` array, path or bytes) -> RGB ``PIL.Image``, pixel-capped."""
-    import warnings
+def open_image(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
+    """A *lazy* Pillow image of ``source`` (path or bytes) whose header-declared size is within ``max_pixels``.
 
+    Only the header is read: the format's own opener is called directly, so Pillow's global decompression-bomb
+    limit (``Image.MAX_IMAGE_PIXELS``, ~89 MP) neither caps ``max_pixels`` silently nor turns an oversized
+    image into a decoder error — the caller's cap is the one rule, checked before any pixel is decoded.
+    """
+    from PIL import Image
+
+    head = _read_head(source, 16)
+    fmt = image_format(head)
+    if fmt is None:
+        raise _reject(field, "not a recognised image (PNG, JPEG, WebP, GIF, BMP)")
+    Image.init()
+    factory, accept = Image.OPEN[fmt.upper()]
+    fp = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) \
+        else open(os.fspath(source), "rb")
+    try:
+        img = factory(fp, None)  # the header only; no pixel data is read yet
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for broken headers
+        fp.close()
+        raise _reject(field, f"cannot decode the image ({type(exc).__name__}: {exc})") from None
+    w, h = img.size
+    if w * h > max_pixels:
+        img.close()
+        fp.close()
+        raise InvalidRequest(field, f"{w}x{h} has more than {max_pixels} pixels", code="image_too_large")
+    img._exclusive_fp = True  # closing the image closes the file it reads from
+    return img
+
+
+def read_image_input(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
+    """An image input (PIL image, uint8 ``[H, W, 3]`` array, path or bytes) -> RGB ``PIL.Image``, pixel-capped
+    from the header before decoding (see :func:`open_image`)."""
     from PIL import Image
 
     if isinstance(source, Image.Image):
@@ -139,16 +171,16 @@ def read_image_input(source: Any, *, field: str = "image", max_pixels: int = DEF
     if not isinstance(source, (str, bytes, bytearray, os.PathLike)):
         raise _reject(field, f"must be a PIL image, a uint8 array, a path or bytes, got {type(source).__name__}")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(_open_arg(source)) as img:
-                w, h = img.size
-                if w * h > max_pixels:
-                    raise _reject(field, f"{w}x{h} has more than {max_pixels} pixels")
-                img.load()
-                return img.convert("RGB")
-    except InvalidRequest:
-        raise
+        head = _read_head(source, 16)
+    except OSError as exc:
+        raise _reject(field, f"cannot read the image: {exc.strerror or exc}") from None
+    if image_format(head) is None:
+        raise _reject(field, "not a recognised image (PNG, JPEG, WebP, GIF, BMP)")
+    img = open_image(source, field=field, max_pixels=max_pixels)
+    try:
+        with img:
+            img.load()
+            return img if img.mode == "RGB" else img.convert("RGB")
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for broken data
         raise _reject(field, f"cannot decode the image ({type(exc).__name__}: {exc})") from None
 
@@ -183,15 +215,87 @@ def probe_duration(source: Source, kind: str, *, field: str = "media") -> float 
     return None
 
 
+def scaled_size(width: int, height: int, max_pixels: int | None) -> tuple[int, int]:
+    """``(width, height)`` shrunk (aspect kept, even sides) so ``width * height <= max_pixels``; unchanged when it
+    already fits or ``max_pixels`` is ``None``."""
+    if max_pixels is None or width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
+
+
+@attrs.frozen
+class MediaProbe:
+    """What a container's header declares, read without decoding: enough to refuse or budget an upload."""
+
+    kind: str
+    width: int = 0
+    height: int = 0
+    frames: int | None = None  # declared frame count (video), when the container says
+    fps: float = 0.0
+    duration_s: float | None = None
+    channels: int = 0  # audio
+    sample_rate: int = 0  # audio
+
+    def decoded_bytes(self, *, keep_frames: int | None = None, max_pixels: int | None = None,
+                      max_frames: int = DEFAULT_MAX_FRAMES) -> int:
+        """Bytes the decoded clip will hold: RGB frames (at most ``keep_frames``, scaled to ``max_pixels``) or
+        float32 mono/stereo samples; an unknown frame count assumes ``max_frames`` (the decoder's hard stop)."""
+        if self.kind == "image":
+            return self.width * self.height * 3
+        if self.kind == "video":
+            n = self.frames if self.frames is not None else (
+                int(self.duration_s * self.fps) + 1 if self.duration_s and self.fps else max_frames)
+            n = min(n, keep_frames) if keep_frames is not None else n
+            w, h = scaled_size(self.width, self.height, max_pixels)
+            return min(n, max_frames + 1) * w * h * 3
+        seconds = self.duration_s if self.duration_s is not None else DEFAULT_MAX_DURATION_S
+        return int(seconds * self.sample_rate) * min(2, max(1, self.channels)) * 4
+
+
+def probe_media(kind: str, source: Source, *, field: str = "media") -> MediaProbe:
+    """The header of an image (size), video (size, frames, fps, duration) or audio (channels, rate, duration)
+    upload, without decoding any pixel or sample."""
+    if kind == "image":
+        img = open_image(source, field=field, max_pixels=2**62)
+        with img:
+            return MediaProbe("image", width=img.size[0], height=img.size[1])
+    import av
+
+    try:
+        with av.open(_open_arg(source)) as container:
+            streams = container.streams.video if kind == "video" else container.streams.audio
+            if not streams:
+                raise _reject(field, f"has no {kind} stream")
+            s = streams[0]
+            duration = float(s.duration * s.time_base) if s.duration is not None and s.time_base is not None \
+                else container.duration / 1_000_000 if container.duration is not None else None
+            if kind == "audio":
+                return MediaProbe("audio", duration_s=duration, channels=_channels(s), sample_rate=int(s.rate or 0))
+            rate = s.average_rate or s.guessed_rate or s.base_rate
+            return MediaProbe("video", width=int(s.codec_context.width or 0), height=int(s.codec_context.height or 0),
+                              frames=int(s.frames) if s.frames else None, fps=float(rate) if rate else 0.0,
+                              duration_s=duration)
+    except InvalidRequest:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise _reject(field, f"cannot open the {kind} ({type(exc).__name__})") from None
+
+
 def read_video_clip(source: Source, *, field: str = "video", max_frames: int = DEFAULT_MAX_FRAMES,
                     max_pixels: int = DEFAULT_MAX_PIXELS, max_duration_s: float | None = DEFAULT_MAX_DURATION_S,
                     min_duration_s: float | None = None,
-                    max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS) -> VideoClip:
+                    max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS, keep_frames: int | None = None,
+                    scale_to_pixels: int | None = None) -> VideoClip:
     """Decode the first video stream to RGB uint8 frames (PyAV), refusing what breaks a cap.
 
-    The frame size and declared duration are checked from the header first; frames and their pixels are counted
-    while decoding, so a file that lies about its length or size still stops at ``max_frames`` /
-    ``max_total_pixels`` (all frames together) before it can exhaust memory.
+    The frame size, declared frame count and declared duration are checked from the header first; frames and
+    their pixels are counted while decoding, so a file that lies about its length or size still stops at
+    ``max_frames`` / ``max_total_pixels`` (all frames together) before it can exhaust memory.
+
+    Decoding costs only what the caller will use: ``keep_frames`` stops reading after that many frames (the rest
+    is never decoded, and does not count against ``max_frames``), and ``scale_to_pixels`` converts each frame
+    straight to a smaller RGB size (aspect kept) so a full-size copy of the clip never exists.
     """
     import av
 
@@ -200,24 +304,38 @@ def read_video_clip(source: Source, *, field: str = "video", max_frames: int = D
             if not container.streams.video:
                 raise _reject(field, "has no video stream")
             stream = container.streams.video[0]
+            stream.thread_type = "SLICE"  # frame threading keeps extra full-size frames in flight
             w, h = stream.codec_context.width, stream.codec_context.height
             if w and h and w * h > max_pixels:
                 raise _reject(field, f"frames of {w}x{h} have more than {max_pixels} pixels")
             if stream.duration is not None and stream.time_base is not None:
                 _check_duration(field, float(stream.duration * stream.time_base), None, max_duration_s)
+            declared = int(stream.frames) if stream.frames else None
+            if declared is not None and keep_frames is None and declared > max_frames:
+                raise _reject(field, f"has more than {max_frames} frames")
+            out_w, out_h = scaled_size(w, h, scale_to_pixels) if w and h else (0, 0)
+            if declared is not None and out_w and min(declared, keep_frames or declared) * out_w * out_h \
+                    > max_total_pixels:
+                raise _reject(field, f"decodes to more than {max_total_pixels} pixels in all")
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             fps = float(rate) if rate else 0.0
             frames: list[np.ndarray] = []
             total = 0
             for frame in container.decode(stream):
+                if keep_frames is not None and len(frames) >= keep_frames:
+                    break
                 if len(frames) >= max_frames:
                     raise _reject(field, f"has more than {max_frames} frames")
                 if frame.width * frame.height > max_pixels:
                     raise _reject(field, f"has frames of more than {max_pixels} pixels")
-                total += frame.width * frame.height
+                fw, fh = scaled_size(frame.width, frame.height, scale_to_pixels)
+                total += fw * fh
                 if total > max_total_pixels:
                     raise _reject(field, f"decodes to more than {max_total_pixels} pixels in all")
-                frames.append(frame.to_ndarray(format="rgb24"))
+                if (fw, fh) != (frame.width, frame.height):
+                    frames.append(frame.reformat(width=fw, height=fh, format="rgb24").to_ndarray())
+                else:
+                    frames.append(frame.to_ndarray(format="rgb24"))
     except InvalidRequest:
         raise
     except (av.FFmpegError, OSError, ValueError) as exc:
@@ -227,14 +345,30 @@ def read_video_clip(source: Source, *, field: str = "video", max_frames: int = D
     if fps <= 0:
         raise _reject(field, "declares no frame rate")
     clip = VideoClip(np.stack(frames), fps)
-    _check_duration(field, clip.duration_s, min_duration_s, max_duration_s)
+    del frames
+    if keep_frames is None:
+        _check_duration(field, clip.duration_s, min_duration_s, max_duration_s)
+    else:
+        _check_duration(field, clip.duration_s, min_duration_s, None)
     return clip
+
+
+def _channels(stream: Any) -> int:
+    ctx = stream.codec_context
+    n = getattr(ctx, "channels", None) or (len(stream.layout.channels) if stream.layout is not None else 0)
+    return int(n or 0)
 
 
 def read_audio_clip(source: Source, *, field: str = "audio",
                     max_duration_s: float | None = DEFAULT_MAX_DURATION_S,
-                    min_duration_s: float | None = None) -> AudioClip:
-    """Decode the first audio stream (of an audio file or a video's soundtrack) to planar float32 (PyAV)."""
+                    min_duration_s: float | None = None, max_channels: int = MAX_AUDIO_CHANNELS) -> AudioClip:
+    """Decode the first audio stream (of an audio file or a video's soundtrack) to planar float32 (PyAV),
+    downmixed to mono (a mono source) or stereo (anything wider).
+
+    The channel count is checked from the header before anything is decoded (more than ``max_channels`` is
+    refused), and the resampler always writes one or two planes: PyAV 18 mis-sizes planar frames of eight or
+    more channels and ``to_ndarray`` on them crashes the process, so wide layouts are never materialised.
+    """
     import av
 
     try:
@@ -242,13 +376,23 @@ def read_audio_clip(source: Source, *, field: str = "audio",
             if not container.streams.audio:
                 raise _reject(field, "has no audio stream")
             stream = container.streams.audio[0]
+            channels = _channels(stream)
+            if channels < 1:
+                raise _reject(field, "declares no audio channels")
+            if channels > max_channels:
+                raise _reject(field, f"has {channels} audio channels, more than the {max_channels} accepted "
+                                     f"(it is downmixed to stereo)")
             if stream.duration is not None and stream.time_base is not None:
                 _check_duration(field, float(stream.duration * stream.time_base), None, max_duration_s)
-            rate = int(stream.rate)
+            rate = int(stream.rate or 0)
+            if rate <= 0:
+                raise _reject(field, "declares no sample rate")
             cap = None if max_duration_s is None else int(max_duration_s * rate) + rate  # + 1 s of codec slack
-            resampler = av.AudioResampler(format="fltp", layout=stream.layout, rate=rate)
+            resampler = av.AudioResampler(format="fltp", layout="mono" if channels == 1 else "stereo", rate=rate)
             chunks, total = [], 0
             for frame in container.decode(stream):
+                if len(frame.layout.channels) != channels:  # a stream that changes layout mid-way
+                    raise _reject(field, "changes its channel layout while playing")
                 for f in resampler.resample(frame):
                     chunks.append(f.to_ndarray())
                     total += chunks[-1].shape[1]
