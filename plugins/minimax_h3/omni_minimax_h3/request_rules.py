@@ -78,6 +78,16 @@ class Deployment:
     video_shift: float = DEFAULT_VIDEO_SHIFT
     audio_shift: float = DEFAULT_AUDIO_SHIFT
     max_duration_s: float = MAX_DURATION_S
+    #: what height and width are multiples of: the VAE's spatial ratio x the DiT's patch (32 for the release)
+    canvas_multiple: int = CANVAS_MULTIPLE
+    #: per-partition ``(video, audio)`` shift defaults where a partition's own metadata says so (the official
+    #: layout has one ``model_index.json`` per partition); others use ``video_shift`` / ``audio_shift``
+    partition_shifts: Mapping[str, tuple[float, float]] = attrs.field(factory=dict)
+
+    def shifts(self, partition: str) -> tuple[float, float]:
+        """The ``(video, audio)`` shift defaults of the DiT serving ``partition``."""
+        pair = self.partition_shifts.get(partition)
+        return (float(pair[0]), float(pair[1])) if pair is not None else (self.video_shift, self.audio_shift)
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -153,26 +163,36 @@ def pick_duration(params: Any, extra: Mapping[str, Any]) -> tuple[str, float] | 
     return (found[0][0], values.pop()) if found else None
 
 
+def frame_limits(max_duration_s: float = MAX_DURATION_S) -> tuple[int, int]:
+    """``(min, max)`` requested frames: at least 4 s (96 frames at 24 fps); at most the ``17n + 5`` count that
+    ``max_duration_s`` snaps up to (15 s = 360 frames -> 362), since that is what such a request generates."""
+    return int(MIN_DURATION_S * FPS), align_frames(int(round(max_duration_s * FPS)))
+
+
 def resolve_frames(task: str, params: Any, extra: Mapping[str, Any], max_duration_s: float,
                    default: int | None = None) -> int:
     """Aligned frame count: duration x 24 (rounded) > ``num_frames`` > ``default`` (None: the task's: 209 for
-    t2va/fl2va, 124 for ref2va); the requested length must lie in [4 s, max] (§1.2), then it snaps up to 17n+5
-    (so 15 s = 360 frames -> 362)."""
+    t2va/fl2va, 124 for ref2va); it snaps up to 17n+5 and must lie within :func:`frame_limits` (a 15 s request
+    is 360 frames and generates 362; 363 frames would generate 379 and are refused)."""
     duration = pick_duration(params, extra)
     num_frames = getattr(params, "num_frames", None)
     if duration is not None:
         field, frames = duration[0], round(duration[1] * FPS)
+        asked = f"{duration[1]:g} s = {frames} frames"
     elif num_frames is not None and num_frames > 1:
         field, frames = "params.num_frames", int(num_frames)
+        asked = f"{frames} frames"
     else:
         field, frames = "params.num_frames", default or DEFAULT_FRAMES[task]
-    if frames / FPS < MIN_DURATION_S:
-        raise InvalidRequest(field, f"MiniMax-H3 generates at least {MIN_DURATION_S:g} s ({int(MIN_DURATION_S * FPS)} "
-                                    f"frames at {FPS} fps), got {frames} frames")
-    if frames / FPS > max_duration_s:  # the serving contract bounds the requested length (diffusers: the aligned)
-        raise InvalidRequest(field, f"MiniMax-H3 generates at most {max_duration_s:g} s ({int(max_duration_s * FPS)} "
-                                    f"frames at {FPS} fps), got {frames} frames")
+        asked = f"{frames} frames"
+    lo, hi = frame_limits(max_duration_s)
+    if frames < lo:
+        raise InvalidRequest(field, f"MiniMax-H3 generates at least {MIN_DURATION_S:g} s ({lo} frames at {FPS} "
+                                    f"fps), got {asked}")
     aligned = align_frames(frames)
+    if aligned > hi:  # the serving contract allows the 4 s diffusers refuses; the cap is on what is generated
+        raise InvalidRequest(field, f"MiniMax-H3 generates at most {hi} frames ({max_duration_s:g} s at {FPS} fps, "
+                                    f"snapped up to the 17n+5 frame grid), got {asked} (-> {aligned})")
     return aligned
 
 
@@ -205,22 +225,68 @@ def parse_aspect_ratio(value: Any, field: str = "extra.aspect_ratio") -> tuple[i
     return ASPECT_RATIOS[value.strip()]
 
 
+def nearest_sizes(height: int, width: int, multiple: int = CANVAS_MULTIPLE) -> list[tuple[int, int]]:
+    """The on-grid ``(height, width)`` sizes around an off-grid one (each axis floored or ceiled to
+    ``multiple``, at least one multiple, within 1:4 .. 4:1), the one keeping the aspect ratio best first."""
+    def around(v: int) -> set[int]:
+        low = v // multiple * multiple
+        return {max(multiple, low), low + multiple} if v % multiple else {v}
+
+    ratio = width / height
+    sizes = [(h, w) for h in around(height) for w in around(width) if MIN_ASPECT <= w / h <= MAX_ASPECT]
+    return sorted(sizes, key=lambda hw: (abs(math.log(hw[1] / hw[0] / ratio)), abs(hw[0] * hw[1] - height * width)))
+
+
 def explicit_size(params: Any, multiple: int = CANVAS_MULTIPLE) -> tuple[int, int] | None:
-    """``(height, width)`` from ``params.height``/``params.width`` floored to ``multiple``, or None."""
+    """``(height, width)`` from ``params.height``/``params.width``, or None. Both must be on the model's grid
+    (multiples of ``multiple``): an off-grid size is refused naming the nearest valid sizes — never floored
+    silently (flooring 100x50 to 96x32 would turn 2:1 into 3:1)."""
     h, w = getattr(params, "height", None), getattr(params, "width", None)
     if (h is None) != (w is None):
         raise InvalidRequest("params.height" if h is None else "params.width",
                              "height and width must be given together")
     if h is None or w is None:
         return None
-    hf, wf = h // multiple * multiple, w // multiple * multiple
-    for value, field in ((hf, "params.height"), (wf, "params.width")):
-        if value < multiple:
-            given = h if field.endswith("height") else w
-            raise InvalidRequest(field, f"must be at least {multiple} pixels, got {given}")
-    if not MIN_ASPECT <= wf / hf <= MAX_ASPECT:
-        raise InvalidRequest("params.width", f"{wf}x{hf} is outside the 1:4 .. 4:1 aspect range")
-    return hf, wf
+    for value, field in ((h, "params.height"), (w, "params.width")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < multiple:
+            raise InvalidRequest(field, f"must be at least {multiple} pixels, got {value!r}")
+    if h % multiple or w % multiple:
+        near = ", ".join(f"{nw}x{nh}" for nh, nw in nearest_sizes(h, w, multiple))
+        raise InvalidRequest("params.width" if w % multiple else "params.height",
+                             f"size {w}x{h} (width x height) is not on MiniMax-H3's grid: both sides must be "
+                             f"multiples of {multiple}; nearest valid sizes: {near}")
+    if not MIN_ASPECT <= w / h <= MAX_ASPECT:
+        raise InvalidRequest("params.width", f"{w}x{h} is outside the 1:4 .. 4:1 aspect range")
+    return h, w
+
+
+def _ratio_fits(name: str, height: int, width: int, deployment: Deployment) -> bool:
+    """Whether ``height x width`` is what ratio ``name`` comes to on this deployment: its canvas, or the ratio
+    itself with the long side rounded to the grid (e.g. 448x256 is 16:9, 288x512 is 9:16)."""
+    aw, ah = ASPECT_RATIOS[name]
+    m = deployment.canvas_multiple
+    if canvas_for_ratio(aw, ah, short_edge=deployment.canvas_short_edge, max_pixels=deployment.canvas_max_pixels,
+                        multiple=m) == (height, width):
+        return True
+    if aw >= ah:
+        return width == max(m, round(height * aw / ah / m) * m)
+    return height == max(m, round(width * ah / aw / m) * m)
+
+
+def nearest_ratio(height: int, width: int) -> str:
+    """The supported aspect ratio closest to ``width / height`` (in log space)."""
+    return min(ASPECT_RATIOS, key=lambda n: abs(math.log(width / height * ASPECT_RATIOS[n][1] /
+                                                         ASPECT_RATIOS[n][0])))
+
+
+def ratio_of_size(height: int, width: int, deployment: Deployment) -> str | None:
+    """The supported ratio an explicit size matches (see :func:`_ratio_fits`), the closest when several do, or
+    None when it matches none."""
+    name = nearest_ratio(height, width)
+    if _ratio_fits(name, height, width, deployment):
+        return name
+    fits = [n for n in ASPECT_RATIOS if _ratio_fits(n, height, width, deployment)]
+    return fits[0] if fits else None
 
 
 # ----------------------------------------------------------------------------------------------- task
@@ -375,16 +441,37 @@ def resolve_pad_seq_len(value: Any) -> int | None:
 
 def resolve_canvas(task: str, params: Any, extra: Mapping[str, Any], media: Sequence[MediaSummary],
                    keyframes: Sequence[tuple[int, str]], deployment: Deployment) -> tuple[int, int]:
-    """t2va: ``extra.aspect_ratio`` is required (explicit height/width then win); fl2va: the ratio of the first
-    keyframe in packed order unless one is given; ref2va: 16:9 by default."""
+    """The ``(height, width)`` to generate.
+
+    - Explicit ``params.height``/``params.width`` win (on the grid, see :func:`explicit_size`). An
+      ``extra.aspect_ratio`` given with them must agree (the ratio the size matches, or the nearest supported
+      one): a contradiction (``9:16`` with 256x256) is refused naming both fields rather than ignored.
+    - t2va needs a ratio: ``extra.aspect_ratio``, or one derived from an explicit size that matches a supported
+      ratio (the reference requires it even then; here 448x256 simply is 16:9).
+    - Otherwise fl2va takes the ratio of the first keyframe in packed order, ref2va 16:9.
+    """
     ratio_value = extra.get("aspect_ratio")
     ratio = parse_aspect_ratio(ratio_value) if ratio_value is not None else None
+    size = explicit_size(params, deployment.canvas_multiple)
+    if size is not None:
+        h, w = size
+        if ratio_value is not None:
+            name = ratio_value.strip()
+            if not (_ratio_fits(name, h, w, deployment) or name == nearest_ratio(h, w)):
+                matched = ratio_of_size(h, w, deployment)
+                what = f"matches {matched}" if matched else f"is nearest {nearest_ratio(h, w)}"
+                raise InvalidRequest("extra.aspect_ratio", f"{name} contradicts params.width x params.height = "
+                                                           f"{w}x{h}, which {what}; give one of them, or make them "
+                                                           f"agree")
+        elif task == "t2va" and ratio_of_size(h, w, deployment) is None:
+            raise InvalidRequest("extra.aspect_ratio", f"t2va requires an explicit aspect_ratio (one of "
+                                                       f"{', '.join(ASPECT_RATIOS)}): the size {w}x{h} matches "
+                                                       f"none of them (nearest: {nearest_ratio(h, w)})")
+        return size
     if task == "t2va" and ratio is None:
         raise InvalidRequest("extra.aspect_ratio", f"t2va requires an explicit aspect_ratio (one of "
-                                                   f"{', '.join(ASPECT_RATIOS)})")
-    size = explicit_size(params)
-    if size is not None:
-        return size
+                                                   f"{', '.join(ASPECT_RATIOS)}), or a height and width that "
+                                                   f"match one")
     if ratio is None and task == "fl2va":
         ratio = media[keyframes[0][0]].size or (16, 9)
     if ratio is None:
@@ -392,7 +479,7 @@ def resolve_canvas(task: str, params: Any, extra: Mapping[str, Any], media: Sequ
     field = "extra.aspect_ratio" if ratio_value is not None else f"inputs[{keyframes[0][0]}].data" if keyframes \
         else "extra.aspect_ratio"
     return canvas_for_ratio(*ratio, short_edge=deployment.canvas_short_edge, max_pixels=deployment.canvas_max_pixels,
-                            field=field)
+                            multiple=deployment.canvas_multiple, field=field)
 
 
 def resolve_request(*, prompt: Any, negative_prompt: Any, params: Any, extra: Mapping[str, Any],
@@ -416,14 +503,15 @@ def resolve_request(*, prompt: Any, negative_prompt: Any, params: Any, extra: Ma
     if task == "ref2va":
         references = resolve_references(media, num_frames)
     height, width = resolve_canvas(task, params, extra, media, keyframes, deployment)
+    video_shift, audio_shift = deployment.shifts("ref2va" if task == "ref2va" else "fl2va")
     return ResolvedRequest(
         task=task, prompt=prompt, height=height, width=width, num_frames=num_frames,
         num_latent_frames=latent_frames(num_frames), num_audio_latents=audio_latents(num_frames),
         keyframes=keyframes, references=references, steps=resolve_steps(params, default_steps),
         video_shift=resolve_shift(extra.get("flow_shift", getattr(params, "flow_shift", None)),
                                   "extra.flow_shift" if "flow_shift" in extra else "params.flow_shift",
-                                  deployment.video_shift),
-        audio_shift=resolve_shift(extra.get("audio_flow_shift"), "extra.audio_flow_shift", deployment.audio_shift),
+                                  video_shift),
+        audio_shift=resolve_shift(extra.get("audio_flow_shift"), "extra.audio_flow_shift", audio_shift),
         pad_seq_len=resolve_pad_seq_len(extra.get("pad_seq_len")),
         num_outputs=int(getattr(params, "num_outputs", 1)),
     )

@@ -69,8 +69,29 @@ def test_duration_beats_num_frames_and_defaults_per_task():
 def test_duration_limits_name_the_field():
     assert field_of(resolve, duration=3.9) == "params.duration"
     assert field_of(resolve, num_frames=95) == "params.num_frames"
-    assert field_of(resolve, extra={"aspect_ratio": "1:1", "duration": 15.1}) == "extra.duration"
+    assert field_of(resolve, extra={"aspect_ratio": "1:1", "duration": 15.2}) == "extra.duration"
     assert resolve(duration=15.0).num_frames == 362  # the requested 360 frames are within 15 s, then snap up
+
+
+def test_frame_cap_and_its_message_follow_the_17n_plus_5_rule():
+    """15 s is 360 frames, which generate 362: the cap is 362 frames, and the message says so (it said "at most
+    360 frames" while 15 s gave 362)."""
+    from omni_minimax_h3.request_rules import frame_limits
+
+    assert frame_limits(15.0) == (96, 362)
+    assert resolve(num_frames=362).num_frames == 362  # what 15 s generates is accepted when asked for directly
+    assert resolve(num_frames=361).num_frames == 362
+    with pytest.raises(InvalidRequest) as info:
+        resolve(num_frames=363)  # snaps up to 379
+    assert info.value.field == "params.num_frames"
+    assert "at most 362 frames" in str(info.value) and "363 frames (-> 379)" in str(info.value)
+    with pytest.raises(InvalidRequest) as info:
+        resolve(duration=16.0)
+    assert "at most 362 frames" in str(info.value) and "16 s = 384 frames" in str(info.value)
+    with pytest.raises(InvalidRequest) as info:
+        resolve(num_frames=95)
+    assert "at least 4 s (96 frames" in str(info.value)
+    assert resolve(num_frames=96).num_frames == 107
 
 
 def test_duration_given_twice_must_agree():
@@ -99,11 +120,59 @@ def test_t2va_requires_an_aspect_ratio():
     assert field_of(resolve, extra={"aspect_ratio": "2:1"}) == "extra.aspect_ratio"
 
 
-def test_explicit_size_wins_floored_to_32():
-    r = resolve(height=300, width=500)
+def test_explicit_size_wins_and_must_be_on_the_grid():
+    r = resolve(height=288, width=480)
     assert (r.height, r.width) == (288, 480)
     assert field_of(resolve, height=64) == "params.width"
     assert field_of(resolve, height=32, width=320) == "params.width"  # 10:1 is outside 1:4 .. 4:1
+
+
+@pytest.mark.parametrize(("height", "width", "field", "nearest"), [
+    (50, 100, "params.width", ["128x64", "96x64", "96x32", "128x32"]),  # 2:1 first, not the floored 3:1
+    (300, 500, "params.width", ["480x288", "512x320", "512x288", "480x320"]),
+    (300, 512, "params.height", ["512x288", "512x320"]),
+])
+def test_off_grid_sizes_are_refused_naming_the_nearest_valid_ones(height, width, field, nearest):
+    """Never floored silently (the CLI turned 100x50 into 96x32, i.e. 2:1 into 3:1, while HTTP refused it)."""
+    with pytest.raises(InvalidRequest) as info:
+        resolve(height=height, width=width, extra={})
+    assert info.value.field == field
+    assert f"nearest valid sizes: {', '.join(nearest)}" in str(info.value)
+
+
+def test_t2va_derives_the_aspect_ratio_from_a_matching_size():
+    assert (resolve(height=256, width=448, extra={}).width, resolve(height=256, width=448, extra={}).height) \
+        == (448, 256)  # 16:9 on the 32 grid
+    assert resolve(height=768, width=1344, extra={}).task == "t2va"  # the release's 16:9 canvas
+    assert resolve(height=512, width=288, extra={}).width == 288  # 9:16 exactly
+    tiny = Deployment(canvas_short_edge=64, canvas_max_pixels=64 * 112)
+    assert resolve(height=64, width=128, extra={}, deployment=tiny).width == 128  # the tiny preset's 16:9
+    with pytest.raises(InvalidRequest) as info:
+        resolve(height=256, width=640, extra={})  # 2.5:1 is none of them
+    assert info.value.field == "extra.aspect_ratio" and "nearest: 21:9" in str(info.value)
+    assert resolve(height=256, width=640, extra={"aspect_ratio": "21:9"}).width == 640  # the nearest agrees
+
+
+def test_an_aspect_ratio_contradicting_the_size_names_both_fields():
+    with pytest.raises(InvalidRequest) as info:
+        resolve(height=256, width=256, extra={"aspect_ratio": "9:16"})
+    assert info.value.field == "extra.aspect_ratio"
+    assert "9:16 contradicts params.width x params.height = 256x256, which matches 1:1" in str(info.value)
+    r = resolve(height=256, width=448, extra={"aspect_ratio": "16:9"})  # agreeing ones are fine
+    assert (r.height, r.width) == (256, 448)
+    keyframe = resolve(media=[img("first_frame")], height=256, width=256, extra={"aspect_ratio": "1:1"})
+    assert keyframe.task == "fl2va"
+    assert field_of(resolve, media=[img("first_frame")], height=256, width=256,
+                    extra={"aspect_ratio": "16:9"}) == "extra.aspect_ratio"
+
+
+def test_canvas_multiple_and_partition_shifts_come_from_the_deployment():
+    coarse = Deployment(canvas_multiple=64)
+    assert field_of(resolve, height=288, width=512, deployment=coarse) == "params.height"
+    per = Deployment(partitions=("fl2va", "ref2va"), partition_shifts={"ref2va": (7.0, 2.0)})
+    assert (resolve(deployment=per).video_shift, resolve(deployment=per).audio_shift) == (12.0, 3.0)
+    r = resolve(media=[MediaSummary("image", "reference", size=(512, 512))], extra={}, deployment=per)
+    assert (r.video_shift, r.audio_shift) == (7.0, 2.0)
 
 
 def test_tiny_canvas():
