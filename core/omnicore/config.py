@@ -155,6 +155,9 @@ OPTIONS: tuple[Option, ...] = (
            repeatable=True, metavar="KEY"),
     Option("api_key_file", "OMNICORE_API_KEY_FILE", None, lambda n, v: str(v) if v else None,
            "File with one accepted server API key per line (added to `OMNICORE_API_KEY`)."),
+    Option("admin_api_key", "OMNICORE_ADMIN_API_KEY", None, lambda n, v: _parse_keys(v),
+           "Server: an API key that sees and manages every key's jobs (repeatable); other keys see only the jobs "
+           "they created.", repeatable=True, metavar="KEY"),
     Option("max_queued_jobs", "OMNICORE_MAX_QUEUED_JOBS", 64, _positive_int,
            "Server: queued plus running jobs before new ones get HTTP 429."),
     Option("max_image_pixels", "OMNICORE_MAX_IMAGE_PIXELS", 4096 * 4096, _positive_int,
@@ -177,12 +180,17 @@ OPTIONS: tuple[Option, ...] = (
            "Server: with API keys set, `/metrics` requires the key too (`/health` never does)."),
     Option("heartbeat_interval_s", "OMNICORE_HEARTBEAT_INTERVAL_S", 5.0, finite_non_negative,
            "Server: seconds between job heartbeats on progress streams.", flag="--heartbeat-interval"),
+    Option("body_timeout_s", "OMNICORE_BODY_TIMEOUT_S", 300.0, finite_non_negative,
+           "Server: seconds the whole request body may take to arrive, however steadily it trickles (then 408); "
+           "0 = no limit.", flag="--body-timeout"),
     Option("cancel_wait_s", "OMNICORE_CANCEL_WAIT_S", 30.0, finite_non_negative,
            "Server: how long cancel/DELETE wait for the worker to stop before answering 202.", flag="--cancel-wait"),
     Option("shutdown_grace_s", "OMNICORE_SHUTDOWN_GRACE_S", 60.0, finite_non_negative,
            "Server: on shutdown, how long running work may finish before it is cancelled.", flag="--shutdown-grace"),
     Option("max_job_seconds", "OMNICORE_MAX_JOB_SECONDS", 0.0, finite_non_negative,
-           "Server: operator deadline per job; 0 = none (there is no default job timeout)."),
+           "Server: operator deadline per job, in seconds of running time (from when the worker starts the job; "
+           "time spent queued does not count; a client's own `timeout_s` counts from submission); "
+           "0 = none (there is no default job timeout)."),
     Option("job_ttl_s", "OMNICORE_JOB_TTL_S", 7 * 24 * 3600.0, finite_non_negative,
            "Server: seconds a finished job and its files are kept; 0 = forever.", flag="--job-ttl"),
     Option("cors_origins", "OMNICORE_CORS_ORIGINS", (), lambda n, v: tuple(v) if isinstance(v, (list, tuple))

@@ -3,7 +3,8 @@
 Cancellation is checked before every step. A cancelled request is dropped from the batch when the
 pipeline can shrink its state (``select_requests``); otherwise it is reported cancelled at once and its
 rows are computed to the end with the rest and discarded. When every request is cancelled the batch stops.
-Any exception fails the batch's unfinished jobs with that error; the caller (the worker) carries on.
+Any exception fails the batch's unfinished jobs with that error (a ``BaseException`` such as ``SystemExit``
+becomes :class:`StepAborted`); the caller (the worker) carries on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ if TYPE_CHECKING:
     from ..plugins.host import PluginHost
 
 logger = logging.getLogger("omnicore.engine")
+
+
+class StepAborted(RuntimeError):
+    """A model or plugin step raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``, ...). The engine fails the batch with this error rather than letting it unwind the worker."""
+
+    def __init__(self, cause: BaseException) -> None:
+        detail = str(cause)
+        super().__init__(f"the model's code raised {type(cause).__name__}" + (f" ({detail})" if detail else "")
+                         + " during the job; the job was stopped and the worker carries on")
+        self.__cause__ = cause
 
 
 class EngineStats:
@@ -68,8 +80,12 @@ class BatchRunner:
                         raise
                     if self.group is not None:
                         self.group.end_batch()
-        except Exception as exc:
-            logger.exception("batch of %d request(s) failed", len(members))
+        except BaseException as raised:
+            # A step may raise anything, SystemExit and KeyboardInterrupt included (signals only reach the main
+            # thread, so here they always come from model or plugin code): the jobs fail with a reason and the
+            # worker carries on, instead of jobs that stay "running" forever behind a dead or stuck worker.
+            exc: BaseException = raised if isinstance(raised, Exception) else StepAborted(raised)
+            logger.error("batch of %d request(s) failed", len(members), exc_info=raised)
             if self.group is not None:  # a dead worker becomes one clear error naming the rank
                 exc = self.group.explain(exc)
             for job in members:

@@ -9,6 +9,7 @@ listener is up (``/health`` = ``loading``) while the model loads.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ class ServerContext:
     jobs: JobManager | None = None
     served: ServedModel | None = None
     model_arg: str | None = None
+    started_at: float = attrs.Factory(time.time)
 
     def require(self) -> tuple[JobManager, ServedModel]:
         """The job manager and model, or 503 while the server is not ready."""
@@ -91,7 +93,8 @@ class ServerContext:
         try:
             request = rebuild_request(self, job_id)
             live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True,
-                           deadline_s=(self.store.get_request(job_id) or {}).get("body", {}).get("timeout_s"))
+                           deadline_s=(self.store.get_request(job_id) or {}).get("body", {}).get("timeout_s"),
+                           owner=self.store.get_owner(job_id)[1])
             live.created = float(record.get("created_at") or time.time())
             self.jobs.submit(live, request)
         except Exception as exc:
@@ -141,16 +144,23 @@ class EdgeMiddleware:
                 return
             limit = self.ctx.settings.max_request_bytes
             read_timeout = float(getattr(self.ctx.settings, "read_timeout_s", 0.0) or 0.0)
+            body_timeout = float(getattr(self.ctx.settings, "body_timeout_s", 0.0) or 0.0)
+            body_end = time.monotonic() + body_timeout  # the whole body, counted from the request's start
             seen = [0]
             body_done = [False]
 
             async def limited_receive() -> Message:
-                if body_done[0] or read_timeout <= 0:
+                wait = read_timeout if read_timeout > 0 else math.inf
+                whole = body_end - time.monotonic() if body_timeout > 0 else math.inf
+                if body_done[0] or math.isinf(min(wait, whole)):
                     message = await receive()
-                else:  # a client that stops sending its body (shorter than Content-Length) must not hold us
-                    with anyio.move_on_after(read_timeout) as scope_:
+                else:  # a client that stops sending its body, or trickles it byte by byte, must not hold us
+                    with anyio.move_on_after(max(0.0, min(wait, whole))) as scope_:
                         message = await receive()
                     if scope_.cancelled_caught:
+                        if whole <= wait:
+                            raise ApiError(408, "request_timeout", f"the request body did not arrive within "
+                                                                   f"{body_timeout:g} s (--body-timeout)")
                         raise ApiError(408, "request_timeout", f"the client sent no body data for {read_timeout:g} s "
                                                                "(the body is shorter than its Content-Length?)")
                 if message["type"] == "http.request":
@@ -182,7 +192,7 @@ class EdgeMiddleware:
                 return ApiError(400, "invalid_value", "invalid Content-Length header")
         if self.ctx.auth.protects(scope["path"]):
             try:
-                self.ctx.auth.check(headers.get("authorization"))
+                scope["state"]["principal"] = self.ctx.auth.check(headers.get("authorization"))
             except ApiError as exc:
                 return exc
         return None
@@ -209,10 +219,11 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
         raise ValueError("create_app needs exactly one of engine= or loader=")
     if settings is None:
         raise ValueError("create_app needs settings= (a ServerSettings)")
-    ctx = ServerContext(settings=settings, store=store or JobStore(settings.state_dir), metrics=Metrics(),
-                        hub=EventHub(), readiness=Readiness("loading"),
-                        auth=BearerAuth(settings.api_keys, metrics_auth=getattr(settings, "metrics_auth", False)),
-                        model_arg=model_arg)
+    store = store or JobStore(settings.state_dir)
+    auth = BearerAuth(settings.api_keys, admin_keys=settings.admin_api_keys,
+                      metrics_auth=getattr(settings, "metrics_auth", False), secret=store.secret)
+    ctx = ServerContext(settings=settings, store=store, metrics=Metrics(), hub=EventHub(),
+                        readiness=Readiness("loading"), auth=auth, model_arg=model_arg)
 
     def load() -> None:
         try:
@@ -242,6 +253,9 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
     app.include_router(routes_system.router)
     app.include_router(routes_images.router)
     app.include_router(routes_videos.router)
+    from . import routes_ui
+
+    routes_ui.install(app, ctx)  # the browser playground at / (unless --no-ui)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

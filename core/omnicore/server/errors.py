@@ -34,6 +34,7 @@ _TYPES = {
     500: "server_error",
     504: "server_error",
     503: "service_unavailable_error",
+    507: "server_error",
 }
 
 # Engine field names (``params.height``) -> the HTTP field a client actually sent.
@@ -118,6 +119,30 @@ def from_core(exc: BaseException, *, retry_after_s: float = 1.0,
     if isinstance(exc, core_errors.Cancelled):
         return ApiError(409, "job_cancelled", str(exc))
     return ApiError(500, "internal_error", f"internal error ({type(exc).__name__})")
+
+
+def is_storage_full(exc: BaseException | None) -> bool:
+    """A write that failed because the state directory's disk (or quota) is full: ``OSError`` ENOSPC/EDQUOT, or
+    SQLite's ``database or disk is full`` (SQLITE_FULL), also when either is the cause of another error."""
+    import errno
+    import sqlite3
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(exc, sqlite3.Error) and ("disk is full" in str(exc).lower()
+                                               or getattr(exc, "sqlite_errorcode", None) == 13):  # SQLITE_FULL
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def storage_full_error(exc: BaseException) -> ApiError:
+    """507 ``storage_full``: the job was not accepted because the server could not store it."""
+    return ApiError(507, "storage_full", f"the server's storage is full; the job was not stored or started "
+                                         f"({type(exc).__name__}: {exc}); retry later",
+                    headers={"Retry-After": "30"})
 
 
 _OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")

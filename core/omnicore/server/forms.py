@@ -90,6 +90,8 @@ async def read_multipart(request: Request, *, max_upload_bytes: int,
                 raise ApiError(400, "unknown_parameter", f"unknown parameter: {key}", param=key)
             name, brackets = m.group(1), m.group(2)
             parts = [p[1:-1] for p in re.findall(r"\[[^\[\]]*\]", brackets)]
+            if len(parts) >= MAX_JSON_DEPTH:  # bracketed keys nest like JSON: the same depth rule
+                raise _too_deep(name)
             if isinstance(value, UploadFile):
                 if name not in file_fields:
                     raise ApiError(400, "invalid_value", f"{name} does not take a file upload", param=name)
@@ -123,6 +125,9 @@ async def read_multipart(request: Request, *, max_upload_bytes: int,
             node[parts[-1]] = _json_value(value, name)
     finally:
         await form.close()
+    for name, value in fields.items():  # a bracketed key plus a JSON value may still add up to too deep
+        if not _depth_ok(value):
+            raise _too_deep(name)
     return fields, files
 
 

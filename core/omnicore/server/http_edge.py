@@ -13,10 +13,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote_plus
 
+import h11
 import uvicorn
 from fastapi.responses import FileResponse
 from starlette.types import Receive, Scope, Send
@@ -78,6 +81,24 @@ class TimedH11Protocol(H11Protocol):
         if not self.transport.is_closing():
             self._arm_header_timer()  # the next request on this keep-alive connection gets the same deadline
 
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (a bad ``Content-Length``, a malformed header line) gets the API's JSON
+        error shape instead of uvicorn's plain-text "Invalid HTTP request received." (then the connection closes,
+        as uvicorn does: the stream cannot be trusted past the bad request)."""
+        body = json.dumps({"error": {
+            "message": "malformed HTTP request (for example an invalid Content-Length or header line); "
+                       "the connection is closed", "type": "invalid_request_error", "param": None,
+            "code": "malformed_request"}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        try:
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # a response had already begun on this connection: just close it
+            pass
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if getattr(self, "_header_timer", None) is not None:
             self._header_timer.cancel()
@@ -85,14 +106,35 @@ class TimedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
+#: Query parameter names whose values are credentials (matched as substrings, case-insensitively).
+_SECRET_PARAM = re.compile(r"key|token|secret|passw|auth|sig|credential|session", re.IGNORECASE)
+
+
+def redact_query(target: str) -> str:
+    """``target`` (path and query) with the values of credential-like parameters (``api_key``, ``token``,
+    ``authorization``, ...) replaced by ``REDACTED``: a key sent in the URL must never reach a log."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target
+    parts = []
+    for item in query.split("&"):
+        name, eq, _ = item.partition("=")
+        parts.append(f"{name}=REDACTED" if eq and _SECRET_PARAM.search(unquote_plus(name)) else item)
+    return f"{path}?{'&'.join(parts)}"
+
+
 class HealthLogFilter(logging.Filter):
-    """Drop uvicorn access-log records of ``/health`` polls."""
+    """Drop uvicorn access-log records of ``/health`` polls, and redact credentials in the logged query string."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3:
             path = str(args[2]).split("?", 1)[0]
-            return path not in QUIET_PATHS
+            if path in QUIET_PATHS:
+                return False
+            redacted = redact_query(str(args[2]))
+            if redacted != args[2]:
+                record.args = (*args[:2], redacted, *args[3:])
         return True
 
 

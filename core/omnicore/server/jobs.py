@@ -23,7 +23,7 @@ import attrs
 from .. import errors as core_errors
 from ..engine.limits import WorkLimits
 from ..outputs.options import EncodeOptions
-from .errors import ApiError, from_core, job_error_code
+from .errors import ApiError, from_core, is_storage_full, job_error_code
 from .metrics import Metrics, observe_stages
 from .progress import api_phase, phase_fraction, weighted_progress
 from .settings import ServerSettings
@@ -34,6 +34,7 @@ logger = logging.getLogger("omnicore.server")
 
 PROGRESS_KEYS = ("status", "phase", "phase_progress", "step", "total_steps", "progress", "updated_at")
 _STARTED = ("encode", "denoise", "decode", "postprocess")  # engine phases that mean the worker has the job
+ANONYMOUS = "none"  # the key id label of jobs submitted while auth is off
 
 
 @attrs.define(eq=False)
@@ -64,8 +65,33 @@ class LiveJob:
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = attrs.Factory(list)
     finishing: bool = False
     step_clock: float | None = None
-    timer: threading.Timer | None = None
+    timer: threading.Timer | None = None  # the client's timeout_s, from submission
+    run_timer: threading.Timer | None = None  # the operator's --max-job-seconds, from the start of running
     on_event: Callable[[Any], None] | None = None  # also sees every engine event, from submission on (streams)
+    owner: str | None = None  # key id of the API key that submitted it (auth.key_id); None without auth
+
+
+@attrs.define
+class _Unwritten:
+    """A terminal status the store could not take (disk full): kept in memory and retried with backoff."""
+
+    changes: dict[str, Any]
+    delay_s: float
+    next_try: float
+    attempts: int = 1
+
+
+@attrs.define
+class KeyUsage:
+    """What one API key (by key id) used since this server process started."""
+
+    jobs: dict[str, int] = attrs.Factory(dict)  # terminal status -> count
+    denoise_steps: int = 0
+    compute_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"jobs": dict(self.jobs), "jobs_total": sum(self.jobs.values()), "denoise_steps": self.denoise_steps,
+                "compute_seconds": round(self.compute_seconds, 4)}
 
 
 class JobManager:
@@ -88,6 +114,8 @@ class JobManager:
         self._lock = threading.Lock()
         self._live: dict[str, LiveJob] = {}
         self._durations: deque[float] = deque(maxlen=32)
+        self._unwritten: dict[str, _Unwritten] = {}  # job id -> terminal changes the store refused (disk full)
+        self._usage: dict[str, KeyUsage] = {}  # key id (ANONYMOUS without auth) -> usage since start
         self._stopping = False
         self._drain_t0 = 0.0
         self._finisher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="omnicore-finish")
@@ -151,15 +179,12 @@ class JobManager:
         live.engine_job = job
         if live.cancel_requested:  # cancelled while preprocess ran
             job.cancel()
-        # The client's own deadline (timeout_s) is "timeout"; the operator's --max-job-seconds is the server's.
-        deadline, reason = live.deadline_s, "timeout"
-        operator = self.settings.max_job_seconds
-        if operator > 0 and (deadline is None or operator < deadline):
-            deadline, reason = operator, "operator_deadline"
-        if deadline is not None:
-            live.timer = threading.Timer(deadline, self.cancel, args=(live.id, reason))
-            live.timer.daemon = True
-            live.timer.start()
+        # Two clocks. The client's own deadline (timeout_s, failing with "timeout") counts from submission, queue
+        # time included: it is what the caller is willing to wait. The operator's --max-job-seconds (failing with
+        # "server_timeout") counts running time only, from the moment the worker starts the job (armed in
+        # _on_event): a job is not blamed for the time it waited behind others.
+        if live.deadline_s is not None:
+            live.timer = _start_timer(live.deadline_s, self.cancel, live.id, "timeout")
         # Terminal events arrive on the engine worker; finishing (writing an MP4) runs on our own pool.
         job.add_listener(lambda ev: self._on_terminal(live, ev), replay=True)
         return live
@@ -174,6 +199,9 @@ class JobManager:
         if live.status == "queued" and (ev.phase in _STARTED or (job is not None and job.status == "running")):
             live.status = "in_progress"
             live.started = time.time()
+            operator = self.settings.max_job_seconds
+            if operator > 0 and live.run_timer is None:  # the operator deadline: running time only
+                live.run_timer = _start_timer(operator, self.cancel, live.id, "operator_deadline")
         phase = api_phase(ev.phase) if live.status == "in_progress" else "queued"
         prev_step = live.step or 0
         if ev.total_steps:
@@ -207,7 +235,7 @@ class JobManager:
     # ------------------------------------------------------------------ monitor (heartbeat, liveness, TTL)
     def _monitor_loop(self) -> None:
         while not self._monitor_stop.wait(self.settings.heartbeat_interval_s):
-            for task in (self._check_worker, self._heartbeat, self._expire):
+            for task in (self._check_worker, self._retry_unwritten, self._heartbeat, self._expire):
                 try:
                     task()
                 except Exception:  # the monitor must never die
@@ -246,6 +274,7 @@ class JobManager:
             if j.persisted:
                 self._record_terminal(j, "failed", {"code": "worker_died", "message": self.worker_error})
             self.metrics.jobs.labels(task=j.task, status="failed").inc()
+            self._account(j, j.engine_job)
             self._release(j)
         if self.on_worker_died is not None:
             self.on_worker_died(self.worker_error)
@@ -259,16 +288,25 @@ class JobManager:
 
     def _finish_safe(self, live: LiveJob) -> None:
         job = live.engine_job
-        if live.timer is not None:
-            live.timer.cancel()
+        for timer in (live.timer, live.run_timer):
+            if timer is not None:
+                timer.cancel()
         try:
             self._finish(live, job)
-        except Exception as exc:  # a bug while finishing must still end the job
-            logger.exception("finishing job %s failed", live.id)
-            live.status, live.error, live.error_code = "failed", exc, "internal_error"
-            if live.persisted:
-                self.store.update(live.id, status="failed", updated_at=int(time.time()),
-                                  error={"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # a full disk, or a bug, while finishing must still end the job, with a reason
+            full = is_storage_full(exc)
+            logger.error("finishing job %s failed%s", live.id, " (storage full)" if full else "", exc_info=exc)
+            live.status, live.error, live.error_code = "failed", exc, "storage_full" if full else "internal_error"
+            live.outputs = []
+            message = (f"the result could not be stored: the server's storage is full ({type(exc).__name__}: {exc})"
+                       if full else f"{type(exc).__name__}: {exc}")
+            try:
+                if live.persisted:  # written now, or kept and retried with backoff until the disk has room
+                    self._record_terminal(live, "failed", {"code": live.error_code, "message": message})
+                self.metrics.jobs.labels(task=live.task, status="failed").inc()
+                self._account(live, job)
+            except Exception:  # pragma: no cover - the job still ends below
+                logger.exception("recording the failure of job %s failed", live.id)
         finally:
             self._release(live)
 
@@ -311,6 +349,7 @@ class JobManager:
             if live.persisted:
                 self._record_terminal(live, "failed", {"code": live.error_code, "message": message})
         self.metrics.jobs.labels(task=live.task, status=live.status).inc()
+        self._account(live, job)
         if job.started_at and job.finished_at:
             queued_s = max(0.0, job.started_at - job.created_at)
             self.metrics.stage.labels(stage="queued").observe(queued_s)
@@ -347,14 +386,19 @@ class JobManager:
         t0 = time.perf_counter()
         path = out.save(self.store.result_path(live.id, "mp4"), EncodeOptions(durable=True))  # temp, fsync, rename
         save_s = time.perf_counter() - t0
+        try:
+            self._set_phase(live, "finalize", 0.0)
+        except Exception:
+            path.unlink(missing_ok=True)  # the record cannot say completed: no orphan result
+            raise
         self.metrics.stage.labels(stage="encode_output").observe(save_s)
-        self._set_phase(live, "finalize", 0.0)
         t_final = time.perf_counter()
         completed = time.time()
         ttl = self.settings.job_ttl_s
         params = job.request.params
-        record = self.store.update(
-            live.id, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
+        try:
+            record = self.store.update(
+                live.id, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
             completed_at=int(completed),
             updated_at=int(completed), expires_at=int(completed + ttl) if ttl > 0 else None, cancel_requested=False,
             seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
@@ -363,23 +407,95 @@ class JobManager:
             usage={"denoise_steps_computed": live.total_steps or 0,
                    "denoise_steps_cached": int(out.metrics.get("denoise_steps_cached", 0) or 0),
                    "peak_device_memory_bytes": out.metrics.get("peak_memory_bytes")},
-        )
+            )
+        except Exception:
+            path.unlink(missing_ok=True)  # not recorded as completed: the result goes too (the job fails)
+            raise
         self.metrics.stage.labels(stage="finalize").observe(time.perf_counter() - t_final)
         if record is not None:
             self.hub.publish(live.id, "video.completed", record, final=True)
 
     def _record_terminal(self, live: LiveJob, status: str, error: dict[str, str]) -> None:
+        """Write the terminal status and end the job's event streams. When the store cannot take the write
+        (disk full), the status is kept in memory, served by :meth:`unwritten` to readers, and retried with
+        backoff by the monitor until it is written: a job never stays ``in_progress`` because of a full disk."""
         now = int(time.time())
         ttl = self.settings.job_ttl_s
-        record = self.store.update(live.id, status=status, error=error, updated_at=now, completed_at=None,
-                                   expires_at=now + int(ttl) if ttl > 0 else None, queue_position=None,
-                                   cancel_requested=False, phase=None, phase_progress=None)
+        changes = {"status": status, "error": error, "updated_at": now, "completed_at": None,
+                   "expires_at": now + int(ttl) if ttl > 0 else None, "queue_position": None,
+                   "cancel_requested": False, "phase": None, "phase_progress": None}
+        try:
+            record = self.store.update(live.id, **changes)
+        except Exception as exc:
+            logger.error("job %s: could not record status %s (%s: %s); retrying with backoff", live.id, status,
+                         type(exc).__name__, exc)
+            with self._lock:
+                self._unwritten[live.id] = _Unwritten(changes, delay_s=1.0, next_try=time.monotonic() + 1.0)
+            try:
+                stored = self.store.get(live.id)  # reads usually still work on a full disk
+            except Exception:
+                stored = None
+            record = {**(stored or {"id": live.id, "object": "video"}), **changes}
         if record is not None:
             self.hub.publish(live.id, f"video.{status}", record, final=True)
 
+    def unwritten(self, job_id: str) -> dict[str, Any] | None:
+        """The terminal changes of ``job_id`` that the store has not taken yet (``None`` when there are none)."""
+        with self._lock:
+            entry = self._unwritten.get(job_id)
+        return dict(entry.changes) if entry is not None else None
+
+    def _retry_unwritten(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [(job_id, e) for job_id, e in self._unwritten.items() if e.next_try <= now]
+        for job_id, entry in due:
+            try:
+                self.store.update(job_id, **entry.changes)
+            except Exception as exc:
+                entry.attempts += 1
+                entry.delay_s = min(entry.delay_s * 2, 60.0)
+                entry.next_try = time.monotonic() + entry.delay_s
+                logger.warning("job %s: status still not written after %d attempts (%s); next try in %.0f s",
+                               job_id, entry.attempts, exc, entry.delay_s)
+                continue
+            logger.info("job %s: status %s written after %d attempts", job_id, entry.changes.get("status"),
+                        entry.attempts + 1)
+            with self._lock:
+                self._unwritten.pop(job_id, None)
+            if self.store.delete_pending(job_id):
+                self.store.delete(job_id)
+
+    # ------------------------------------------------------------------ usage per API key
+    def _account(self, live: LiveJob, job: Any) -> None:
+        """Count a finished job against the key that submitted it: status, denoise steps, compute seconds
+        (the job's running wall time on the worker; jobs batched together each count the batch's time)."""
+        key = live.owner or ANONYMOUS
+        steps = live.total_steps if live.status == "completed" else (live.step or 0)
+        compute = 0.0
+        if job is not None and getattr(job, "started_at", None):
+            compute = max(0.0, (job.finished_at or time.time()) - job.started_at)
+        with self._lock:
+            usage = self._usage.setdefault(key, KeyUsage())
+            usage.jobs[live.status] = usage.jobs.get(live.status, 0) + 1
+            usage.denoise_steps += int(steps or 0)
+            usage.compute_seconds += compute
+        self.metrics.key_jobs.labels(key_id=key, status=live.status).inc()
+        self.metrics.key_steps.labels(key_id=key).inc(int(steps or 0))
+        self.metrics.key_compute.labels(key_id=key).inc(compute)
+
+    def usage(self, key: str | None) -> dict[str, Any]:
+        """The usage of one key id (``None``: calls made without auth) since this process started."""
+        with self._lock:
+            found = self._usage.get(key or ANONYMOUS)
+            return (found or KeyUsage()).as_dict()
+
     def _release(self, live: LiveJob) -> None:
-        if live.persisted and self.store.delete_pending(live.id):
-            self.store.delete(live.id)
+        try:
+            if live.persisted and live.id not in self._unwritten and self.store.delete_pending(live.id):
+                self.store.delete(live.id)
+        except Exception:  # the job still ends (its waiters wake) when the store is unusable
+            logger.exception("job %s: deleting the record after DELETE failed", live.id)
         live.done.set()
         with self._lock:
             self._live.pop(live.id, None)
@@ -458,6 +574,13 @@ class JobManager:
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+
+def _start_timer(seconds: float, fn: Callable[..., Any], *args: Any) -> threading.Timer:
+    timer = threading.Timer(seconds, fn, args=args)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _resolve(fut: asyncio.Future) -> None:

@@ -40,6 +40,14 @@ class Metrics:
                                  ("device",), registry=r)
         self.plugins = Gauge("omnicore_plugins", "Discovered plugins by load status", ("plugin", "status"),
                              registry=r)
+        # usage per API key, labelled by key id (auth.key_id, never the key; "none" while auth is off)
+        self.key_jobs = Counter("omnicore_key_jobs", "Jobs that reached a terminal status, per API key id",
+                                ("key_id", "status"), registry=r)
+        self.key_steps = Counter("omnicore_key_denoise_steps", "Denoise steps computed for each API key id",
+                                 ("key_id",), registry=r)
+        self.key_compute = Counter("omnicore_key_compute_seconds",
+                                   "Seconds jobs of each API key id ran on the worker (device time; batched jobs "
+                                   "each count the batch's time)", ("key_id",), registry=r)
         self._refreshers: list[Callable[[], None]] = []
 
     def on_scrape(self, fn: Callable[[], None]) -> None:

@@ -76,7 +76,9 @@ async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any,
     jobs, served = ctx.require()
     job_id = new_id("img")
     greq = image_request(dto, served, ctx.settings, request_id=job_id, images=images, task=task)
-    live = LiveJob(id=job_id, kind="image", task=task, persisted=False, deadline_s=dto.timeout_s)
+    principal = request.scope.get("state", {}).get("principal")
+    live = LiveJob(id=job_id, kind="image", task=task, persisted=False, deadline_s=dto.timeout_s,
+                   owner=principal.key_id if principal is not None else None)
     if dto.stream:
         return await _stream(request, dto, live, greq, task)
     await anyio.to_thread.run_sync(jobs.submit, live, greq)

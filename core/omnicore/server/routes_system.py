@@ -42,6 +42,17 @@ async def metrics(request: Request) -> Response:
     return Response(data, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+@router.get("/v1/usage", tags=["system"])
+async def usage(request: Request) -> dict:
+    """What the calling API key used since this server process started: jobs by terminal status, denoise steps
+    computed, and compute seconds (running wall time on the worker). Without auth: the usage of all calls."""
+    ctx = request.app.state.ctx
+    ctx.readiness.require_ready()
+    principal = request.scope.get("state", {}).get("principal")
+    key = principal.key_id if principal is not None else None
+    return {"object": "usage", "key_id": key, "since": int(ctx.started_at), **ctx.jobs.usage(key)}
+
+
 @router.get("/v1/models", response_model=ModelList, tags=["models"])
 async def list_models(request: Request) -> dict:
     ctx = request.app.state.ctx

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from ..ids import new_id
 from . import video_media
-from .errors import ApiError, pydantic_to_api
+from .auth import Principal
+from .errors import ApiError, is_storage_full, pydantic_to_api, storage_full_error
 from .forms import is_json, is_multipart, read_json, read_multipart
 from .http_edge import RangeFileResponse
 from .jobs import PROGRESS_KEYS, LiveJob
@@ -35,7 +36,7 @@ from .translate import video_request
 
 router = APIRouter(tags=["videos"])
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413,
-                                                                                         415, 429, 500, 503, 504)}
+                                                                                         415, 429, 500, 503, 504, 507)}
 _BODY = video_body_openapi()
 
 
@@ -103,11 +104,43 @@ def _with_position(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def _get_record(ctx: Any, job_id: str) -> dict[str, Any]:
+def principal_of(request: Request) -> Principal | None:
+    """The caller's :class:`~.auth.Principal` (set by the edge when keys are configured), else ``None``."""
+    return request.scope.get("state", {}).get("principal")
+
+
+def _scope(ctx: Any, request: Request) -> tuple[bool, str | None]:
+    """``(all_owners, owner)`` the caller may see. Without keys there is no isolation (every job is visible);
+    with keys a caller sees the jobs its key created, and an admin key sees all (ownerless ones included)."""
+    principal = principal_of(request)
+    if not ctx.auth.enabled:
+        return True, None
+    if principal is None:
+        return False, None  # (cannot happen: every /v1 route needs a key) sees nothing
+    return principal.admin, principal.key_id
+
+
+def _visible(ctx: Any, request: Request, job_id: str) -> bool:
+    exists, owner = ctx.store.get_owner(job_id)
+    if not exists:
+        return False
+    all_owners, me = _scope(ctx, request)
+    return all_owners or (owner is not None and me is not None and owner == me)
+
+
+def _overlay(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """A terminal status the store could not take yet (disk full) wins over the stored record."""
+    pending = ctx.jobs.unwritten(record["id"]) if ctx.jobs is not None else None
+    return {**record, **pending} if pending else record
+
+
+def _get_record(ctx: Any, job_id: str, request: Request) -> dict[str, Any]:
+    """The job's record, or 404 when it does not exist or belongs to another API key (the same answer, so a
+    key cannot probe for other keys' job ids)."""
     record = ctx.store.get(job_id)
-    if record is None:
+    if record is None or not _visible(ctx, request, job_id):
         raise ApiError(404, "job_not_found", f"no video job {job_id!r}", param="video_id")
-    return record
+    return _overlay(ctx, record)
 
 
 # ---------------------------------------------------------------------------------------------- routes
@@ -117,38 +150,58 @@ async def create_video(request: Request) -> Any:
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     dto, raw, digest = await _parse(request)
+    principal = principal_of(request)
+    owner = principal.key_id if principal is not None else None
     idem = request.headers.get("idempotency-key")
+    if idem and owner:  # each key has its own Idempotency-Key space: another key's key never matches
+        idem = f"{owner}:{idem}"
     if idem:
         found = ctx.store.find_idempotent(idem)
         if found is not None:
             if found[1] != digest:
                 raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different body")
-            return _with_position(ctx, _get_record(ctx, found[0]))
+            return _with_position(ctx, _get_record(ctx, found[0], request))
     media = await anyio.to_thread.run_sync(video_media.decode, raw, served, ctx.settings)
     job_id = new_id("video")
     greq = video_request(dto, served, ctx.settings, request_id=job_id, media=media)
-    # Persist the request and its inputs before the job exists for anyone (restart re-enqueues it).
-    inputs = video_media.persist(ctx.store.inputs_dir(job_id), raw) if raw else []
     body = dto.model_dump(mode="json", exclude_none=True, exclude=set(video_media.FILE_FIELDS))
     body["seed"] = greq.params.seed
     created = _new_record(job_id, dto, greq, served.id)
+    # Persist the request and its inputs before the job exists for anyone (restart re-enqueues it). A full disk
+    # is the client's 507 storage_full, with nothing left behind (no record, no partial upload).
     try:
-        ctx.store.insert(created, {"body": body, "inputs": inputs}, idempotency_key=idem, body_hash=digest)
+        inputs = video_media.persist(ctx.store.inputs_dir(job_id), raw) if raw else []
+        ctx.store.insert(created, {"body": body, "inputs": inputs}, idempotency_key=idem, body_hash=digest,
+                         owner=owner)
     except sqlite3.IntegrityError:  # a concurrent request with the same Idempotency-Key won the race
         ctx.store.delete(job_id)
+        ctx.store.remove_inputs(job_id)
         found = ctx.store.find_idempotent(idem or "")
         if found is None or found[1] != digest:
             raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different body") \
                 from None
-        return _with_position(ctx, _get_record(ctx, found[0]))
-    live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True, deadline_s=dto.timeout_s)
+        return _with_position(ctx, _get_record(ctx, found[0], request))
+    except Exception as exc:
+        ctx.store.remove_inputs(job_id)
+        if is_storage_full(exc):
+            raise storage_full_error(exc) from None
+        raise
+    live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True, deadline_s=dto.timeout_s,
+                   owner=owner)
     try:
         await anyio.to_thread.run_sync(jobs.submit, live, greq)
     except BaseException:
-        ctx.store.delete(job_id)  # never accepted: nothing to keep
+        try:
+            ctx.store.delete(job_id)  # never accepted: nothing to keep
+        finally:
+            ctx.store.remove_inputs(job_id)
         raise
     effective = _effective(live.engine_job.request.params, dto)  # after the model's preprocess filled defaults
-    ctx.store.update(job_id, **effective)
+    try:
+        ctx.store.update(job_id, **effective)
+    except Exception as exc:  # the job is admitted and runs; the stored record keeps the requested values
+        if not is_storage_full(exc):
+            raise
     # §8.1/§9: creation answers with the job as created, `queued`; the worker may already have started it,
     # which the next GET (or the event stream) reports. The status only ever moves forward from here.
     position = jobs.queue_position(job_id)
@@ -165,8 +218,10 @@ async def list_videos(
     status: Literal["queued", "in_progress", "completed", "failed", "cancelled"] | None = None,
 ) -> Any:
     ctx = request.app.state.ctx
-    records, more = ctx.store.list(after=after, limit=limit, order=order, status=status)
-    data = [_with_position(ctx, r) for r in records]
+    all_owners, owner = _scope(ctx, request)
+    records, more = ctx.store.list(after=after, limit=limit, order=order, status=status, owner=owner,
+                                   all_owners=all_owners)
+    data = [_with_position(ctx, _overlay(ctx, r)) for r in records]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": more}
 
@@ -174,7 +229,7 @@ async def list_videos(
 @router.get("/v1/videos/{video_id}", response_model=VideoJob, responses=_ERRORS)
 async def retrieve_video(video_id: str, request: Request) -> Any:
     ctx = request.app.state.ctx
-    return _with_position(ctx, _get_record(ctx, video_id))
+    return _with_position(ctx, _get_record(ctx, video_id, request))
 
 
 @router.get("/v1/videos/{video_id}/content", responses={**_ERRORS, 200: {"content": {"video/mp4": {}}}},
@@ -185,7 +240,7 @@ async def video_content(video_id: str, request: Request, variant: str = Query(de
     if variant != "video":
         raise ApiError(400, "unsupported_parameter", f"variant {variant!r} is not available; only 'video'",
                        param="variant")
-    record = _get_record(ctx, video_id)
+    record = _get_record(ctx, video_id, request)
     status = record["status"]
     if status in ("queued", "in_progress"):
         raise ApiError(409, "job_not_ready", f"video {video_id} is {status}; its content is not ready yet")
@@ -208,8 +263,12 @@ async def video_events(video_id: str, request: Request) -> Any:
     """
     ctx = request.app.state.ctx
     last_id = _last_event_id(request)
+    if not _visible(ctx, request, video_id):
+        raise ApiError(404, "job_not_found", f"no video job {video_id!r}", param="video_id")
     sub = ctx.hub.subscribe(video_id)  # before the snapshot, so nothing falls between the two
     record = ctx.store.get(video_id)
+    if record is not None:
+        record = _overlay(ctx, record)
     if record is None:
         sub.close()
         raise ApiError(404, "job_not_found", f"no video job {video_id!r}", param="video_id")
@@ -245,6 +304,7 @@ async def video_events(video_id: str, request: Request) -> Any:
                     idle, now = 0.0, ctx.store.get(video_id)
                     if now is None:
                         return
+                    now = _overlay(ctx, now)
                     if now["status"] in TERMINAL:
                         yield encode_event(ctx.hub.next_id(video_id), f"video.{now['status']}", now)
                         return
@@ -285,13 +345,13 @@ _NOT_YET_STOPPED = "the worker did not acknowledge within --cancel-wait; the job
 async def cancel_video(video_id: str, request: Request) -> Any:
     """Stop the job at the next step boundary and keep its record (202 if it has not stopped in time)."""
     ctx = request.app.state.ctx
-    record = _get_record(ctx, video_id)
+    record = _get_record(ctx, video_id, request)
     if record["status"] in TERMINAL:
         if record["status"] == "cancelled":
             return record  # idempotent
         raise ApiError(409, "job_already_finished", f"video {video_id} is already {record['status']}")
     stopped = await _cancel_and_wait(ctx, video_id, "client request (POST /cancel)")
-    record = _get_record(ctx, video_id)
+    record = _get_record(ctx, video_id, request)
     return JSONResponse(record, status_code=200 if stopped else 202)
 
 
@@ -300,13 +360,13 @@ async def cancel_video(video_id: str, request: Request) -> Any:
 async def delete_video(video_id: str, request: Request) -> Any:
     """Cancel (if active), then delete the record and its files. ``deleted: true`` only after the work stopped."""
     ctx = request.app.state.ctx
-    record = _get_record(ctx, video_id)
+    record = _get_record(ctx, video_id, request)
     if record["status"] not in TERMINAL:
         stopped = await _cancel_and_wait(ctx, video_id, "client request (DELETE)")
         if not stopped:
             ctx.store.mark_delete_pending(video_id)  # completed by the job manager when the worker stops
             return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": False,
-                                 "job": _get_record(ctx, video_id)}, status_code=202)
+                                 "job": _get_record(ctx, video_id, request)}, status_code=202)
     ctx.store.delete(video_id)
     ctx.hub.forget(video_id)
     return {"id": video_id, "object": "video.deleted", "deleted": True}
@@ -322,7 +382,9 @@ async def create_video_sync(request: Request) -> Any:
     media = await anyio.to_thread.run_sync(video_media.decode, raw, served, ctx.settings)
     job_id = new_id("video")
     greq = video_request(dto, served, ctx.settings, request_id=job_id, media=media)
-    live = LiveJob(id=job_id, kind="sync", task="video.generate", persisted=False, deadline_s=dto.timeout_s)
+    principal = principal_of(request)
+    live = LiveJob(id=job_id, kind="sync", task="video.generate", persisted=False, deadline_s=dto.timeout_s,
+                   owner=principal.key_id if principal is not None else None)
     await anyio.to_thread.run_sync(jobs.submit, live, greq)
     if not await wait_or_disconnect(request, jobs, live):
         return Response(status_code=499)

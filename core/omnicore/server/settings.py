@@ -16,8 +16,9 @@ from ..config import Settings, options_in
 from ..errors import ConfigError
 
 #: Options the server reads (scope ``server`` in ``config.OPTIONS``); ``api_key``/``api_key_file`` become
-#: :attr:`ServerSettings.api_keys` and ``state_dir`` becomes a resolved path.
-_MERGED = ("api_key", "api_key_file", "state_dir")
+#: :attr:`ServerSettings.api_keys`, ``admin_api_key`` :attr:`ServerSettings.admin_api_keys` (kept out of the
+#: repr like the other keys), and ``state_dir`` becomes a resolved path.
+_MERGED = ("api_key", "api_key_file", "admin_api_key", "state_dir")
 SERVER_OPTIONS: tuple[str, ...] = tuple(opt.name for opt in options_in("server") if opt.name not in _MERGED)
 
 
@@ -27,12 +28,14 @@ class ServerSettings:
     keys merged). Read-only; construct with keyword arguments, e.g. ``ServerSettings(state_dir=p, max_work=0)``.
     """
 
-    __slots__ = ("_values", "api_keys", "state_dir")
+    __slots__ = ("_values", "admin_api_keys", "api_keys", "state_dir")
     state_dir: Path
     api_keys: tuple[str, ...]
+    admin_api_keys: tuple[str, ...]
     _values: dict[str, Any]
 
-    def __init__(self, state_dir: str | Path, api_keys: Iterable[str] = (), **values: Any) -> None:
+    def __init__(self, state_dir: str | Path, api_keys: Iterable[str] = (), admin_api_keys: Iterable[str] = (),
+                 **values: Any) -> None:
         unknown = sorted(set(values) - set(SERVER_OPTIONS))
         if unknown:
             raise TypeError(f"ServerSettings() got an unknown setting {unknown[0]!r}; "
@@ -45,6 +48,7 @@ class ServerSettings:
                                                       f"expiry), got {merged['heartbeat_interval_s']!r}")
         object.__setattr__(self, "state_dir", Path(state_dir))
         object.__setattr__(self, "api_keys", tuple(api_keys))
+        object.__setattr__(self, "admin_api_keys", tuple(k for k in admin_api_keys if k))
         object.__setattr__(self, "_values", {name: merged[name] for name in SERVER_OPTIONS})
 
     def __getattr__(self, name: str) -> Any:
@@ -57,14 +61,16 @@ class ServerSettings:
         raise attrs.exceptions.FrozenInstanceError()
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ServerSettings) and (self.state_dir, self.api_keys, self._values) == (
-            other.state_dir, other.api_keys, other._values)
+        return isinstance(other, ServerSettings) and (
+            self.state_dir, self.api_keys, self.admin_api_keys, self._values) == (
+            other.state_dir, other.api_keys, other.admin_api_keys, other._values)
 
     def __hash__(self) -> int:
-        return hash((self.state_dir, self.api_keys, tuple(self._values.items())))
+        return hash((self.state_dir, self.api_keys, self.admin_api_keys, tuple(self._values.items())))
 
     def __repr__(self) -> str:
-        return f"ServerSettings(state_dir={str(self.state_dir)!r}, api_keys=<{len(self.api_keys)}>, {self._values!r})"
+        return (f"ServerSettings(state_dir={str(self.state_dir)!r}, api_keys=<{len(self.api_keys)}>, "
+                f"admin_api_keys=<{len(self.admin_api_keys)}>, {self._values!r})")
 
 
 def server_settings_from(core: Settings) -> ServerSettings:
@@ -73,4 +79,5 @@ def server_settings_from(core: Settings) -> ServerSettings:
     if core.api_key_file:
         keys.extend(line.strip() for line in Path(core.api_key_file).read_text().splitlines() if line.strip())
     return ServerSettings(state_dir=core.state_path, api_keys=tuple(dict.fromkeys(keys)),
+                          admin_api_keys=tuple(dict.fromkeys(core.admin_api_key or ())),
                           **{name: getattr(core, name) for name in SERVER_OPTIONS})

@@ -39,10 +39,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     idempotency_key TEXT UNIQUE,
     body_hash TEXT,
     result_path TEXT,
-    delete_pending INTEGER NOT NULL DEFAULT 0
+    delete_pending INTEGER NOT NULL DEFAULT 0,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
 """
+
+#: Columns added after the first release, with their definitions: :meth:`JobStore._migrate` adds the ones an
+#: older database lacks. ``owner`` is the key id (``auth.key_id``) of the API key that created the job; rows
+#: written before it existed, or while auth was off, have ``NULL``: with keys set only admin keys see them.
+_ADDED_COLUMNS = (("owner", "TEXT"),)
 
 
 class StateDirLocked(ConfigError):
@@ -82,6 +88,22 @@ def _remove_partials(results: Path) -> list[str]:
     return removed
 
 
+def _load_secret(path: Path) -> bytes:
+    """The state directory's random secret for key ids (created once, mode 0600): ids stay stable across
+    restarts, and without this file a key id cannot be matched against guessed keys."""
+    try:
+        data = path.read_bytes()
+        if len(data) >= 32:
+            return data
+    except FileNotFoundError:
+        pass
+    data = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return data
+
+
 class JobStore:
     """Thread-safe: one connection guarded by a lock; every call is a short transaction."""
 
@@ -97,7 +119,17 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._migrate()
+        self._db.execute("CREATE INDEX IF NOT EXISTS jobs_owner ON jobs(owner)")
+        self.secret = _load_secret(self.root / "key_id_secret")
         self._closed = False
+
+    def _migrate(self) -> None:
+        """Bring a store written by an older version up to :data:`_SCHEMA` (columns are only ever added)."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, decl in _ADDED_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -131,6 +163,10 @@ class JobStore:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def remove_inputs(self, job_id: str) -> None:
+        """Remove a job's stored uploads (a submission that was not accepted leaves nothing behind)."""
+        shutil.rmtree(self.root / "inputs" / job_id, ignore_errors=True)
+
     def result_path(self, job_id: str, ext: str) -> Path:
         return self.root / "results" / f"{job_id}.{ext}"
 
@@ -147,14 +183,20 @@ class JobStore:
 
     # ------------------------------------------------------------------ records
     def insert(self, record: dict[str, Any], request: dict[str, Any], *, kind: str = "video",
-               idempotency_key: str | None = None, body_hash: str | None = None) -> None:
+               idempotency_key: str | None = None, body_hash: str | None = None, owner: str | None = None) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO jobs (id, kind, status, model, created_at, record, request, idempotency_key, body_hash)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, kind, status, model, created_at, record, request, idempotency_key, body_hash,"
+                " owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record["id"], kind, record["status"], record.get("model", ""), time.time(),
-                 json.dumps(record), json.dumps(request), idempotency_key, body_hash),
+                 json.dumps(record), json.dumps(request), idempotency_key, body_hash, owner),
             )
+
+    def get_owner(self, job_id: str) -> tuple[bool, str | None]:
+        """``(exists, owner key id)`` of a job (owner ``None`` for jobs created without a key)."""
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return (row is not None, row[0] if row else None)
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -217,13 +259,21 @@ class JobStore:
         return (row[0], row[1]) if row else None
 
     def list(self, *, after: str | None = None, limit: int = 20, order: str = "desc",
-             status: str | None = None, kind: str = "video") -> tuple[list[dict[str, Any]], bool]:
-        """One page of records and whether more follow. ``after`` is the id of the previous page's last item."""
+             status: str | None = None, kind: str = "video", owner: str | None = None,
+             all_owners: bool = True) -> tuple[list[dict[str, Any]], bool]:
+        """One page of records and whether more follow. ``after`` is the id of the previous page's last item.
+
+        Unless ``all_owners``, only jobs whose owner is ``owner`` are listed (and ``after`` must be one of them)."""
         desc = order == "desc"
-        where, args = ["kind = ?"], [kind]
+        where: builtins.list[str] = ["kind = ?"]
+        args: builtins.list[Any] = [kind]
+        if not all_owners:
+            where.append("owner = ?")
+            args.append(owner)
         with self._lock:
             if after:
-                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                row = self._db.execute(f"SELECT seq FROM jobs WHERE id = ? AND {' AND '.join(where)}",
+                                       (after, *args)).fetchone()
                 if row is None:
                     return [], False
                 where.append("seq < ?" if desc else "seq > ?")
