@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
 from omnicore.engine.request import GenerationRequest, random_seed
-from omnicore.errors import InvalidRequest, UnsupportedFeature
+from omnicore.errors import ConfigError, InvalidRequest, UnsupportedFeature
 from omnicore.outputs.output import Output
 from omnicore.specs import AttentionRequirement
 
@@ -39,7 +39,7 @@ from .request_rules import (
     resolve_system_prompt,
     snap_size,
 )
-from .sampler import euler_step, guide, model_timesteps, sigmas
+from .sampler import GRIDS, euler_step, guide, initial_noise, model_timesteps, sigmas
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
 from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
 
@@ -75,7 +75,7 @@ class HunyuanImage3Pipeline(BasePipeline):
     def __init__(self, model: HunyuanImage3, tokenizer: HunyuanTokenizer, gen_config: GenerationConfig, *,
                  device: torch.device, dtype: torch.dtype, path: Path | None = None, kv_mode: str = "dense_legacy",
                  kv_block_size: int = 16, kv_pool_blocks: int = 512, kv_reuse: bool = True,
-                 vae_decode_precision: str | None = None) -> None:
+                 vae_decode_precision: str | None = None, sampler_grid: str = "release") -> None:
         self.model = model
         self.config: HunyuanConfig = model.config
         self.tokenizer = tokenizer
@@ -83,6 +83,10 @@ class HunyuanImage3Pipeline(BasePipeline):
         self.device, self.dtype, self.path = device, dtype, path
         self.kv_mode = kv_mode
         self.kv_reuse = kv_reuse
+        if sampler_grid not in GRIDS:
+            raise ConfigError("sampler_grid", f"must be one of {', '.join(GRIDS)}, got {sampler_grid!r}")
+        #: the timestep grid: the release's (default) or diffusers' FlowMatchEulerDiscreteScheduler's (sampler.py)
+        self.sampler_grid = sampler_grid
         self.pool = PrefixKVPool(kv_block_size, kv_pool_blocks) if kv_mode == "paged_scheduler" else None
         self._vit_processor: Any = None
         #: None/"fp32": decode in float32; "fp16"/"bf16": under autocast to that dtype (the release decodes
@@ -123,6 +127,7 @@ class HunyuanImage3Pipeline(BasePipeline):
                    kv_block_size=int(opts.get("kv_block_size") or 16),
                    kv_pool_blocks=int(opts.get("kv_pool_blocks") or 512),
                    kv_reuse=bool(opts.get("kv_reuse", True)),
+                   sampler_grid=str(opts.get("sampler_grid") or "release"),
                    vae_decode_precision=getattr(options, "vae_decode_precision", None))
 
     # ------------------------------------------------------------------------------------------ admission
@@ -284,12 +289,14 @@ class HunyuanImage3Pipeline(BasePipeline):
         steps, shift = first.num_inference_steps, first.flow_shift
         if steps is None or shift is None:
             raise ValueError("encode() takes preprocessed requests (steps and shift are filled by preprocess)")
-        grid = sigmas(steps, shift)
+        grid = sigmas(steps, shift, self.sampler_grid)
         items, latents = [], []
         for r in reqs:
             layout = self.layout_of(r)
             gen = torch.Generator(device="cpu").manual_seed(output_seeds(r)[0])
-            latents.append(torch.randn(1, self.config.latent_channels, layout.gen_h, layout.gen_w, generator=gen))
+            # drawn in bf16 as the reference does (same seed, same image), kept in fp32 between steps (exact)
+            latents.append(initial_noise((1, self.config.latent_channels, layout.gen_h, layout.gen_w), gen,
+                                         torch.float32))
             items.append({"request": r, "layout": layout, "tokens": layout.token_tensor(self.device),
                           "rope": self.model.rope(layout, self.device), "past": None, "cond": None,
                           "cond_ready": False, "pool_hit_tokens": 0})

@@ -46,6 +46,9 @@ OPTIONS = (
     ModelOption("kv_pool_blocks", "int", 512, None, "prefix-KV pool budget in blocks, LRU-evicted (paged_scheduler)"),
     ModelOption("kv_reuse", "bool", True, None,
                 "reuse the prompt K/V across denoise steps (off: recompute the full sequence every step)"),
+    ModelOption("sampler_grid", "str", "release", ("release", "diffusers"),
+                "timestep grid: release (the original release's, shift applied once) or diffusers "
+                "(FlowMatchEulerDiscreteScheduler's, as the reference serving system uses; low end shifted twice)"),
 )
 
 PRESETS = (
