@@ -11,10 +11,13 @@ from typing import Any
 
 from ..config import Settings, flags_from_args, resolve_settings
 from ..errors import InvalidRequest
+from .checks import precheck
 from .progress import ProgressPrinter
 
 _SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "duration", "num_inference_steps", "guidance_scale",
                    "flow_shift", "seed")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The settings of a ``generate`` run: its flags (declared in ``config.OPTIONS``), the environment, defaults."""
     return resolve_settings(flags_from_args(args, "global", "engine"))
@@ -58,11 +61,25 @@ def media_inputs_from_args(args: argparse.Namespace) -> tuple[Any, ...]:
             inputs.append(MediaInput("image", role, path))
     for i, path in enumerate(getattr(args, "reference", None) or ()):
         inputs.append(MediaInput(sniff_kind(path, field=f"--reference[{i}]"), "reference", path))
+    for path in getattr(args, "image", None) or ():
+        if sniff_kind(path, field="--image") != "image":
+            raise InvalidRequest("--image", f"{path} is not an image")
     return tuple(inputs)
 
 
+def input_flags(args: argparse.Namespace) -> list[str]:
+    """The flag each input of the request came from, in the request's order (``media_inputs_from_args``, then
+    ``--image``), so errors about ``inputs[i]`` name the flag and file."""
+    flags = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in ("first_frame", "last_frame")
+             if getattr(args, name, None) is not None]
+    flags += [f"--reference {p}" for p in getattr(args, "reference", None) or ()]
+    flags += [f"--image {p}" for p in getattr(args, "image", None) or ()]
+    return flags
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The Engine keywords shared by ``generate`` and ``serve`` (caches, offload, model options, VAE precision)."""
+    """The Engine keywords shared by ``generate`` and ``serve`` (caches, offload, model options, VAE precision,
+    parallel layout, compilation)."""
     from ..engine.model_options import parse_option_args
     from ..parallel.config import ParallelConfig
 
@@ -70,21 +87,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "offload": getattr(args, "offload", "none") or "none",
             "model_options": parse_option_args(getattr(args, "model_option", None) or ()),
             "vae_decode_precision": getattr(args, "vae_decode_precision", None),
-            "parallel": ParallelConfig.parse(getattr(args, "parallel", None))}  # malformed: fails here
-
-
-def precheck(model: str, host: Any, request: Any, model_options: dict[str, Any]) -> None:
-    """For a ``tiny:`` preset (whose spec is known without loading anything), check the request's inputs and
-    outputs and the model options against it now, so a mistake costs no model load."""
-    if not model.lower().startswith("tiny:"):
-        return  # the engine checks the same at load and at submit
-    from ..engine.inputs import check_request
-    from ..engine.loading import find_preset, preset_spec
-    from ..engine.model_options import resolve_model_options
-
-    spec = preset_spec(*find_preset(host, model))
-    resolve_model_options(spec, model_options)
-    check_request(request, spec)
+            "parallel": ParallelConfig.parse(getattr(args, "parallel", None)),  # malformed: fails here
+            "compile": getattr(args, "compile", "none") or "none"}
 
 
 def output_type_for(path: str) -> str:
@@ -108,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
                            negative_prompt=args.negative_prompt, extra=parse_extra(args.extra),
                            quality=getattr(args, "quality", None) or "standard", **sampling)
     kwargs = engine_kwargs(args)
-    precheck(args.model, host, request, kwargs["model_options"])
+    # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
+    # the request again at submit (cheap, pure) because Python callers reach it without this CLI
+    precheck(args.model, host, request, kwargs["model_options"], input_flags(args))
     t0 = time.perf_counter()
     with Engine(args.model, host=host, settings=settings, **kwargs) as engine:
         listener = None if args.no_progress else ProgressPrinter(sys.stderr)

@@ -62,22 +62,35 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     add_flags(g, "engine")  # settings flags, all declared in config.OPTIONS
     g.add_argument("--cache", action="append", default=[], metavar="METHOD[:KEY=VALUE,...]", type=parse_cache_arg,
                    help="enable a cache method (repeatable): teacache, first_block_cache, adaln_schedule ...; "
-                        "options after a colon, e.g. teacache:rel_l1_thresh=0.3 or adaln_schedule:offload_weights=true")
+                        "options after a colon, e.g. teacache:rel_l1_thresh=0.3 or adaln_schedule:offload_weights=true "
+                        "(default: none)")
     g.add_argument("--offload", choices=("none", "model", "layerwise"), default="none",
-                   help="CPU offload of weights between uses")
+                   help="CPU offload of weights between uses (default: none)")
     g.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a deployment option the model declares (repeatable); `omnicore models` lists them")
+                   help="a deployment option the model declares (repeatable); `omnicore models` lists them with "
+                        "their defaults (default: none given)")
     g.add_argument("--vae-decode-precision", choices=("fp32", "fp16", "bf16"),
-                   help="precision of the VAE decode, for models that support another one than the DiT's")
+                   help="precision of the VAE decode, for models that support another one than the DiT's "
+                        "(default: the model's choice)")
     g.add_argument("--parallel", metavar="DIM=N[,DIM=N]", default=None,
                    help="run over several worker processes on torch.distributed (gloo on CPU, NCCL on CUDA, HCCL "
                         "on NPU): cfg=2 puts the two guidance branches on two ranks, ulysses=N shards the sequence "
-                        "over N ranks; e.g. cfg=2,ulysses=2 (4 processes). Under torchrun, attaches to its ranks")
+                        "over N ranks; e.g. cfg=2,ulysses=2 (4 processes). Under torchrun, attaches to its ranks "
+                        "(default: one process)")
+    g.add_argument("--compile", nargs="?", const="blocks", default="none",
+                   choices=("none", "blocks", "blocks-cudagraphs"),
+                   help="regional torch.compile of the model's repeated transformer blocks (one compiled graph per "
+                        "block class; the first request of each new shape compiles); blocks-cudagraphs adds CUDA "
+                        "graphs (cuda only). Not with --offload or --parallel (default: none, eager)")
+
+
+MODEL_HELP = ("tiny:<preset> (a random-weight test model; `omnicore models` lists them), a local checkpoint "
+              "directory, or a Hugging Face repo id")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="omnicore",
+        prog="omnicore", allow_abbrev=False,  # `--step 2` is an error, not a silent `--steps 2`
         description="Serve and run diffusion models (images, video, video+audio) through plugins.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and installed plugins")
@@ -86,48 +99,67 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser, "global")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    m = sub.add_parser("models", help="list registered models: modes, input roles, presets and options")
+    m = sub.add_parser("models", help="list registered models: modes, input roles, presets and options",
+                       allow_abbrev=False)
     m.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p = sub.add_parser("plugins", help="list installed plugins and what they register", allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--requirements", action="store_true", help="print name==version lines to reinstall plugins")
 
-    g = sub.add_parser("generate", help="generate an image or a video from a prompt")
-    g.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
-    g.add_argument("prompt")
-    g.add_argument("-o", "--output", required=True, help="output file: .png/.webp for images, .mp4 for video")
+    g = sub.add_parser("generate", help="generate an image or a video from a prompt", allow_abbrev=False,
+                       description="Generate one image or video. Unset sampling flags take the model's defaults "
+                                   "(a tiny preset's own, see `omnicore models`); what can be checked without the "
+                                   "model (sizes, files, roles, required fields) is checked before it loads.")
+    g.add_argument("model", help=MODEL_HELP)
+    g.add_argument("prompt", help="the text prompt")
+    g.add_argument("-o", "--output", required=True, help="output file: .png/.webp for images, .mp4 for video "
+                                                         "(required; the suffix picks the output kind)")
     g.add_argument("--image", action="append", default=[], metavar="PATH",
-                   help="input image in the model's default image role (repeatable)")
-    g.add_argument("--first-frame", metavar="PATH", help="image conditioning the first frame")
-    g.add_argument("--last-frame", metavar="PATH", help="image conditioning the last frame")
+                   help="input image in the model's default image role (repeatable; default: none)")
+    g.add_argument("--first-frame", metavar="PATH", help="image conditioning the first frame (default: none)")
+    g.add_argument("--last-frame", metavar="PATH", help="image conditioning the last frame (default: none)")
     g.add_argument("--reference", action="append", default=[], metavar="PATH",
-                   help="reference image, video or audio (kind read from the file's content; repeatable)")
-    g.add_argument("--duration", type=float, metavar="SECONDS", help="video length in seconds")
+                   help="reference image, video or audio (kind read from the file's content; repeatable; "
+                        "default: none)")
+    g.add_argument("--duration", type=float, metavar="SECONDS",
+                   help="video length in seconds (default: the model's frame count)")
     g.add_argument("--quality", choices=("draft", "standard", "high"), default="standard",
-                   help="quality tier the model may trade speed for (default standard)")
-    g.add_argument("--negative-prompt")
-    g.add_argument("--height", type=int)
-    g.add_argument("--width", type=int)
-    g.add_argument("--num-frames", type=int)
-    g.add_argument("--fps", type=float)
-    g.add_argument("--steps", type=int, dest="num_inference_steps")
-    g.add_argument("--guidance", type=float, dest="guidance_scale")
-    g.add_argument("--flow-shift", type=float)
-    g.add_argument("--seed", type=int)
+                   help="quality tier the model may trade speed for (default: standard)")
+    g.add_argument("--negative-prompt", metavar="TEXT", help="what to steer away from (default: the model's)")
+    g.add_argument("--height", type=int, metavar="PX", help="output height in pixels (default: the model's)")
+    g.add_argument("--width", type=int, metavar="PX", help="output width in pixels (default: the model's)")
+    g.add_argument("--num-frames", type=int, metavar="N", help="video frames; 1 = an image (default: the model's)")
+    g.add_argument("--fps", type=float, help="video frame rate (default: the model's)")
+    g.add_argument("--steps", type=int, dest="num_inference_steps", metavar="N",
+                   help="denoise steps (default: the model's; a real checkpoint wants ~30-50, tiny presets 2-4)")
+    g.add_argument("--guidance", type=float, dest="guidance_scale", metavar="SCALE",
+                   help="classifier-free guidance scale (default: the model's)")
+    g.add_argument("--flow-shift", type=float, metavar="SHIFT",
+                   help="flow-matching schedule shift (default: the model's)")
+    g.add_argument("--seed", type=int, metavar="N",
+                   help="random seed, 0..2**63-1 (default: the model's declared seed, else a random one; the seed "
+                        "used is printed)")
     g.add_argument("--extra", action="append", default=[], metavar="KEY=JSON",
-                   help="model-specific field (repeatable), e.g. --extra batch_cfg=true")
-    g.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+                   help="model-specific field (repeatable), e.g. --extra aspect_ratio=16:9; `omnicore models` "
+                        "lists each model's fields and which are required (default: none)")
+    g.add_argument("--no-progress", action="store_true", help="do not draw the progress bar (default: drawn)")
     g.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="show third-party progress bars and warnings")
+                   help="show third-party progress bars and warnings (default: hidden)")
     _add_engine_flags(g)
 
-    s = sub.add_parser("serve", help="run the OpenAI-style HTTP server")
-    s.add_argument("model", help="tiny:<preset>, a local checkpoint directory, or a Hugging Face repo id")
+    s = sub.add_parser("serve", help="run the OpenAI-style HTTP server", allow_abbrev=False,
+                       description="Serve one model over HTTP (OpenAI-style images and video jobs). A model that "
+                                   "cannot be found or loaded, a busy port or missing server packages end it with "
+                                   "exit code 2 and one line; SIGINT/SIGTERM drain running work and exit 0.")
+    s.add_argument("model", help=MODEL_HELP + "; `auto`: tiny:lingbot when installed, else the first registered "
+                                              "tiny preset")
     s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="show third-party progress bars and warnings")
+                   help="show third-party progress bars and warnings, and tracebacks of load failures "
+                        "(default: hidden)")
     add_flags(s, "server", title="server (flag > OMNICORE_* env > default)")
     _add_engine_flags(s)
+    parser.set_defaults(_subparsers={"models": m, "plugins": p, "generate": g, "serve": s})
     return parser
 
 
@@ -144,7 +176,10 @@ def _version_text() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top-level one, for a flag it does not know
+        sub = args._subparsers.get(args.command) if args.command else None
+        (sub or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.log_level:
         logging.basicConfig(level=args.log_level.upper())
     if args.version:
