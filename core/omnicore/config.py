@@ -196,6 +196,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("cors_origins", "OMNICORE_CORS_ORIGINS", (), lambda n, v: tuple(v) if isinstance(v, (list, tuple))
            else (_parse_names(n, v) or ()), "Server: allowed CORS origins (comma-separated); none by default.",
            flag="--cors-origin", repeatable=True, metavar="ORIGIN"),
+    Option("no_ui", "OMNICORE_NO_UI", False, lambda n, v: _parse_bool(n, str(v)),
+           "Server: do not serve the browser playground at `/` (the API is unchanged)."),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}

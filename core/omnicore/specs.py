@@ -192,6 +192,9 @@ class ModelSpec:
     defaults: RequestDefaults = RequestDefaults()
     presets: tuple[PresetSpec, ...] = ()
     options: tuple[ModelOption, ...] = ()
+    # Model-specific per-request fields (``GenerationRequest.extra``, HTTP ``model_params``) that clients may offer,
+    # described with the same typed record as options; the model's own validation stays the authority.
+    request_fields: tuple[ModelOption, ...] = ()
     provider: str = ""
 
     def load_impl(self) -> Any:

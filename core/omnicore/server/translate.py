@@ -103,6 +103,8 @@ class ServedModel:
                            "max_input_images": self.max_reference_images,
                            "supports_negative_prompt": True, "partial_images": False},
                 "options": options,
+                "model_params": [o.to_json() for o in getattr(self.spec, "request_fields", ())],
+                "max_steps": getattr(caps, "max_steps", None),
                 "max_outputs": self.max_outputs, "loras": [],
             },
         }

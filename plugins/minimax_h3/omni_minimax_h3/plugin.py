@@ -11,6 +11,8 @@ from typing import Any
 
 from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
 
+from .request_rules import ASPECT_RATIOS  # torch-free, like this module
+
 __version__ = "0.1.0"
 
 PIPELINE_CLASS = "MiniMaxH3ModularPipeline"
@@ -75,6 +77,15 @@ OPTIONS = (
                      "t2va and fl2va, ref2va serves ref2va, combined both"),
 )
 
+#: Per-request fields (``model_params``) declared for clients such as the playground; request_rules checks them.
+REQUEST_FIELDS = (
+    ModelOption("aspect_ratio", "str", default=None, choices=tuple(ASPECT_RATIOS),
+                help="canvas aspect ratio: required for t2va (an explicit size then wins); fl2va defaults to the "
+                     "first keyframe's ratio, ref2va to 16:9"),
+    ModelOption("task", "str", default=None, choices=MODES,
+                help="t2va, fl2va or ref2va; default: inferred from the conditioning inputs"),
+)
+
 MODEL_SPEC = ModelSpec(
     name="minimax-h3",
     impl="omni_minimax_h3.pipeline:MiniMaxH3Pipeline",
@@ -85,11 +96,12 @@ MODEL_SPEC = ModelSpec(
     defaults=DEFAULTS,
     presets=PRESETS,
     options=OPTIONS,
+    request_fields=REQUEST_FIELDS,
 )
 
 
 def plugin_info() -> dict[str, Any]:
-    return {"kind": "model", "api": ">=1.2,<2", "version": __version__, "models": [MODEL_SPEC.name],
+    return {"kind": "model", "api": ">=1.3,<2", "version": __version__, "models": [MODEL_SPEC.name],
             "presets": [p.name for p in PRESETS]}
 
 
