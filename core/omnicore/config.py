@@ -164,6 +164,10 @@ OPTIONS: tuple[Option, ...] = (
            "Server: largest generated image (width x height); above it HTTP 400 before dispatch."),
     Option("max_input_image_pixels", "OMNICORE_MAX_INPUT_IMAGE_PIXELS", 50_000_000, _positive_int,
            "Server: decode cap for uploaded reference images."),
+    Option("max_decode_bytes", "OMNICORE_MAX_DECODE_BYTES", 4 * 1024**3, _non_negative_int,
+           "Server: bytes of decoded conditioning media (pixels, frames, samples) that all requests and queued jobs "
+           "may hold at once, estimated from each upload's header before decoding; beyond it HTTP 429 (400 when "
+           "one request alone exceeds it); 0 = no budget."),
     Option("max_upload_bytes", "OMNICORE_MAX_UPLOAD_BYTES", 50 * 1024 * 1024, _positive_int,
            "Server: per-file upload cap; above it HTTP 413."),
     Option("max_request_bytes", "OMNICORE_MAX_REQUEST_BYTES", 200 * 1024 * 1024, _positive_int,

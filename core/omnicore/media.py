@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from typing import Any
 
 import attrs
@@ -34,9 +35,76 @@ _IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF
 
 
 def _frames_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) -> None:
+    if isinstance(value, LazyFrames):
+        return  # its shape comes from the header; the decoder checks the pixels when they are read
     from .outputs.checks import check_frames  # the one frame check (uint8 [F>=1, H, W, 3]); light: numpy only
 
     check_frames(value)
+
+
+class LazyFrames:
+    """The frames of an uploaded video, decoded only when first read (``np.asarray``, indexing, iteration).
+
+    A queued job then holds the compressed upload (kilobytes) instead of its decoded frames (gigabytes for a
+    long clip), every check that needs only the shape (roles, counts, deployment, canvas) runs before any
+    pixel is decoded, and decoding happens at the size and count the decoder was told (``keep_frames``,
+    ``scale_to_pixels`` of :func:`read_video_clip`). ``shape`` is the header's until the frames are read, the
+    decoded one after. A decoder failure on read raises ``InvalidRequest`` naming ``field``.
+    """
+
+    dtype = np.dtype(np.uint8)
+    ndim = 4
+
+    def __init__(self, source: Source, shape: tuple[int, int, int, int], *, field: str = "video",
+                 **caps: Any) -> None:
+        self._source: Source | None = source
+        self._shape = tuple(int(v) for v in shape)
+        self._field = field
+        self._caps = caps
+        self._frames: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._frames.shape) if self._frames is not None else self._shape
+
+    @property
+    def decoded(self) -> bool:
+        return self._frames is not None
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape))
+
+    def materialize(self) -> np.ndarray:
+        """Decode (once; the upload is dropped afterwards) and return the uint8 ``[F, H, W, 3]`` frames."""
+        with self._lock:
+            if self._frames is None:
+                assert self._source is not None
+                self._frames = read_video_clip(self._source, field=self._field, **self._caps).frames
+                self._source = None
+            return self._frames
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        frames = self.materialize()
+        return frames if dtype is None else frames.astype(dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.materialize()[index]
+
+    def __iter__(self) -> Any:
+        return iter(self.materialize())
+
+    def __getattr__(self, name: str) -> Any:  # any other ndarray attribute (astype, mean, ...): on the decoded frames
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+    def __repr__(self) -> str:
+        return f"LazyFrames(shape={self.shape}, decoded={self.decoded})"
 
 
 def _wave_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) -> None:
@@ -49,7 +117,7 @@ def _wave_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) ->
 class VideoClip:
     """A decoded video: ``frames`` uint8 ``[F, H, W, 3]`` (RGB) at ``fps`` frames per second."""
 
-    frames: np.ndarray = attrs.field(validator=_frames_check)
+    frames: np.ndarray = attrs.field(validator=_frames_check)  # or LazyFrames (decoded when first read)
     fps: float = attrs.field(converter=float)
 
     @property
@@ -351,6 +419,61 @@ def read_video_clip(source: Source, *, field: str = "video", max_frames: int = D
     else:
         _check_duration(field, clip.duration_s, min_duration_s, None)
     return clip
+
+
+def lazy_video_clip(source: Source, *, field: str = "video", max_frames: int = DEFAULT_MAX_FRAMES,
+                    max_pixels: int = DEFAULT_MAX_PIXELS, max_duration_s: float | None = DEFAULT_MAX_DURATION_S,
+                    min_duration_s: float | None = None, max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS,
+                    keep_frames: int | None = None, scale_to_pixels: int | None = None) -> VideoClip:
+    """A :class:`VideoClip` whose frames (:class:`LazyFrames`) are decoded only when a model reads them.
+
+    Everything the header and the packet index say is checked now, without decoding a frame: a video stream,
+    the frame size against ``max_pixels``, the frame count (declared, else counted from the demuxed packets)
+    against ``max_frames``, the duration against the caps, a frame rate, and the pixels of all decoded frames
+    together against ``max_total_pixels``. The same caps bound the decode when it happens.
+    """
+    import av
+
+    try:
+        with av.open(_open_arg(source)) as container:
+            if not container.streams.video:
+                raise _reject(field, "has no video stream")
+            stream = container.streams.video[0]
+            w, h = int(stream.codec_context.width or 0), int(stream.codec_context.height or 0)
+            if not (w and h):
+                raise _reject(field, "declares no frame size")
+            if w * h > max_pixels:
+                raise _reject(field, f"frames of {w}x{h} have more than {max_pixels} pixels")
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            fps = float(rate) if rate else 0.0
+            if fps <= 0:
+                raise _reject(field, "declares no frame rate")
+            count = int(stream.frames) if stream.frames else 0
+            if not count:  # no index in the header: count the packets (demuxing only, nothing is decoded)
+                for packet in container.demux(stream):
+                    if packet.size:
+                        count += 1
+                        if count > max_frames and keep_frames is None:
+                            break
+    except InvalidRequest:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise _reject(field, f"cannot decode the video ({type(exc).__name__})") from None
+    if count < 1:
+        raise _reject(field, "has no decodable frames")
+    if keep_frames is None and count > max_frames:
+        raise _reject(field, f"has more than {max_frames} frames")
+    kept = min(count, keep_frames) if keep_frames is not None else count
+    _check_duration(field, count / fps, min_duration_s if keep_frames is None else None, max_duration_s)
+    if keep_frames is not None:
+        _check_duration(field, kept / fps, min_duration_s, None)
+    out_w, out_h = scaled_size(w, h, scale_to_pixels)
+    if kept * out_w * out_h > max_total_pixels:
+        raise _reject(field, f"decodes to more than {max_total_pixels} pixels in all")
+    frames = LazyFrames(source, (kept, out_h, out_w, 3), field=field, max_frames=max_frames, max_pixels=max_pixels,
+                        max_duration_s=max_duration_s, min_duration_s=None, max_total_pixels=max_total_pixels,
+                        keep_frames=keep_frames, scale_to_pixels=scale_to_pixels)
+    return VideoClip(frames, fps)
 
 
 def _channels(stream: Any) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
-import warnings
+import threading
+import weakref
 from typing import Any
 
 from .errors import ApiError
@@ -27,26 +27,90 @@ def sniff(data: bytes) -> str | None:
 
 
 def decode_image(data: bytes, *, param: str, max_pixels: int) -> Any:
-    """Bytes -> RGB ``PIL.Image``; 415 for an unaccepted format, 400 for broken or oversized images."""
-    from PIL import Image
+    """Bytes -> RGB ``PIL.Image``; 415 for an unaccepted format, 400 ``image_too_large`` when the header's size is
+    over ``max_pixels`` (read before any pixel is decoded, and the only cap: Pillow's own decompression-bomb limit
+    plays no part), 400 ``invalid_media`` for broken images."""
+    from ..errors import InvalidRequest
+    from ..media import read_image_input
 
     if sniff(data) is None:
         raise ApiError(415, "unsupported_media_type", f"{param}: not a PNG, JPEG or WebP image", param=param)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            w, h = img.size
-            if w * h > max_pixels:
-                raise ApiError(400, "image_too_large", f"{param}: {w}x{h} has more than {max_pixels} pixels",
-                               param=param)
-            img.load()
-    except ApiError:
-        raise
-    except Exception as exc:  # PIL raises many types for broken data
-        raise ApiError(400, "invalid_media", f"{param}: cannot decode image ({type(exc).__name__})",
-                       param=param) from None
-    return img.convert("RGB")
+        return read_image_input(data, field=param, max_pixels=max_pixels)
+    except InvalidRequest as exc:
+        code = "image_too_large" if exc.code == "image_too_large" else "invalid_media"
+        raise ApiError(400, code, f"{param}: {exc.rule}", param=param) from None
+
+
+class DecodeBudget:
+    """The server-wide bound on decoded conditioning media (``--max-decode-bytes``).
+
+    A request reserves the bytes its uploads will decode to (estimated from their headers) *before* decoding;
+    the reservation moves onto the decoded objects and is returned when the last of them is garbage-collected
+    (the job finished and dropped its inputs), so media held by queued jobs counts too. More than the whole
+    budget in one request is 400; more than what is left now is 429 (retry when jobs finish).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = int(limit)
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int, *, param: str) -> int:
+        """Take ``nbytes`` (returns it, to :meth:`release` or :meth:`hold`); 400/429 when it does not fit."""
+        if self.limit <= 0 or nbytes <= 0:
+            return 0
+        if nbytes > self.limit:
+            raise ApiError(400, "decode_too_large", f"{param}: the conditioning media decode to about "
+                                                    f"{_mb(nbytes)}, more than this server's --max-decode-bytes "
+                                                    f"({_mb(self.limit)})", param=param)
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                left = self.limit - self.used
+                raise ApiError(429, "decode_budget_exhausted",
+                               f"{param}: the conditioning media decode to about {_mb(nbytes)} but only "
+                               f"{_mb(left)} of --max-decode-bytes is free (queued jobs hold the rest); retry "
+                               f"later", param=param, headers={"Retry-After": "5"})
+            self.used += nbytes
+        return nbytes
+
+    def release(self, nbytes: int) -> None:
+        if nbytes:
+            with self._lock:
+                self.used = max(0, self.used - nbytes)
+
+    def hold(self, objects: list[Any], nbytes: int) -> None:
+        """Keep ``nbytes`` reserved until every one of ``objects`` is garbage-collected."""
+        if not nbytes:
+            return
+        alive = [o for o in objects if _weakrefable(o)]
+        if not alive:
+            self.release(nbytes)
+            return
+        left = [len(alive)]
+        lock = threading.Lock()
+
+        def gone() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self.release(nbytes)
+
+        for o in alive:
+            weakref.finalize(o, gone)
+
+
+def _weakrefable(o: Any) -> bool:
+    try:
+        weakref.ref(o)
+    except TypeError:
+        return False
+    return True
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n} bytes"
 
 
 def decode_data_url(url: str, *, param: str) -> bytes:

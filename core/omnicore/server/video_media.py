@@ -9,12 +9,14 @@ cap, a frame-count cap and the duration cap the model's role declares.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRequest
+from ..media import MAX_AUDIO_CHANNELS
 from .errors import ApiError
-from .media import decode_data_url, decode_image, sniff
+from .media import DecodeBudget, decode_data_url, decode_image, sniff
 from .translate import VIDEO_MEDIA_FIELDS, ServedModel, video_inputs
 
 FILE_FIELDS = tuple(VIDEO_MEDIA_FIELDS)
@@ -60,7 +62,8 @@ def collect(dto: Any, files: dict[str, list[bytes]]) -> list[tuple[str, bytes]]:
 
 
 def _media_error(exc: InvalidRequest, field: str) -> ApiError:
-    return ApiError(400, "invalid_media", f"{field}: {exc.rule}", param=field)
+    code = "image_too_large" if exc.code == "image_too_large" else "invalid_media"
+    return ApiError(400, code, f"{field}: {exc.rule}", param=field)
 
 
 def _duration_caps(served: ServedModel, role: str) -> tuple[float | None, float | None]:
@@ -69,10 +72,46 @@ def _duration_caps(served: ServedModel, role: str) -> tuple[float | None, float 
     return hi, spec.min_duration_s if spec is not None else None
 
 
+_BUDGETS: dict[int, tuple[Any, DecodeBudget]] = {}
+_BUDGETS_LOCK = threading.Lock()
+
+
+def budget_for(settings: Any) -> DecodeBudget:
+    """The one :class:`DecodeBudget` of a server (keyed by its settings object, which lives as long as it)."""
+    with _BUDGETS_LOCK:
+        entry = _BUDGETS.get(id(settings))
+        if entry is None or entry[0] is not settings:
+            entry = (settings, DecodeBudget(getattr(settings, "max_decode_bytes", 0)))
+            _BUDGETS[id(settings)] = entry
+        return entry[1]
+
+
+def _video_scale(served: ServedModel) -> tuple[int | None, float | None]:
+    """The largest frame (pixels) and the longest stretch (seconds) of a reference the model can use, from its
+    declared output limits (``max_pixels``; ``max_frames`` at the slowest fps); ``None`` where it declares none."""
+    caps = served.spec.capabilities if served.spec is not None else None
+    if caps is None:
+        return None, None
+    seconds = None
+    if caps.max_frames and caps.fps_range:
+        seconds = caps.max_frames / max(1e-6, caps.fps_range[0])
+    return caps.max_pixels, seconds
+
+
 def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any) -> list[tuple[str, Any]]:
-    """Gate by role (400 ``unsupported_for_model`` before any decoding), then decode each input (CPU work: call
-    from a thread): 415 for an unrecognised format, 400 ``invalid_media`` for broken or over-cap media."""
-    from ..media import read_audio_clip, read_video_clip, sniff_kind
+    """Gate by role (400 ``unsupported_for_model`` before any decoding), check every input's header, reserve its
+    decoded size in the server's ``--max-decode-bytes`` budget (400/429), then decode (CPU work: call from a
+    thread): 415 for an unrecognised format, 400 ``invalid_media`` / ``image_too_large`` for broken or over-cap
+    media.
+
+    Nothing is decoded before every input passed its header checks. Images and audio are decoded here (audio
+    downmixed to mono/stereo); a video becomes a clip whose frames are decoded only when the model reads them
+    (:class:`omnicore.media.LazyFrames`), at the model's declared size and length, so the model's own rules
+    (deployment, per-kind counts) run first and a queued job holds only the compressed upload.
+    """
+    import math
+
+    from ..media import lazy_video_clip, open_image, probe_media, read_audio_clip, sniff_kind
 
     for field, data in raw:  # the format first (magic bytes / container probe): 415 whatever the model
         kind = VIDEO_MEDIA_FIELDS[field][0]
@@ -88,24 +127,53 @@ def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any) -> 
         if found == "image" or (kind == "video" and found != "video"):
             raise ApiError(415, "unsupported_media_type", f"{field}: expected {kind}, got {found}", param=field)
     video_inputs(served, [(field, None) for field, _ in raw])  # role/kind/count gating, before decoding
-    out: list[tuple[str, Any]] = []
     max_px = settings.max_input_image_pixels
-    for field, data in raw:
+    scale_px, use_s = _video_scale(served)
+    planned: list[tuple[str, Any, int]] = []  # (field, lazy clip or None, estimated decoded bytes)
+    for field, data in raw:  # every header, before anything is decoded
         kind, role = VIDEO_MEDIA_FIELDS[field]
-        if kind == "image":
-            out.append((field, decode_image(data, param=field, max_pixels=max_px)))
-            continue
         hi, lo = _duration_caps(served, role)
-        clip: Any
         try:
-            if kind == "video":
-                clip = read_video_clip(data, field=field, max_frames=MAX_REFERENCE_FRAMES, max_pixels=max_px,
-                                       max_duration_s=hi, min_duration_s=lo)
+            if kind == "image":
+                with open_image(data, field=field, max_pixels=max_px) as img:
+                    w, h = img.size
+                planned.append((field, None, w * h * 3))
+            elif kind == "video":
+                probe = probe_media("video", data, field=field)
+                keep = math.ceil(use_s * probe.fps) + 1 if use_s is not None and probe.fps > 0 else None
+                clip = lazy_video_clip(data, field=field, max_frames=MAX_REFERENCE_FRAMES, max_pixels=max_px,
+                                       max_duration_s=hi, min_duration_s=lo,
+                                       keep_frames=keep, scale_to_pixels=scale_px)
+                f, fh, fw, _ = clip.frames.shape
+                planned.append((field, clip, f * fh * fw * 3))
             else:
-                clip = read_audio_clip(data, field=field, max_duration_s=hi, min_duration_s=lo)
+                probe = probe_media("audio", data, field=field)
+                if probe.channels > MAX_AUDIO_CHANNELS:
+                    raise InvalidRequest(field, f"has {probe.channels} audio channels, more than the "
+                                                f"{MAX_AUDIO_CHANNELS} accepted (it is downmixed to stereo)")
+                planned.append((field, None, probe.decoded_bytes()))
         except InvalidRequest as exc:
             raise _media_error(exc, field) from None
-        out.append((field, clip))
+    budget = budget_for(settings)
+    reserved = budget.reserve(sum(n for _, _, n in planned), param=raw[0][0]) if raw else 0
+    out: list[tuple[str, Any]] = []
+    try:
+        for (field, data), (_, clip, _) in zip(raw, planned):
+            kind, role = VIDEO_MEDIA_FIELDS[field]
+            if kind == "image":
+                out.append((field, decode_image(data, param=field, max_pixels=max_px)))
+            elif kind == "video":
+                out.append((field, clip))
+            else:
+                hi, lo = _duration_caps(served, role)
+                try:
+                    out.append((field, read_audio_clip(data, field=field, max_duration_s=hi, min_duration_s=lo)))
+                except InvalidRequest as exc:
+                    raise _media_error(exc, field) from None
+    except BaseException:
+        budget.release(reserved)
+        raise
+    budget.hold([v for _, v in out], reserved)
     return out
 
 
