@@ -22,12 +22,14 @@ def _class_name(path: Path) -> str | None:
 
 
 def detect(path: str | Path) -> bool:
-    """True for a diffusers-layout repository (``model_index.json`` or a ``transformer[_ref]/config.json`` naming
-    MiniMax-H3) or an official one (``FL2VA/`` / ``Ref2VA/`` partitions with such metadata)."""
+    """True for a diffusers-layout repository (``model_index.json``, diffusers' modular
+    ``modular_model_index.json`` or a ``transformer[_ref]/config.json`` naming MiniMax-H3) or an official one
+    (``FL2VA/`` / ``Ref2VA/`` partitions with such metadata)."""
     root = Path(path)
     for base in (root, root / "FL2VA", root / "Ref2VA"):
-        if _class_name(base / "model_index.json") in PIPELINE_NAMES:
-            return True
+        for index in ("model_index.json", "modular_model_index.json"):  # the latter: ModularPipeline.save_pretrained
+            if _class_name(base / index) in PIPELINE_NAMES:
+                return True
         for sub in ("transformer", "transformer_ref"):
             if _class_name(base / sub / "config.json") in TRANSFORMER_NAMES:
                 return True

@@ -64,26 +64,13 @@ def detect_transformer_format(model_dir: Path) -> str:
 
 
 def transformer_dirs(root: Path) -> dict[str, Path]:
-    """The transformer folders of a repository by partition (``"fl2va"``, ``"ref2va"``), for both layouts:
-    official ``FL2VA/transformer/`` + ``Ref2VA/transformer/``; diffusers ``transformer/`` (FL2VA, or the partition
-    its ``model_index.json`` names under ``_minimax_h3.partition``) + ``transformer_ref/`` (Ref2VA)."""
-    root = Path(root)
-    found: dict[str, Path] = {}
-    for part, folder in (("fl2va", root / "FL2VA" / "transformer"), ("ref2va", root / "Ref2VA" / "transformer")):
-        if (folder / "config.json").is_file():
-            found[part] = folder
-    if found:
-        return found
-    if (root / "transformer_ref" / "config.json").is_file():
-        found["ref2va"] = root / "transformer_ref"
-    if (root / "transformer" / "config.json").is_file():
-        partition = "fl2va"
-        if (root / "model_index.json").is_file():
-            meta = read_json(root / "model_index.json", plugin=PLUGIN).get("_minimax_h3")
-            if isinstance(meta, dict) and meta.get("partition") == "ref2va":
-                partition = "ref2va"
-        found.setdefault(partition, root / "transformer")
-    return found
+    """The transformer folders of a repository by partition (``"fl2va"``, ``"ref2va"``), for every layout
+    (:func:`omni_minimax_h3.repository.transformer_folders`): official ``FL2VA/transformer/`` +
+    ``Ref2VA/transformer/``; diffusers ``transformer/`` (FL2VA, or the partition its index names under
+    ``_minimax_h3.partition``) + ``transformer_ref/`` (Ref2VA)."""
+    from .repository import transformer_folders
+
+    return transformer_folders(root)
 
 
 # ---------------------------------------------------------------------------------------------- transforms

@@ -40,6 +40,7 @@ from omnicore.plugin import (
     LoadOptions,
     Output,
     PluginError,
+    fast_path_gate,
     materialize,
     schedule_key,
 )
@@ -119,15 +120,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def component_root(path: Path) -> Path:
-    """Where the shared components live: the repository itself (diffusers layout) or its ``FL2VA/`` partition
-    (official layout; a Ref2VA-only download keeps them under ``Ref2VA/``)."""
-    for sub in ("FL2VA", "Ref2VA"):
-        if (path / sub / "model_index.json").is_file() and not (path / "model_index.json").is_file():
-            return path / sub
-    return path
-
-
 class MiniMaxH3Pipeline(BasePipeline):
     """Loads a MiniMax-H3 repository (either partition or both) and generates video with sound."""
 
@@ -157,17 +149,15 @@ class MiniMaxH3Pipeline(BasePipeline):
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: Path | str, options: LoadOptions) -> MiniMaxH3Pipeline:
-        from omnicore.plugin import read_json
-
-        from .loader import PLUGIN, load_transformer, read_transformer_config, transformer_dirs
+        """Any downloadable layout (diffusers' modular one, the official ``FL2VA/`` + ``Ref2VA/`` partitions, the
+        tiny presets'; see :mod:`omni_minimax_h3.repository`); canvas, shifts and reference size come from the
+        repository's own configs."""
+        from .loader import load_transformer, read_transformer_config
+        from .repository import resolve_layout
 
         root = Path(path)
-        shared = component_root(root)
-        meta = read_json(shared / "model_index.json", plugin=PLUGIN).get("_minimax_h3") or {}
-        dirs = transformer_dirs(root)
-        if not dirs:
-            raise PluginError("minimax_h3", f"{root}: no transformer/ or transformer_ref/ (nor FL2VA/ / Ref2VA/) "
-                                            f"partition")
+        layout = resolve_layout(root)
+        dirs = dict(layout.transformers)
         wanted = (options.model_options or {}).get("partition")
         if wanted is not None:
             parts = ("fl2va", "ref2va") if wanted == "combined" else (wanted,)
@@ -176,10 +166,6 @@ class MiniMaxH3Pipeline(BasePipeline):
                 raise ConfigError("model_options.partition", f"{root} has no {' / '.join(missing)} partition "
                                                              f"(it has {', '.join(sorted(dirs))})")
             dirs = {p: dirs[p] for p in parts}
-        vae_dir = shared / "vae" if (shared / "vae").is_dir() else shared / "video_vae"
-        for folder in (shared / "text_encoder", vae_dir, shared / "audio_vae"):
-            if not folder.is_dir():
-                raise PluginError("minimax_h3", f"{root}: missing the {folder.name}/ folder")
         device = options.platform.device()
         dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
         ops = getattr(options.platform, "ops", None)
@@ -192,21 +178,26 @@ class MiniMaxH3Pipeline(BasePipeline):
                     platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=cfg.attention_head_dim,
                     packed_varlen=True, packed_mask_free=True))
             transformers[part] = load_transformer(folder, device=device, dtype=dtype, attention=attention, ops=ops)
-        shifts = meta.get("sigma_shift_scales") or {}
-        deployment = Deployment(
-            partitions=tuple(sorted(transformers)),
-            canvas_short_edge=int(meta.get("canvas_short_edge", 768)),
-            canvas_max_pixels=int(meta.get("canvas_max_pixels", 768 * 1344)),
-            video_shift=float(shifts.get("video", 12.0)), audio_shift=float(shifts.get("audio", 3.0)),
-        )
-        tokenizer_dir = shared / "tokenizer" if (shared / "tokenizer").is_dir() else shared / "processor"
+        settings = layout.settings
         text_encoder = H3TextEncoder.from_pretrained(
-            shared / "text_encoder", tokenizer_dir, shared / "processor", device=device, dtype=dtype,
-            layer=int(meta.get("text_encoder_layer", 50)))
-        video_vae = H3VideoVAE.from_pretrained(vae_dir, device=device, precision=options.vae_decode_precision)
+            layout.text_encoder, layout.tokenizer, layout.processor, device=device, dtype=dtype,
+            layer=settings.text_encoder_layer)
+        video_vae = H3VideoVAE.from_pretrained(layout.video_vae, device=device,
+                                               precision=options.vae_decode_precision, ops=ops)
+        patch = next(iter(transformers.values())).config.patch_size
+        deployment = Deployment(
+            partitions=tuple(sorted(transformers)), canvas_short_edge=settings.canvas_short_edge,
+            canvas_max_pixels=settings.canvas_max_pixels, video_shift=settings.video_shift,
+            audio_shift=settings.audio_shift, partition_shifts=dict(settings.partition_shifts),
+            canvas_multiple=video_vae.spatial_ratio * int(patch[2]),  # a whole number of patches per latent row
+        )
         return cls(transformers, text_encoder, video_vae,
-                   H3AudioVAE.from_pretrained(shared / "audio_vae", device=device), deployment, device=device,
-                   dtype=dtype, reference_short_edge=int(meta.get("reference_image_short_edge", 2048)), path=root)
+                   H3AudioVAE.from_pretrained(layout.audio_vae, device=device), deployment, device=device,
+                   dtype=dtype, reference_short_edge=settings.reference_image_short_edge, path=root)
+
+    def fast_path_gates(self) -> list[Any]:
+        """The video VAE's request gate: the engine turns it on around ``quality="high"`` batches only."""
+        return [fast_path_gate(self.video_vae)]
 
     @property
     def partition(self) -> str:
@@ -310,7 +301,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         clip = ref.clip
         canvas = canvas_for_ratio(clip.frames.shape[2], clip.frames.shape[1],
                                   short_edge=self.deployment.canvas_short_edge,
-                                  max_pixels=self.deployment.canvas_max_pixels, field="inputs")
+                                  max_pixels=self.deployment.canvas_max_pixels,
+                                  multiple=self.deployment.canvas_multiple, field="inputs")
         frames = video_at_24fps(clip.frames, clip.fps, r.num_frames, canvas)
         audio_latents = 0
         if ref.audio is not None:
@@ -484,6 +476,11 @@ class MiniMaxH3Pipeline(BasePipeline):
 
         name = "transformer" if self.transformer is not None else "transformer_ref"
         return BlockLoop(blocks=f"{name}.blocks", streams=("x",))
+
+    @property
+    def compile_regions(self) -> tuple[str, ...]:
+        """Block lists compiled by ``--compile``: every served DiT's (a combined deployment has two)."""
+        return tuple(f"transformers.{p}.blocks" for p in self.transformers)
 
     @property
     def offload_modules(self) -> dict[str, Any]:
