@@ -330,7 +330,7 @@ class JobManager:
             elif live.cancel_reason == "operator_deadline":
                 live.status, live.error_code = "failed", "server_timeout"
                 message = (f"the job ran longer than this server allows (--max-job-seconds "
-                           f"{self.settings.max_job_seconds:g} s) and was stopped")
+                           f"{self.settings.max_job_seconds:g} s of running time) and was stopped")
             elif self._stopping and live.cancel_reason in (None, "shutdown"):
                 live.status, live.error_code = "failed", "interrupted"
                 message = "the server shut down while this job was running"

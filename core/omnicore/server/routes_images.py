@@ -63,8 +63,8 @@ def job_failure(live: LiveJob, request_id: str) -> ApiError:
     if live.error_code == "timeout":  # the client's own deadline (timeout_s): not a server fault, so not 5xx
         return ApiError(409, "timeout", f"the request exceeded its timeout_s ({live.deadline_s:g} s) and was stopped")
     if live.error_code == "server_timeout":  # the operator's --max-job-seconds: the server's doing, not the client's
-        return ApiError(504, "server_timeout", "the request ran longer than this server allows (--max-job-seconds) "
-                                               f"and was stopped; request id {request_id}")
+        return ApiError(504, "server_timeout", "the request ran longer than this server allows (--max-job-seconds, "
+                                               f"counting running time) and was stopped; request id {request_id}")
     detail = f"{type(live.error).__name__}: {live.error}" if live.error is not None else "unknown error"
     if live.error_code == "out_of_memory":
         detail = f"out of memory in phase {live.phase or 'unknown'}: {detail}"

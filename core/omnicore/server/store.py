@@ -152,6 +152,8 @@ class JobStore:
                 return
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:  # e.g. a full disk: the WAL stays and SQLite replays it on the next open
+                pass
             finally:
                 self._db.close()
                 self._closed = True
