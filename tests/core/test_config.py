@@ -89,7 +89,7 @@ def test_server_settings_are_derived_from_the_server_options(tmp_path):
     from omnicore.server.settings import SERVER_OPTIONS, ServerSettings, server_settings_from
 
     assert set(SERVER_OPTIONS) == {o.name for o in OPTIONS if o.scope == "server" and o.cli_flag} - {
-        "api_key", "api_key_file", "state_dir"}
+        "api_key", "api_key_file", "admin_api_key", "state_dir"}
     ss = ServerSettings(state_dir=tmp_path)
     for name in SERVER_OPTIONS:
         assert getattr(ss, name) == getattr(Settings(), name), name
@@ -98,6 +98,8 @@ def test_server_settings_are_derived_from_the_server_options(tmp_path):
     core = resolve_settings({"api_key": ["k1"], "api_key_file": str(keys), "max_work": 5}, env={})
     ss = server_settings_from(core)
     assert ss.api_keys == ("k1", "k2") and ss.max_work == 5 and ss.state_dir == core.state_path
+    admin = server_settings_from(resolve_settings({"admin_api_key": ["boss-key"]}, env={}))
+    assert admin.admin_api_keys == ("boss-key",) and "boss-key" not in repr(admin)  # keys never in a repr
     with pytest.raises(TypeError, match="unknown setting"):
         ServerSettings(state_dir=tmp_path, max_num_seqs=2)  # an engine setting, not the server's
 
