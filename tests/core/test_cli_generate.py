@@ -60,7 +60,8 @@ def test_generate_mp4_with_extra_and_no_progress(cli_host, tmp_path, capsys):
 def test_generate_reports_errors_with_exit_code_2(cli_host, tmp_path, capsys):
     rc = main(["generate", "tiny:toy", "x", "-o", str(tmp_path / "a.png"), "--height", "36"])
     assert rc == 2
-    assert "params.height" in capsys.readouterr().err
+    # named by its flag, with the nearest valid sizes, before any load (the engine's name was params.height)
+    assert "error: --height: 36 is not a multiple of 8" in capsys.readouterr().err
     rc = main(["generate", "tiny:missing", "x", "-o", str(tmp_path / "a.png")])
     assert rc == 2
     assert "tiny:toy" in capsys.readouterr().err

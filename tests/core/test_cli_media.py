@@ -141,11 +141,12 @@ def test_generate_duration_quality_and_preset_defaults(cli, capsys, tmp_path):
     (["--reference", "{txt}"], "error: --reference[0]: not a recognised image"),
     (["--first-frame", "{mp4}"], "error: --first-frame: "),
     (["--first-frame", "{missing}"], "error: --first-frame: cannot read"),
-    (["--reference", "{png}"] * 4, "error: inputs[3]: model toy-media takes at most 3 reference input(s)"),
+    (["--reference", "{png}"] * 4, "error: --reference {png}: model toy-media takes at most 3 reference input(s)"),
 ])
 def test_generate_errors_are_one_line_with_exit_2(cli, capsys, files, tmp_path, args, words):
     args = [a.format(txt=files["txt"], mp4=files["mp4"], png=files["png"], missing=tmp_path / "missing.png")
             for a in args]
+    words = words.format(png=files["png"])
     assert cli(["generate", "tiny:toy-media", "x", "-o", str(tmp_path / "o.png"), *args]) == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(words), lines
@@ -163,8 +164,8 @@ def test_generate_rejects_a_role_the_model_lacks_before_loading(cache, files, tm
          "--last-frame", str(files["png"])], env=_env(None, fresh, OMNICORE_PLUGINS="lingbot"),
         check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert "error: inputs[0].role: model lingbot does not accept role 'last_frame'; it accepts: first_frame" \
-        in proc.stderr
+    assert f"error: --last-frame {files['png']}: model lingbot does not accept role 'last_frame'; it accepts: " \
+           "first_frame" in proc.stderr  # the flag, not the engine's inputs[0].role
     assert not (fresh / "presets").exists()  # nothing was built
 
 

@@ -81,7 +81,7 @@ def cli_field(field: str, input_flags: list[str]) -> str:
     return field
 
 
-def _as_cli(exc: InvalidRequest, input_flags: list[str]) -> InvalidRequest:
+def as_cli(exc: InvalidRequest, input_flags: list[str]) -> InvalidRequest:
     """``exc`` re-raised under the CLI flag's name, the message otherwise unchanged."""
     flag = cli_field(exc.field, input_flags)
     if flag == exc.field:
@@ -190,5 +190,5 @@ def precheck(model: str, host: Any, request: Any, model_options: dict[str, Any],
         check_size(request, spec)
         check_required_fields(request, spec)
     except InvalidRequest as exc:
-        raise _as_cli(exc, flags) from None
+        raise as_cli(exc, flags) from None
     return spec, request

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import Settings, flags_from_args, resolve_settings
 from ..errors import InvalidRequest
-from .checks import precheck
+from .checks import as_cli, precheck
 from .progress import ProgressPrinter
 
 _SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "duration", "num_inference_steps", "guidance_scale",
@@ -106,19 +106,25 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     host = make_host(settings)
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded
-    from ..engine.api import Engine, make_request  # imports torch: only once the platform is known to be usable
+    from ..engine.request import GenerationRequest, SamplingParams  # torch-free: checks run before torch loads
 
-    request = make_request(args.prompt, images=tuple(args.image), inputs=media_inputs_from_args(args),
-                           negative_prompt=args.negative_prompt, extra=parse_extra(args.extra),
-                           quality=getattr(args, "quality", None) or "standard", **sampling)
+    request = GenerationRequest(args.prompt, params=SamplingParams(**sampling), images=tuple(args.image),
+                                inputs=media_inputs_from_args(args), negative_prompt=args.negative_prompt,
+                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard")
     kwargs = engine_kwargs(args)
+    flags = input_flags(args)
     # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
     # the request again at submit (cheap, pure) because Python callers reach it without this CLI
-    precheck(args.model, host, request, kwargs["model_options"], input_flags(args))
+    precheck(args.model, host, request, kwargs["model_options"], flags)
+    from ..engine.api import Engine  # imports torch: only once the platform and the request are known to be usable
+
     t0 = time.perf_counter()
     with Engine(args.model, host=host, settings=settings, **kwargs) as engine:
         listener = None if args.no_progress else ProgressPrinter(sys.stderr)
-        outputs = engine.submit(request, on_event=listener).result()
+        try:
+            outputs = engine.submit(request, on_event=listener).result()
+        except InvalidRequest as exc:  # the model's own rules, after the load: still under the CLI's names
+            raise as_cli(exc, flags) from None
     out = outputs[0]
     path = out.save(args.output)
     print(f"wrote {path} ({out.kind} {out.width}x{out.height}"

@@ -14,10 +14,13 @@ from ..plugins import PluginHost
 
 
 def preset_card(preset: Any) -> dict[str, Any]:
-    """A :class:`~omnicore.specs.PresetSpec` as listed: its ``tiny:`` name, description and request defaults."""
+    """A :class:`~omnicore.specs.PresetSpec` as listed: its ``tiny:`` name, description, request defaults and the
+    modes it serves (``None``: all of the model's)."""
     name = preset.name if preset.name.startswith("tiny:") else f"tiny:{preset.name}"
+    modes = getattr(preset, "modes", None)
     return {"name": name, "description": preset.description,
-            "defaults": None if preset.defaults is None else preset.defaults.to_json()}
+            "defaults": None if preset.defaults is None else preset.defaults.to_json(),
+            "modes": None if modes is None else list(modes)}
 
 
 def model_card(spec: Any) -> dict[str, Any]:
@@ -41,6 +44,7 @@ def model_card(spec: Any) -> dict[str, Any]:
         "defaults": spec.defaults.to_json(),
         "presets": [preset_card(p) for p in spec.presets],
         "options": [o.to_json() for o in spec.options],
+        "request_fields": [o.to_json() for o in getattr(spec, "request_fields", ())],
     }
 
 
@@ -49,6 +53,15 @@ def _defaults_text(d: dict[str, Any]) -> str:
     frames = f", {d['num_frames']} frames @ {d['fps']:g} fps" if d["num_frames"] > 1 else ""
     seed = f", seed {d['seed']}" if d.get("seed") is not None else ""
     return f"{size}{frames}, {d['num_inference_steps']} steps, guidance {d['guidance_scale']:g}{seed}"
+
+
+def _field_rule(f: dict[str, Any]) -> str:
+    """``"one of a, b; REQUIRED for t2va unless height and width are given; "`` for a request field."""
+    parts = [f"one of {', '.join(map(str, f['choices']))}"] if f.get("choices") else [f["type"]]
+    if f.get("required_for"):
+        unless = f" (the model may derive it from {' and '.join(f['unless'])})" if f.get("unless") else ""
+        parts.append(f"REQUIRED for {', '.join(f['required_for'])}{unless}")
+    return "; ".join(parts) + "; "
 
 
 def render(cards: list[dict[str, Any]]) -> str:
@@ -66,10 +79,13 @@ def render(cards: list[dict[str, Any]]) -> str:
         lines.append(f"  defaults: {_defaults_text(c['defaults'])}")
         for p in c["presets"]:
             own = f" [defaults: {_defaults_text(p['defaults'])}]" if p["defaults"] else ""
-            lines.append(f"  preset {p['name']}: {p['description']}{own}")
+            modes = f" [serves {', '.join(p['modes'])}]" if p.get("modes") else ""
+            lines.append(f"  preset {p['name']}: {p['description']}{own}{modes}")
         for o in c["options"]:
             choices = f" one of {', '.join(map(str, o['choices']))};" if o["choices"] else ""
             lines.append(f"  option {o['name']} ({o['type']},{choices} default {o['default']!r}): {o['help']}")
+        for f in c.get("request_fields", ()):
+            lines.append(f"  field {f['name']} (--extra {f['name']}=...): {_field_rule(f)}{f['help']}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n" if lines else "no model plugin is installed\n"
 

@@ -118,7 +118,9 @@ def from_core(exc: BaseException, *, retry_after_s: float = 1.0,
         return ApiError(404, "model_not_found", str(exc), param="model")
     if isinstance(exc, core_errors.Cancelled):
         return ApiError(409, "job_cancelled", str(exc))
-    return ApiError(500, "internal_error", f"internal error ({type(exc).__name__})")
+    # a plugin's failure (in preprocess, say): its text is what a client can report; the handler adds the
+    # request id and logs the traceback (the ApiError is raised from the exception)
+    return ApiError(500, "internal_error", f"internal error ({type(exc).__name__}: {exc})")
 
 
 def is_storage_full(exc: BaseException | None) -> bool:
@@ -227,6 +229,11 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if isinstance(exc, ApiError):
+            if exc.code == "internal_error" and "request id" not in exc.message:
+                rid = _request_id(request)
+                logger.error("request %s failed: %s", rid, exc.message, exc_info=exc.__cause__ or exc)
+                exc = ApiError(exc.status_code, exc.code, f"{exc.message}; request id {rid}", param=exc.param,
+                               headers=exc.headers)
             return respond(request, exc)
         if exc.status_code == 404:
             err = ApiError(404, "route_not_found", f"no route {request.method} {request.url.path}")

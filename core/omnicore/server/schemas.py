@@ -1,25 +1,52 @@
 """Request and response DTOs of the HTTP contract (serving-api.md §6-§8), as pydantic models.
 
-Requests forbid unknown fields (400 ``unknown_parameter``). Ranges here are the contract's shared limits;
-the model's own limits are checked at submission (see :mod:`.translate`). Responses are declared for the
-OpenAPI document; routes build plain dicts that match them.
+Requests forbid unknown fields (400 ``unknown_parameter``) and take types strictly where pydantic's lax mode
+would guess: a boolean is not a number (``"seed": true``) and ``"stream": "yes"`` is not a boolean. Ranges
+here are the contract's shared limits; the model's own limits are checked at submission (see :mod:`.translate`).
+Responses are declared for the OpenAPI document; routes build plain dicts that match them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from ..engine.request import MAX_SEED  # the one seed range
 
 SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$"
 
 
+def _not_bool(value: Any) -> Any:
+    """Numbers are numbers: JSON ``true`` is not 1 (pydantic's lax mode would take it as 1 step or seed 1).
+    Strings still parse, since multipart form fields arrive as text (``-F num_inference_steps=4``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not a boolean (got {str(value).lower()})")
+    return value
+
+
+_BOOL_TEXT = {"true": True, "false": False}
+
+
+def _strict_bool(value: Any) -> Any:
+    """A boolean is ``true``/``false`` (JSON, or the text ``true``/``false`` of a form field); ``"yes"``, ``1``
+    and ``"on"`` are errors, not guesses."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOL_TEXT:
+        return _BOOL_TEXT[value.strip().lower()]
+    raise ValueError(f"must be a boolean (true or false), got {value!r}")
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+Bool = Annotated[bool, BeforeValidator(_strict_bool)]
+
+
 class Lora(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=256)
-    scale: float = Field(default=1.0, ge=0.0, le=4.0)
+    scale: Float = Field(default=1.0, ge=0.0, le=4.0)
 
 
 class SharedFields(BaseModel):
@@ -30,27 +57,27 @@ class SharedFields(BaseModel):
     prompt: str = Field(min_length=1, max_length=1_000_000)
     model: str | None = Field(default=None, max_length=512)
     negative_prompt: str | None = Field(default=None, max_length=1_000_000)
-    num_inference_steps: int | None = Field(default=None, ge=1, le=200)
-    guidance_scale: float | None = Field(default=None, ge=0.0, le=20.0, allow_inf_nan=False)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    num_inference_steps: Int | None = Field(default=None, ge=1, le=200)
+    guidance_scale: Float | None = Field(default=None, ge=0.0, le=20.0, allow_inf_nan=False)
+    seed: Int | None = Field(default=None, ge=0, le=MAX_SEED)
     lora: Lora | None = None
     model_params: dict[str, Any] | None = None
     extra_params: dict[str, Any] | None = None
-    flow_shift: float | None = Field(default=None, gt=0.0, le=100.0, allow_inf_nan=False)
-    timeout_s: float | None = Field(default=None, gt=0.0, le=30 * 24 * 3600.0, allow_inf_nan=False)
+    flow_shift: Float | None = Field(default=None, gt=0.0, le=100.0, allow_inf_nan=False)
+    timeout_s: Float | None = Field(default=None, gt=0.0, le=30 * 24 * 3600.0, allow_inf_nan=False)
     user: str | None = Field(default=None, max_length=256)
 
 
 class ImageGenerationRequest(SharedFields):
     """``POST /v1/images/generations`` (§7.1)."""
 
-    n: int = Field(default=1, ge=1, le=10)
+    n: Int = Field(default=1, ge=1, le=10)
     size: str = Field(default="auto", pattern=SIZE_PATTERN)
     response_format: str | None = Field(default="b64_json", max_length=64)
     output_format: Literal["png", "jpeg", "webp"] = "png"
-    output_compression: int | None = Field(default=None, ge=0, le=100)
-    stream: bool = False
-    partial_images: int = Field(default=0, ge=0, le=3)
+    output_compression: Int | None = Field(default=None, ge=0, le=100)
+    stream: Bool = False
+    partial_images: Int = Field(default=0, ge=0, le=3)
     quality: str | None = Field(default=None, max_length=64)  # draft | standard | high | auto (= standard)
     # OpenAI fields omnicore does not implement: accepted only at their neutral value.
     style: str | None = Field(default=None, max_length=64)
@@ -102,10 +129,10 @@ class VideoCreateRequest(SharedFields):
         if value is None or type(value) is int or (isinstance(value, str) and value.strip().isdigit()):
             return value
         raise ValueError(f"must be a whole number of seconds (e.g. 4 or \"4\"), got {value!r}")
-    num_frames: int | None = Field(default=None, ge=1, le=100_000)
+    num_frames: Int | None = Field(default=None, ge=1, le=100_000)
     size: str | None = Field(default=None, pattern=SIZE_PATTERN)
-    fps: int | None = Field(default=None, ge=1, le=240)
-    generate_audio: bool | None = None
+    fps: Int | None = Field(default=None, ge=1, le=240)
+    generate_audio: Bool | None = None
     input_reference: ImageReference | None = None
     last_frame: ImageReference | None = None
     reference_images: list[ImageReference] | None = Field(default=None, max_length=64)
