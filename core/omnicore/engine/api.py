@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -229,8 +230,11 @@ class Engine:
                 self.scheduler.add(job, key=key, size=prepared.params.num_outputs, quality=prepared.quality)
                 self._cond.notify_all()
         except BaseException as exc:
-            job.finish("failed", error=exc)
-            raise
+            err = _as_requested(exc, request)
+            job.finish("failed", error=err)
+            if err is exc:
+                raise
+            raise err from exc
         job.emit("queued")
         return job
 
@@ -365,6 +369,19 @@ def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (),
 def _resolve_once(done: asyncio.Future[None]) -> None:
     """Complete ``done`` unless it already is (called on the event loop's thread)."""
     if not done.done():
+def _as_requested(exc: BaseException, request: GenerationRequest) -> BaseException:
+    """A sampling value the model's ``preprocess`` resolved out of range (LingBot rounds ``num_frames`` 100000 up
+    to 100001 on its 4k+1 grid) is reported with the value the caller sent, not only the resolved one."""
+    if not isinstance(exc, InvalidRequest) or not exc.field.startswith("params."):
+        return exc
+    asked = getattr(request.params, exc.field[len("params."):], None)
+    got = re.search(r"got (-?\d+(?:\.\d+)?)$", exc.rule)
+    if asked is None or isinstance(asked, bool) or got is None or float(got.group(1)) == asked:
+        return exc
+    return InvalidRequest(exc.field, f"{exc.rule}, which the model resolved from the requested {asked}",
+                          code=getattr(exc, "code", None))
+
+
         done.set_result(None)
 
 
