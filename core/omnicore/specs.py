@@ -68,6 +68,8 @@ class InputRole:
     description: str = ""
     max_duration_s: float | None = None
     min_duration_s: float | None = None
+    # the model's modes that use this role (so a deployment serving none of them can say so up front); (): any
+    modes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def to_json(self) -> dict[str, Any]:
         return {"role": self.role, "kinds": list(self.kinds), "max_count": self.max_count,
@@ -149,6 +151,8 @@ class PresetSpec:
     builder: str = attrs.field(validator=_check_path)
     description: str = ""
     defaults: RequestDefaults | None = None
+    # the model's modes this checkpoint serves (e.g. one partition of a model); None: all of them
+    modes: tuple[str, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
 
 
 OPTION_TYPES = ("str", "int", "float", "bool", "path")
@@ -173,10 +177,19 @@ class ModelOption:
     choices: tuple[Any, ...] | None = attrs.field(default=None,
                                                   converter=lambda v: None if v is None else tuple(v))
     help: str = ""
+    # For a per-request field (``ModelSpec.request_fields``): the modes in which a request must give it, unless
+    # it gives every request parameter named in ``unless`` (e.g. an explicit height and width); ``example`` is a
+    # value that works, for the server's printed example request and the CLI's messages.
+    required_for: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    unless: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    example: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "default": self.default,
-                "choices": None if self.choices is None else list(self.choices), "help": self.help}
+        out = {"name": self.name, "type": self.type, "default": self.default,
+               "choices": None if self.choices is None else list(self.choices), "help": self.help}
+        if self.required_for:
+            out.update(required_for=list(self.required_for), unless=list(self.unless), example=self.example)
+        return out
 
 
 @attrs.frozen

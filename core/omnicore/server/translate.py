@@ -8,13 +8,12 @@ never fails later for a reason the client could have been told up front.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ..engine.request import QUALITIES, GenerationRequest, MediaInput, SamplingParams
+from ..engine.request import QUALITIES, GenerationRequest, MediaInput, SamplingParams, random_seed
 from .errors import ApiError
 from .schemas import ImageGenerationRequest, SharedFields, VideoCreateRequest
 from .settings import ServerSettings
@@ -163,7 +162,7 @@ def _shared(dto: SharedFields, served: ServedModel, settings: ServerSettings, ta
     # no seed: the model's default seed when it declares one (RequestDefaults.seed), else a random one
     default_seed = getattr(served.defaults, "seed", None)
     seed = dto.seed if dto.seed is not None else default_seed if default_seed is not None \
-        else random.randrange(0, 2**31)
+        else random_seed(getattr(dto, "n", 1))  # the engine's one seed range [0, MAX_SEED]
     return {"extra": dict(dto.model_params or dto.extra_params or {}), "seed": seed,
             "quality": parse_quality(getattr(dto, "quality", None))}
 

@@ -29,11 +29,11 @@ MODES = ("t2va", "fl2va", "ref2va")
 #: Conditioning roles (COORD interface A). The first role taking a kind is that kind's default role, so a bare
 #: ``images=[...]`` is a first keyframe (fl2va) and bare videos/audios are references (ref2va), as §1.1 infers.
 INPUT_ROLES = (
-    InputRole("first_frame", ("image",), 1, "fl2va: the keyframe the video starts from"),
-    InputRole("last_frame", ("image",), 1, "fl2va: the keyframe the video ends on"),
+    InputRole("first_frame", ("image",), 1, "fl2va: the keyframe the video starts from", modes=("fl2va",)),
+    InputRole("last_frame", ("image",), 1, "fl2va: the keyframe the video ends on", modes=("fl2va",)),
     InputRole("reference", ("image", "video", "audio"), 12,
               "ref2va: up to 9 images, 3 videos (with their soundtracks) and 3 audio clips, in the order the model "
-              "reads them"),
+              "reads them", modes=("ref2va",)),
 )
 
 CAPABILITIES = ModelCapabilities(
@@ -65,10 +65,10 @@ PRESETS = (
     PresetSpec(name="tiny:minimax-h3", builder="omni_minimax_h3.presets:build_tiny_fl2va",
                description="random-weight FL2VA partition (t2va, fl2va): DiT hidden 64 x 2 blocks, 51-layer "
                            "hidden-32 Qwen3-VL, tiny video and audio VAEs, 64-pixel canvas",
-               defaults=TINY_DEFAULTS),
+               defaults=TINY_DEFAULTS, modes=("t2va", "fl2va")),
     PresetSpec(name="tiny:minimax-h3-ref2va", builder="omni_minimax_h3.presets:build_tiny_ref2va",
                description="random-weight Ref2VA partition (ref2va only), same components as tiny:minimax-h3",
-               defaults=TINY_DEFAULTS),
+               defaults=TINY_DEFAULTS, modes=("ref2va",)),
 )
 
 OPTIONS = (
@@ -81,7 +81,8 @@ OPTIONS = (
 REQUEST_FIELDS = (
     ModelOption("aspect_ratio", "str", default=None, choices=tuple(ASPECT_RATIOS),
                 help="canvas aspect ratio: required for t2va (an explicit size then wins); fl2va defaults to the "
-                     "first keyframe's ratio, ref2va to 16:9"),
+                     "first keyframe's ratio, ref2va to 16:9",
+                required_for=("t2va",), unless=("height", "width"), example="16:9"),
     ModelOption("task", "str", default=None, choices=MODES,
                 help="t2va, fl2va or ref2va; default: inferred from the conditioning inputs"),
 )
