@@ -145,6 +145,9 @@ class MiniMaxH3Pipeline(BasePipeline):
         # [real | pad] documents padded to 64 rows keep shapes steady on accelerators (graphs, compiled kernels);
         # on the CPU padding is only extra attention work, so requests pack unpadded there.
         self.seq_align = 1 if self.device.type == "cpu" else SEQ_ALIGN
+        from .adaln_routing import PartitionAdaLN
+
+        self._adaln_router = PartitionAdaLN(transformers) if len(transformers) > 1 else None
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -435,8 +438,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         ts = ex["steps"][step]
         dit = self.dit_for(state)
         kwargs: dict[str, Any] = {}
-        if STATE_STEP_KEY in ex and dit.adaln is self.adaln_schedule:
-            kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]  # (a combined deployment's Ref2VA DiT runs direct)
+        if STATE_STEP_KEY in ex:  # the adaln_schedule method prepared this batch's DiT (its own tables)
+            kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]
         elif "t_embs" in ex:
             kwargs["time_embedding"] = ex["t_embs"][step]
         video, audio = state.latents
@@ -459,15 +462,21 @@ class MiniMaxH3Pipeline(BasePipeline):
 
     # ------------------------------------------------------------------------------------------ caches
     def adaln_schedule_plan(self, state: DenoiseState) -> tuple[list[torch.Tensor], Any]:
-        """The batch's per-step distinct timesteps (known before the loop) and their exact-bits key."""
+        """The batch's per-step distinct timesteps (known before the loop), tagged with the partition whose DiT
+        runs them, and their exact-bits key."""
+        from .adaln_routing import PartitionPlan
+
         steps = state.extras["steps"]
-        return [s.unique_timesteps for s in steps], state.extras["adaln_key"]
+        return PartitionPlan([s.unique_timesteps for s in steps], state.extras["partition"]), state.extras["adaln_key"]
 
     @property
     def adaln_schedule(self) -> Any:
-        """The AdaLN controller of the served DiT. A combined deployment caches its FL2VA DiT only (the core's
-        method holds one controller): Ref2VA batches there run the direct projections."""
-        return self.transformers.get("fl2va", next(iter(self.transformers.values()))).adaln
+        """The AdaLN controller of the deployment: the DiT's own, or on a combined deployment one that sends each
+        batch's schedule to its partition's DiT (:mod:`omni_minimax_h3.adaln_routing`), so each DiT keeps its own
+        tables and alternating tasks do not rebuild each other's."""
+        if self._adaln_router is not None:
+            return self._adaln_router
+        return next(iter(self.transformers.values())).adaln
 
     @property
     def block_loop(self) -> Any:

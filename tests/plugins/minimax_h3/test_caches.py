@@ -180,14 +180,27 @@ def test_combined_deployment_runs_ref2va_uncached(combined, caplog):
     assert "runs without TeaCache" in caplog.text
 
 
-def test_combined_deployment_adaln_cache_covers_fl2va_and_leaves_ref2va_direct(combined):
-    """The core's method holds one controller (the FL2VA DiT's): Ref2VA batches run the direct projections and
-    still equal their uncached run; FL2VA batches get the tables."""
+def test_combined_deployment_keeps_one_table_set_per_dit_when_tasks_alternate(combined, monkeypatch):
+    """Alternating t2va (FL2VA DiT) and ref2va (Ref2VA DiT) batches build each DiT's tables once: the single
+    controller the core's method holds used to be the FL2VA DiT's, so every Ref2VA batch rebuilt (and evicted) the
+    FL2VA tables and every FL2VA batch rebuilt them again (4 builds here, and Ref2VA always ran direct). Outputs
+    stay bit-identical to uncached runs."""
     from _h3_helpers import image, reference, request, run
     from omnicore.cache.adaln_schedule import apply_adaln_schedule
 
     ref2va = request(num_inference_steps=2, extra={}, inputs=(reference("image", image(320, 256)),))
-    _, (plain,) = run(combined, ref2va)
+    t2va = request(num_inference_steps=2)
+    _, (plain_ref,) = run(combined, ref2va)
+    _, (plain_t2va,) = run(combined, t2va)
+    builds = {"fl2va": 0, "ref2va": 0}
+    for part, dit in combined.transformers.items():
+        original = dit.adaln._build
+
+        def counted(*args, _part=part, _original=original, **kwargs):
+            builds[_part] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(dit.adaln, "_build", counted)
     host = PluginHost(Settings(), autoload=False)
     combined.host = host
     handle = apply_adaln_schedule(combined, {"offload_weights": True})
@@ -198,13 +211,18 @@ def test_combined_deployment_adaln_cache_covers_fl2va_and_leaves_ref2va_direct(c
                 state = host.pm.hook.omnicore_denoise(pipeline=combined, state=state, step=step)
             return combined.decode(state)[0]
 
-        assert same(hooked(ref2va), plain)
-        assert combined.transformer_ref.adaln.cache is None
-        hooked(request(num_inference_steps=2))
-        assert combined.transformer.adaln.cache is not None
+        for _ in range(2):
+            assert same(hooked(t2va), plain_t2va)
+            assert same(hooked(ref2va), plain_ref)
+        assert builds == {"fl2va": 1, "ref2va": 1}
+        fl2va_cache, ref2va_cache = combined.transformer.adaln.cache, combined.transformer_ref.adaln.cache
+        assert fl2va_cache is not None and ref2va_cache is not None and fl2va_cache.key != ref2va_cache.key
+        assert fl2va_cache.offloaded_projection_bytes > 0 and ref2va_cache.offloaded_projection_bytes > 0
     finally:
         handle.remove()
         combined.host = None
+    assert combined.transformer.adaln.cache is None and combined.transformer_ref.adaln.cache is None
+    assert all(not p.offloaded for p in combined.adaln_schedule.projections)  # remove() restored both DiTs
 
 
 def test_model_offload_is_exact_and_frees_the_dit_between_forwards(settings, reference):
