@@ -23,6 +23,7 @@ from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, ou
 from omnicore.engine.request import GenerationRequest, random_seed
 from omnicore.errors import ConfigError, InvalidRequest, UnsupportedFeature
 from omnicore.outputs.output import Output
+from omnicore.plugin import fast_path_gate
 from omnicore.specs import AttentionRequirement
 
 from .config import ConfigFileError, GenerationConfig, HunyuanConfig
@@ -32,6 +33,9 @@ from .loader import PLUGIN, CheckpointError, load_state
 from .model import CondFeatures, HunyuanImage3, PrefixKV
 from .plugin import MODEL_SPEC
 from .request_rules import (
+    PROMPT_FIELDS,
+    check_extra,
+    check_prompt_mapping,
     normalize_bot_task,
     normalize_cot,
     parse_kv_mode,
@@ -41,12 +45,11 @@ from .request_rules import (
 )
 from .sampler import GRIDS, euler_step, guide, initial_noise, model_timesteps, sigmas
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
+from .vae import install_fast_paths as install_vae_fast_paths
 from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
 
 MODES = ("t2i", "edit")
-#: Fields a prompt mapping may carry (the request's ``extra`` wins when both set one).
-PROMPT_FIELDS = ("bot_task", "use_system_prompt", "system_prompt", "ar_generated_text", "sequence_template",
-                 "drop_think", "guidance_rescale")
+__all__ = ["PROMPT_FIELDS", "HunyuanImage3Pipeline", "Resolved"]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -122,6 +125,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         load_state(model, root)
         model.to(device=device, dtype=dtype).eval()
         model.vae.float()
+        install_vae_fast_paths(model.vae, options.platform.ops)  # run only for quality="high" requests
         tokenizer = HunyuanTokenizer.from_dir(root, config.image_base_size)
         return cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,
                    kv_block_size=int(opts.get("kv_block_size") or 16),
@@ -131,6 +135,10 @@ class HunyuanImage3Pipeline(BasePipeline):
                    vae_decode_precision=getattr(options, "vae_decode_precision", None))
 
     # ------------------------------------------------------------------------------------------ admission
+    def fast_path_gates(self) -> list[Any]:
+        """The VAE's request gate: the engine turns it on around ``quality="high"`` batches only."""
+        return [fast_path_gate(self.model.vae)]
+
     @property
     def vit_processor(self) -> Any:
         if self._vit_processor is None:
@@ -139,6 +147,7 @@ class HunyuanImage3Pipeline(BasePipeline):
 
     def resolve(self, request: GenerationRequest) -> tuple[Resolved, dict[str, Any]]:
         """The request's mode, layout spec and sampling values (no model work)."""
+        check_extra(request.extra)
         ex = dict(request.extra)
         prompt = request.prompt
         if isinstance(prompt, Mapping):
@@ -146,6 +155,7 @@ class HunyuanImage3Pipeline(BasePipeline):
             text = prompt.get("prompt")
             if not isinstance(text, str) or not text.strip():
                 raise InvalidRequest("prompt.prompt", "a prompt mapping needs a non-empty 'prompt' string")
+            check_prompt_mapping(prompt)
             for key in PROMPT_FIELDS:
                 if key in prompt and key not in ex:
                     ex[key] = prompt[key]
@@ -172,13 +182,14 @@ class HunyuanImage3Pipeline(BasePipeline):
         buckets = self.tokenizer.buckets
         p = request.params
         height, width = p.height, p.width
+        explicit = height is not None or width is not None  # a size the client set is never changed silently
         if height is None or width is None:
             if images:
                 default_h, default_w = images[0].height, images[0].width
             else:
                 default_h = default_w = self.config.image_base_size
             height, width = height or default_h, width or default_w
-        bucket = snap_size(height, width, buckets, self.config.vae_downsample_factor[0])
+        bucket = snap_size(height, width, buckets, self.config.vae_downsample_factor[0], explicit=explicit)
         guidance, cfg_factor = resolve_guidance(p.guidance_scale, self.config.cfg_distilled)
         rescale = ex.get("guidance_rescale", 0.0)
         if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0.0 <= rescale <= 1.0:

@@ -1,5 +1,10 @@
 """Request rules (models.md §3.1, §3.2; seed-contracts §5.4, §5.6): ``bot_task``, CoT text, guidance, sizes,
-KV mode. Pure functions raising typed errors that name the field.
+KV mode, the accepted model-specific fields. Pure functions raising typed errors that name the field.
+
+Nothing a client set is changed or dropped silently: a model-specific field this model does not know is refused
+(``unknown_parameter``), and an explicit size that is not one of the model's resolution buckets is refused naming
+the nearest buckets (the reference snaps it to the nearest-ratio bucket without saying so). Only a size the client
+left out (the base size, or an edit's input image size) is snapped; the size used is reported with the result.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ from .buckets import Bucket, ResolutionGroup
 BOT_TASKS = ("auto", "image", "think", "recaption", "img_ratio")
 BOT_TASK_ALIASES = {"think_recaption": "think", "vanilla": "image"}
 DEFAULT_GUIDANCE = 5.0
+
+#: Fields a prompt mapping may carry besides ``prompt`` (the request's ``extra`` wins when both set one).
+PROMPT_FIELDS = ("bot_task", "use_system_prompt", "system_prompt", "ar_generated_text", "sequence_template",
+                 "drop_think", "guidance_rescale")
+#: Model-specific request fields (``GenerationRequest.extra``, HTTP ``model_params``); anything else is refused.
+EXTRA_FIELDS = ("mode", *PROMPT_FIELDS)
+UNKNOWN = "unknown_parameter"  # the HTTP error code of a field this model does not take
 
 KV_MODES = ("dense_legacy", "paged_worker_local", "paged_scheduler")
 KV_MODE_RESERVED = "paged_worker_local"
@@ -79,15 +91,46 @@ def resolve_system_prompt(extra: Mapping[str, Any], default_name: str | None) ->
     return SYSTEM_PROMPTS[name]
 
 
-def snap_size(height: int, width: int, buckets: ResolutionGroup, factor: int = 16) -> Bucket:
+def check_extra(extra: Mapping[str, Any]) -> None:
+    """Refuse a model-specific field this model does not take (it would otherwise be dropped silently)."""
+    unknown = sorted(set(extra) - set(EXTRA_FIELDS))
+    if unknown:
+        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown HunyuanImage-3 field {unknown[0]!r}; accepted: "
+                                                    f"{', '.join(EXTRA_FIELDS)}", code=UNKNOWN)
+
+
+def check_prompt_mapping(prompt: Mapping[str, Any]) -> None:
+    """A prompt mapping holds ``prompt`` and the :data:`PROMPT_FIELDS`; any other key is refused."""
+    unknown = sorted(set(prompt) - {"prompt", *PROMPT_FIELDS})
+    if unknown:
+        raise InvalidRequest(f"prompt.{unknown[0]}", f"unknown key {unknown[0]!r} in the prompt mapping; accepted: "
+                                                     f"prompt, {', '.join(PROMPT_FIELDS)}", code=UNKNOWN)
+
+
+def nearest_sizes(height: int, width: int, buckets: ResolutionGroup, factor: int = 16, count: int = 3) -> list[Bucket]:
+    """Up to ``count`` usable buckets (sides divisible by ``factor``) closest to ``height/width`` in ratio, then
+    in area."""
+    ratio, area = height / width, height * width
+    usable = [b for b in buckets.buckets if not (b.height % factor or b.width % factor)]
+    return sorted(usable, key=lambda b: (abs(b.ratio - ratio), abs(b.height * b.width - area), b.index))[:count]
+
+
+def snap_size(height: int, width: int, buckets: ResolutionGroup, factor: int = 16, *,
+              explicit: bool = False) -> Bucket:
     """The nearest-ratio bucket; a ratio beyond the most extreme buckets, or a bucket the latent grid cannot
-    tile, is an error naming ``params.height``."""
+    tile, is an error naming ``params.height``. With ``explicit`` (the client set the size) the size must *be* a
+    bucket: anything else is refused naming the nearest buckets, never resized silently."""
     lo, hi = buckets.ratio_range
     ratio = height / width
     if not lo - 1e-9 <= ratio <= hi + 1e-9:
         raise InvalidRequest("params.height", f"{width}x{height} (height/width {ratio:.3f}) is outside the model's "
                                               f"resolution buckets (height/width from {lo:.3f} to {hi:.3f})")
     bucket = buckets.nearest(height, width)
+    if explicit and (bucket.height, bucket.width) != (height, width):
+        near = " or ".join(f"{b.width}x{b.height}" for b in nearest_sizes(height, width, buckets, factor))
+        raise InvalidRequest("params.height", f"{width}x{height} is not one of this model's sizes (HunyuanImage-3 "
+                                              f"generates at {len(buckets)} fixed resolution buckets of base "
+                                              f"{buckets.base_size}); nearest: {near}")
     if bucket.height % factor or bucket.width % factor:
         raise InvalidRequest("params.height", f"{width}x{height} snaps to bucket {bucket.width}x{bucket.height}, "
                                               f"which is not a multiple of {factor}; this checkpoint's base size "

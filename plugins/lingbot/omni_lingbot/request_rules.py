@@ -339,7 +339,8 @@ class LowNoiseOptions:
 def check_extra(extra: Mapping[str, Any]) -> None:
     unknown = sorted(set(extra) - set(EXTRA_FIELDS))
     if unknown:
-        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown LingBot field; accepted: {', '.join(EXTRA_FIELDS)}")
+        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown LingBot field; accepted: {', '.join(EXTRA_FIELDS)}",
+                             code="unknown_parameter")  # the HTTP code for an unknown model_params key
 
 
 def resolve_low_noise(extra: Mapping[str, Any]) -> LowNoiseOptions:

@@ -256,6 +256,12 @@ def test_resolve_request_errors(kwargs, gist, field):
     assert info.value.field == field
 
 
+def test_unknown_extra_field_carries_the_unknown_parameter_code():
+    with pytest.raises(InvalidRequest) as info:
+        _resolve(extra={"foo": 1})
+    assert info.value.field == "extra.foo" and info.value.code == "unknown_parameter"
+
+
 def test_text_to_image_request():
     r = _resolve(modalities=("image",), width=320, height=192)
     assert (r.mode, r.num_frames, r.height, r.width) == ("t2i", 1, 192, 320)
