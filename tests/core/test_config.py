@@ -100,6 +100,7 @@ def test_server_settings_are_derived_from_the_server_options(tmp_path):
     assert ss.api_keys == ("k1", "k2") and ss.max_work == 5 and ss.state_dir == core.state_path
     admin = server_settings_from(resolve_settings({"admin_api_key": ["boss-key"]}, env={}))
     assert admin.admin_api_keys == ("boss-key",) and "boss-key" not in repr(admin)  # keys never in a repr
+    assert admin.api_keys == ("boss-key",)  # an admin key is an accepted key: auth is on
     with pytest.raises(TypeError, match="unknown setting"):
         ServerSettings(state_dir=tmp_path, max_num_seqs=2)  # an engine setting, not the server's
 

@@ -173,3 +173,10 @@ def test_a_key_in_the_query_string_is_redacted_from_the_access_log(make_server):
     assert all(KEY_A not in line for line in lines), lines
     assert "limit=2&token=REDACTED" in lines[1] and "order=asc" in lines[3]
     assert redact_query("/v1/videos?limit=2") == "/v1/videos?limit=2"
+
+
+def test_an_admin_key_alone_turns_auth_on(make_server):
+    srv = make_server(admin_api_keys=(ADMIN,))
+    assert httpx.get(srv.url + "/v1/videos").status_code == 401
+    with _client(srv, ADMIN) as admin:
+        assert admin.get("/v1/videos").status_code == 200

@@ -47,8 +47,11 @@ class ServerSettings:
             raise ConfigError("heartbeat_interval_s", f"must be > 0 (it paces heartbeats, liveness checks and "
                                                       f"expiry), got {merged['heartbeat_interval_s']!r}")
         object.__setattr__(self, "state_dir", Path(state_dir))
-        object.__setattr__(self, "api_keys", tuple(api_keys))
-        object.__setattr__(self, "admin_api_keys", tuple(k for k in admin_api_keys if k))
+        admin = tuple(dict.fromkeys(k for k in admin_api_keys if k))
+        # api_keys: every key the server accepts (admin keys too, so "auth is on" is one test); admin_api_keys:
+        # the subset that sees every key's jobs
+        object.__setattr__(self, "api_keys", tuple(dict.fromkeys((*api_keys, *admin))))
+        object.__setattr__(self, "admin_api_keys", admin)
         object.__setattr__(self, "_values", {name: merged[name] for name in SERVER_OPTIONS})
 
     def __getattr__(self, name: str) -> Any:
