@@ -24,6 +24,7 @@ from ..errors import EngineClosed, InvalidRequest, PluginError, UnsupportedFeatu
 from ..offload.policy import OFFLOAD_MODES, apply_offload
 from ..parallel.config import ParallelConfig
 from ..parallel.launch import start_group
+from ..regional_compile import RegionalCompile, apply_regional_compile, check_compile, normalize_compile, outside_graph
 from .inputs import check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
@@ -92,6 +93,9 @@ class Engine:
         worker processes on ``torch.distributed`` (see :mod:`omnicore.parallel`); this process is rank 0. Under
         ``torchrun`` the other ranks serve the group from inside ``Engine(...)`` and exit when it closes. Workers
         are spawned, so they import the caller's main module: scripts guard it with ``if __name__ == "__main__"``.
+    :param compile: ``True``/``"blocks"``: regional ``torch.compile`` of the model's repeated blocks (one compiled
+        graph per block class, see :mod:`omnicore.regional_compile`); ``"blocks-cudagraphs"`` adds CUDA graphs (cuda
+        platform only). Refused with offload and ``parallel``, before anything loads.
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """
@@ -100,7 +104,7 @@ class Engine:
                  settings: Settings | None = None, platform: str | Platform | None = None,
                  cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
                  model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None,
-                 parallel: Any = None) -> None:
+                 parallel: Any = None, compile: bool | str = False) -> None:
         if host is None:
             from ..plugins.host import default_host
 
@@ -110,6 +114,7 @@ class Engine:
         if offload not in OFFLOAD_MODES:
             raise InvalidRequest("offload", f"must be one of {list(OFFLOAD_MODES)}, got {offload!r}")
         self.parallel = ParallelConfig.parse(parallel)  # a malformed layout fails before anything loads
+        self.compile_mode = normalize_compile(compile)
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
         host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
         self.platform = _instantiate_platform(host, platform)
@@ -118,6 +123,8 @@ class Engine:
             host.require_loaded(self.resolved.spec.provider)
         method_specs = host.check_cache_methods([m for m, _ in methods], self.resolved.spec)  # before loading
         host.check_model_platform(self.resolved.spec, self.platform.name)  # before any weight is read
+        check_compile(self.compile_mode, model=self.resolved.spec.name, platform=self.platform.name, offload=offload,
+                      parallel=self.parallel.enabled)
         _check_forced_attention(self.resolved.spec, self.settings.attention_backend or host.settings.attention_backend)
         self.model_options = resolve_model_options(self.resolved.spec, model_options)
         options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),
@@ -142,11 +149,15 @@ class Engine:
             self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
         self.offload_handles: list[Any] = []
         self.cache_handles: list[Any] = []
+        self.compile_handle: RegionalCompile | None = None
         try:
             self.offload_handles = apply_offload(self.pipeline, offload, self.platform.device(),
                                                  cache_methods=[s.name for s in method_specs])
             for spec, (_, cfg) in zip(method_specs, methods):
                 self.cache_handles.append(host.enable_cache(self.pipeline, spec, cfg))
+            if self.compile_mode != "none":  # last: caches and hooks are in place around the compiled blocks
+                self.compile_handle = apply_regional_compile(self.pipeline, self.compile_mode,
+                                                             log_recompiles=logger.isEnabledFor(logging.INFO))
         except BaseException:  # leave the host's hooks and the weights as they were
             self._remove_handles()
             if self.group is not None:
@@ -186,7 +197,8 @@ class Engine:
 
     def _attention(self, requirement: Any) -> Any:
         self._attention_requests += 1
-        return self.host.select_attention(requirement).load_impl()
+        impl = self.host.select_attention(requirement).load_impl()
+        return impl if self.compile_mode == "none" else outside_graph(impl)
 
     # ------------------------------------------------------------------ admission
     def submit(self, request: GenerationRequest, *, on_event: Listener | None = None,
@@ -218,8 +230,11 @@ class Engine:
             check_limits(prepared, WorkLimits.of_model(self.spec), limits)
             key = self.pipeline.batch_key(prepared)
         except BaseException as exc:
-            job.finish("failed", error=exc)
-            raise
+            err = _as_requested(exc, request)
+            job.finish("failed", error=err)
+            if err is exc:
+                raise
+            raise err from exc
         job.request = prepared
         job.metrics["preprocess_s"] = time.perf_counter() - t
         job.admitted_at = time.perf_counter()
@@ -230,11 +245,8 @@ class Engine:
                 self.scheduler.add(job, key=key, size=prepared.params.num_outputs, quality=prepared.quality)
                 self._cond.notify_all()
         except BaseException as exc:
-            err = _as_requested(exc, request)
-            job.finish("failed", error=err)
-            if err is exc:
-                raise
-            raise err from exc
+            job.finish("failed", error=exc)
+            raise
         job.emit("queued")
         return job
 
@@ -335,9 +347,12 @@ class Engine:
         return stopped
 
     def _remove_handles(self) -> None:
-        """Undo cache methods (newest first, restoring weights they offloaded), then weight offload."""
+        """Undo compilation, then cache methods (newest first, restoring weights they offloaded), then weight
+        offload."""
         handles = [*reversed(self.cache_handles), *reversed(self.offload_handles)]
-        self.cache_handles, self.offload_handles = [], []
+        if self.compile_handle is not None:
+            handles.insert(0, self.compile_handle)
+        self.cache_handles, self.offload_handles, self.compile_handle = [], [], None
         for handle in handles:
             remove = getattr(handle, "remove", None)
             if callable(remove):
@@ -351,6 +366,19 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"Engine({self.spec.name!r}, source={self.resolved.source}, closed={self._closed})"
+
+
+def _as_requested(exc: BaseException, request: GenerationRequest) -> BaseException:
+    """A sampling value the model's ``preprocess`` resolved out of range (LingBot rounds ``num_frames`` 100000 up
+    to 100001 on its 4k+1 grid) is reported with the value the caller sent, not only the resolved one."""
+    if not isinstance(exc, InvalidRequest) or not exc.field.startswith("params."):
+        return exc
+    asked = getattr(request.params, exc.field[len("params."):], None)
+    got = re.search(r"got (-?\d+(?:\.\d+)?)$", exc.rule)
+    if asked is None or isinstance(asked, bool) or got is None or float(got.group(1)) == asked:
+        return exc
+    return InvalidRequest(exc.field, f"{exc.rule}, which the model resolved from the requested {asked}",
+                          code=getattr(exc, "code", None))
 
 
 def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (), videos: Sequence[Any] = (),
@@ -369,19 +397,6 @@ def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (),
 def _resolve_once(done: asyncio.Future[None]) -> None:
     """Complete ``done`` unless it already is (called on the event loop's thread)."""
     if not done.done():
-def _as_requested(exc: BaseException, request: GenerationRequest) -> BaseException:
-    """A sampling value the model's ``preprocess`` resolved out of range (LingBot rounds ``num_frames`` 100000 up
-    to 100001 on its 4k+1 grid) is reported with the value the caller sent, not only the resolved one."""
-    if not isinstance(exc, InvalidRequest) or not exc.field.startswith("params."):
-        return exc
-    asked = getattr(request.params, exc.field[len("params."):], None)
-    got = re.search(r"got (-?\d+(?:\.\d+)?)$", exc.rule)
-    if asked is None or isinstance(asked, bool) or got is None or float(got.group(1)) == asked:
-        return exc
-    return InvalidRequest(exc.field, f"{exc.rule}, which the model resolved from the requested {asked}",
-                          code=getattr(exc, "code", None))
-
-
         done.set_result(None)
 
 
