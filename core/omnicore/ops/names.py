@@ -12,4 +12,5 @@ OP_NAMES: tuple[str, ...] = (
     "group_norm_silu",
     "rms_norm_silu",
     "swiglu",
+    "upsample2x_conv",
 )

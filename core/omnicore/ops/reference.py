@@ -109,7 +109,17 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def upsample2x_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    padding: int = 1) -> torch.Tensor:
+    """A 2x nearest upsample of ``x [N, C, H, W]`` followed by ``conv2d(weight, bias, stride 1, padding)``, as in
+    VAE decoder up-blocks (diffusers' Wan ``upsample2d``/``upsample3d`` resample: ``nearest-exact`` at scale 2
+    picks the same source pixels as ``nearest``). Fused kernels compute it without materialising the upsampled
+    image (a 3x3 kernel over the 2x image is a 2x2 kernel per output phase over the original one)."""
+    up = F.interpolate(x, scale_factor=2.0, mode="nearest")
+    return F.conv2d(up, weight, bias, padding=padding)
+
+
 __all__ = [
     "gated_residual", "gated_residual_norm_modulate", "group_norm_silu", "modulate", "rms_norm", "rms_norm_silu",
-    "rope_rotate_half", "swiglu",
+    "rope_rotate_half", "swiglu", "upsample2x_conv",
 ]

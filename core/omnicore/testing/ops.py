@@ -70,6 +70,10 @@ def op_cases(op: str, dtype: Any, device: Any, seed: int = 0) -> Iterator[Case]:
     elif op == "swiglu":
         yield "3d", (t(2, 17, 96), t(2, 17, 96)), {}
         yield "2d", (t(33, 128), t(33, 128)), {}
+    elif op == "upsample2x_conv":
+        yield "bias", (t(2, 8, 5, 6), t(12, 8, 3, 3, scale=0.2), t(12)), {}
+        yield "no-bias", (t(1, 16, 4, 3), t(16, 16, 3, 3, scale=0.2), None), {}
+        yield "odd-channels", (t(1, 5, 3, 7), t(3, 5, 3, 3, scale=0.2), t(3)), {"padding": 1}
     else:
         raise KeyError(f"no cases for op {op!r}")
 

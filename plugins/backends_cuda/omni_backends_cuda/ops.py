@@ -16,6 +16,7 @@ from ._triton import kernel_dtype, on_kernel_device
 from .kernels import elementwise, norms
 from .kernels.elementwise import rope_rotate_half, swiglu
 from .kernels.norms import gated_residual_norm_modulate, group_norm_silu, rms_norm, rms_norm_silu
+from .kernels.upsample import upsample2x_conv
 
 #: widest row a one-block-per-row norm kernel takes (fp32 registers per program)
 MAX_ROW = 16384
@@ -130,8 +131,26 @@ def swiglu_applies(gate: Any, up: Any) -> bool:
         and up.is_contiguous() and _ok(gate, up)
 
 
+def upsample2x_conv_applies(x: Any, weight: Any, bias: Any, padding: Any = 1) -> bool:
+    """A 4-D ``x``, a 3x3 ``weight`` over its channels with ``padding=1`` (the Wan VAE's up-sampling conv),
+    ``bias`` None or one value per output channel (contiguous); one device and a kernel dtype for all."""
+    if not (_tensor(x) and _tensor(weight)) or type(padding) is not int or padding != 1:
+        return False
+    if x.dim() != 4 or weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3) or weight.shape[1] != x.shape[1]:
+        return False
+    if not weight.is_contiguous() or weight.dtype != x.dtype:
+        return False
+    tensors = [x, weight]
+    if bias is not None:
+        if not (_tensor(bias) and bias.shape == (weight.shape[0],) and bias.is_contiguous()):
+            return False
+        tensors.append(bias)
+    return _ok(*tensors)
+
+
 __all__ = [
     "elementwise", "gated_residual_norm_modulate", "gated_residual_norm_modulate_applies", "group_norm_silu",
     "group_norm_silu_applies", "norms", "rms_norm", "rms_norm_applies", "rms_norm_silu", "rms_norm_silu_applies",
-    "rope_rotate_half", "rope_rotate_half_applies", "swiglu", "swiglu_applies",
+    "rope_rotate_half", "rope_rotate_half_applies", "swiglu", "swiglu_applies", "upsample2x_conv",
+    "upsample2x_conv_applies",
 ]

@@ -4,6 +4,12 @@
 space-to-channel down/up-sampling whose shortcut averages (down) or repeats (up) channel groups; the encoder's
 output adds a group-mean shortcut and the decoder's input a channel-repeat shortcut. A still image is
 repeated to ``ffactor_temporal`` frames to encode; decoding a one-frame latent keeps the last decoded frame.
+
+Fast paths (``quality="high"`` requests only): :func:`install_fast_paths` runs the decoder's GroupNorm+SiLU pairs
+(every ResNet block's two and the output head's) on the platform's fused ``group_norm_silu`` op, behind the VAE's
+request gate (``omnicore.plugin.fast_path_gate``). Its up-sampling is DC-AE channel-to-space (a conv, then a
+reshuffle), not a nearest upsample, so the fused upsample+conv op does not apply. With the gate off every module
+runs its own forward: the decode is bit-identical to an uninstalled VAE.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from omnicore.plugin import fast_path_gate, install_fast_path
 from torch import nn
 
 
@@ -195,6 +202,49 @@ class Decoder(nn.Module):
             if hasattr(level, "upsample"):
                 h = cast(nn.Module, level.upsample)(h)
         return self.conv_out(F.silu(self.norm_out(h)))
+
+
+def _gn_silu(ops: Any, norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    return cast(torch.Tensor, ops.group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps))
+
+
+def _fast_resnet(ops: Any, block: ResnetBlock) -> Any:
+    """``ResnetBlock.forward`` with each ``silu(norm(x))`` on the fused op."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        h = block.conv1(_gn_silu(ops, block.norm1, x))
+        h = block.conv2(_gn_silu(ops, block.norm2, h))
+        return (x if block.nin_shortcut is None else block.nin_shortcut(x)) + h
+
+    return forward
+
+
+def _fast_decoder(ops: Any, decoder: Decoder) -> Any:
+    """``Decoder.forward`` with the output head's ``silu(norm_out(h))`` on the fused op."""
+    def forward(z: torch.Tensor) -> torch.Tensor:
+        h = decoder.conv_in(z) + z.repeat_interleave(decoder.first // decoder.z_channels, dim=1)
+        h = decoder.mid(h)
+        for level in decoder.up:
+            for block in cast(nn.ModuleList, level.block):
+                h = block(h)
+            if hasattr(level, "upsample"):
+                h = cast(nn.Module, level.upsample)(h)
+        return decoder.conv_out(_gn_silu(ops, decoder.norm_out, h))
+
+    return forward
+
+
+def install_fast_paths(vae: AutoencoderKLConv3D, ops: Any) -> list[str]:
+    """Install the decoder's fast paths behind ``vae``'s gate; returns the names of the modules that got one
+    (idempotent). The encoder is untouched."""
+    gate = fast_path_gate(vae)
+    installed = []
+    for name, module in vae.decoder.named_modules():
+        if isinstance(module, ResnetBlock):
+            install_fast_path(module, _fast_resnet(ops, module), gate)
+            installed.append(f"decoder.{name}")
+    install_fast_path(vae.decoder, _fast_decoder(ops, vae.decoder), gate)
+    installed.append("decoder")
+    return installed
 
 
 class AutoencoderKLConv3D(nn.Module):

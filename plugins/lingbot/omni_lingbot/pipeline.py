@@ -126,7 +126,7 @@ class LingBotPipeline(BasePipeline):
         prompts = load_prompt_texts(root, getattr(options, "model_options", None))
         text_encoder = LingBotTextEncoder.from_pretrained(root / "text_encoder", root / "processor",
                                                           device=device, dtype=dtype, template=prompts.template)
-        vae = LingBotVAE.from_pretrained(root / "vae", device=device)
+        vae = LingBotVAE.from_pretrained(root / "vae", device=device, ops=options.platform.ops)
         scheduler_config = read_scheduler_config(root / "scheduler" / "scheduler_config.json")
         pipeline = cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
                        refiner=refiner, prompts=prompts)

@@ -5,6 +5,11 @@ VAE and [0, 1] everywhere else in the plugin.
 
 Tiling (models.md §2.7) is a per-call setting: :meth:`LingBotVAE.tiling` switches diffusers' tiled encode/decode on
 for one request and restores the previous state afterwards, so one request's choice never leaks into the next.
+
+Fast paths (``quality="high"`` requests only): :func:`install_fast_paths` puts the decoder's channel-RMSNorm+SiLU
+pairs on the platform's fused ``rms_norm_silu`` op and its 2x nearest upsample + conv resamples on the fused
+``upsample2x_conv`` op, behind the wrapper's request gate (``omnicore.plugin.fast_path_gate``). With the gate off
+(every other quality) the decoder runs its own modules: the decode is bit-identical to an uninstalled VAE.
 """
 
 from __future__ import annotations
@@ -16,6 +21,73 @@ from typing import Any
 
 import torch
 from omnicore.engine.cancellation import cancel_points
+from omnicore.plugin import fast_path_gate, install_fast_path
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _rms_norm_silu(ops: Any, norm: Any) -> Any:
+    """The fused forward of ``silu(WanRMS_norm(x))`` (channel-first norm: channels on dim 1, F.normalize's eps)."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm_silu(x, norm.gamma, norm.bias, 1e-12, 1)
+
+    return forward
+
+
+def _upsample_conv(ops: Any, conv: Any) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return ops.upsample2x_conv(x, conv.weight, conv.bias, int(conv.padding[0]))
+
+    return forward
+
+
+def _plain_3x3(conv: Any) -> bool:
+    return (tuple(conv.kernel_size) == (3, 3) and tuple(conv.stride) == (1, 1) and tuple(conv.padding) == (1, 1)
+            and tuple(conv.dilation) == (1, 1) and conv.groups == 1 and conv.padding_mode == "zeros")
+
+
+def install_fast_paths(owner: Any, vae: Any, ops: Any) -> list[str]:
+    """Install the decoder fast paths of diffusers' ``AutoencoderKLWan`` ``vae`` behind ``owner``'s gate; returns
+    the names of the modules that got one (idempotent: installing again replaces them).
+
+    Per residual block and the decoder head: ``norm -> nonlinearity`` becomes ``ops.rms_norm_silu`` on the norm and
+    the identity on the SiLU after it (each block's SiLU follows only its norms). Per ``upsample2d``/``upsample3d``
+    resample: ``Sequential(nearest 2x, Conv2d 3x3)`` becomes ``ops.upsample2x_conv``. The encoder is untouched."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import (
+        WanDecoder3d,
+        WanResample,
+        WanResidualBlock,
+        WanUpsample,
+    )
+
+    gate = fast_path_gate(owner)
+    decoder = vae.decoder
+    installed: list[str] = []
+    for name, module in decoder.named_modules():
+        prefix = f"decoder.{name}." if name else "decoder."
+        if isinstance(module, (WanResidualBlock, WanDecoder3d)) and isinstance(module.nonlinearity, torch.nn.SiLU):
+            norms = ("norm1", "norm2") if isinstance(module, WanResidualBlock) else ("norm_out",)
+            for attr in norms:
+                norm = getattr(module, attr)
+                if not getattr(norm, "channel_first", False):
+                    break
+            else:
+                for attr in norms:
+                    install_fast_path(getattr(module, attr), _rms_norm_silu(ops, getattr(module, attr)), gate)
+                    installed.append(prefix + attr)
+                install_fast_path(module.nonlinearity, _identity, gate)
+                installed.append(prefix + "nonlinearity")
+        elif isinstance(module, WanResample) and module.mode in ("upsample2d", "upsample3d"):
+            seq = module.resample
+            up, conv = seq[0], seq[1]
+            if (isinstance(up, WanUpsample) and tuple(up.scale_factor) == (2.0, 2.0)
+                    and up.mode in ("nearest", "nearest-exact") and isinstance(conv, torch.nn.Conv2d)
+                    and _plain_3x3(conv)):
+                install_fast_path(seq, _upsample_conv(ops, conv), gate)
+                installed.append(prefix + "resample")
+    return installed
 
 
 class LingBotVAE:
@@ -24,7 +96,7 @@ class LingBotVAE:
     spatial_ratio = 8  # pixels per latent cell (Wan 2.1 VAE)
     temporal_ratio = 4  # frames per latent frame after the first (causal: F = 4k + 1 -> k + 1)
 
-    def __init__(self, vae: Any) -> None:
+    def __init__(self, vae: Any, ops: Any = None) -> None:
         self.vae = vae
         cfg = vae.config
         z = int(cfg.z_dim)
@@ -33,13 +105,16 @@ class LingBotVAE:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, z, 1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, z, 1, 1, 1)
         self.z_dim = z
+        #: decoder modules with a fast path behind this wrapper's request gate (none without ``ops``)
+        self.fast_paths: list[str] = install_fast_paths(self, vae, ops) if ops is not None else []
 
     @classmethod
-    def from_pretrained(cls, vae_dir: Path, *, device: torch.device) -> LingBotVAE:
+    def from_pretrained(cls, vae_dir: Path, *, device: torch.device, ops: Any = None) -> LingBotVAE:
+        """``ops``: the platform's op table (``options.platform.ops``), for the request-gated fast paths."""
         from diffusers import AutoencoderKLWan
 
         vae = AutoencoderKLWan.from_pretrained(str(vae_dir), torch_dtype=torch.float32, low_cpu_mem_usage=False)
-        return cls(vae.to(device).eval().requires_grad_(False))
+        return cls(vae.to(device).eval().requires_grad_(False), ops)
 
     @property
     def device(self) -> torch.device:

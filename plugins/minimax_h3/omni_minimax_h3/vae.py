@@ -6,6 +6,11 @@ seeded 42 (independent of the request), rounded through float16 and normalised `
 the normalisation and maps the decoder's ImageNet-normalised output back to [0, 1]. Tiling is on (the release's
 frames are the blended-tile ones). Audio: 32 kHz stereo, the two channels as two batch items of the mono VAE;
 a soundtrack takes the posterior mean; latents are normalised per channel.
+
+Fast paths (``quality="high"`` requests only): the video decoder is a ViT (no GroupNorm/RMSNorm+SiLU pairs, no
+upsampling convs), so :func:`install_fast_paths` puts what it does have on the platform's fused ops: every
+RMSNorm (block pre-norms and the attention's q/k norms) on ``rms_norm`` and every SwiGLU feed-forward activation on
+``swiglu``, behind the wrapper's request gate. With the gate off the decoder runs its own modules (bit-identical).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omnicore.plugin import fast_path_gate, install_fast_path
 
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
@@ -38,11 +44,47 @@ def _load(cls: Any, folder: Path) -> Any:
 _AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def _rms_norm(ops: Any, norm: torch.nn.RMSNorm) -> Any:
+    eps = float(norm.eps)  # type: ignore[arg-type]  # callers skip norms without an explicit eps
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, norm.weight, eps)
+
+    return forward
+
+
+def _swiglu(ops: Any, act: Any) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        up, gate = act.proj(x).chunk(2, dim=-1)  # diffusers' SwiGLU: ``up * silu(gate)``
+        return ops.swiglu(gate, up)
+
+    return forward
+
+
+def install_fast_paths(owner: Any, vae: Any, ops: Any) -> list[str]:
+    """Install the video decoder's fast paths behind ``owner``'s gate; returns the names of the modules that got
+    one (idempotent). Only ``nn.RMSNorm`` with an explicit ``eps`` over the last dim and diffusers' ``SwiGLU``
+    (``proj`` then ``up * SiLU(gate)``) are replaced; the encoder is untouched."""
+    from diffusers.models.activations import SwiGLU
+
+    gate = fast_path_gate(owner)
+    installed: list[str] = []
+    for name, module in vae.decoder.named_modules():
+        if isinstance(module, torch.nn.RMSNorm) and module.eps is not None and len(module.normalized_shape) == 1:
+            install_fast_path(module, _rms_norm(ops, module), gate)
+        elif isinstance(module, SwiGLU) and isinstance(module.activation, torch.nn.SiLU):
+            install_fast_path(module, _swiglu(ops, module), gate)
+        else:
+            continue
+        installed.append(f"decoder.{name}")
+    return installed
+
+
 class H3VideoVAE:
     """``precision`` (``LoadOptions.vae_decode_precision``): None/"fp32" decodes in float32 (bit-stable, the
     parity setting); "fp16"/"bf16" decode under autocast, as the release does on GPUs (fp16)."""
 
-    def __init__(self, vae: Any, precision: str | None = None) -> None:
+    def __init__(self, vae: Any, precision: str | None = None, ops: Any = None) -> None:
         self.vae = vae
         self.autocast = _AUTOCAST.get(precision or "fp32")
         cfg = vae.config
@@ -51,12 +93,16 @@ class H3VideoVAE:
         self.mean = torch.tensor(list(cfg.latents_mean), dtype=torch.float32).view(1, c, 1, 1, 1)
         self.std = torch.tensor(list(cfg.latents_std), dtype=torch.float32).view(1, c, 1, 1, 1)
         self.spatial_ratio = int(vae.spatial_compression_ratio)
+        #: decoder modules with a fast path behind this wrapper's request gate (none without ``ops``)
+        self.fast_paths: list[str] = install_fast_paths(self, vae, ops) if ops is not None else []
 
     @classmethod
-    def from_pretrained(cls, folder: Path, *, device: Any, precision: str | None = None) -> H3VideoVAE:
+    def from_pretrained(cls, folder: Path, *, device: Any, precision: str | None = None,
+                        ops: Any = None) -> H3VideoVAE:
+        """``ops``: the platform's op table (``options.platform.ops``), for the request-gated fast paths."""
         from diffusers import AutoencoderKLMiniMaxH3
 
-        return cls(_load(AutoencoderKLMiniMaxH3, folder).to(device).eval().requires_grad_(False), precision)
+        return cls(_load(AutoencoderKLMiniMaxH3, folder).to(device).eval().requires_grad_(False), precision, ops)
 
     @property
     def device(self) -> torch.device:

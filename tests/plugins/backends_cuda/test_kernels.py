@@ -87,6 +87,34 @@ class TestSwiglu(_Op):
         return [("ragged", (_t(3, 1031, dtype=dtype), _t(3, 1031, dtype=dtype)), {})]
 
 
+class TestUpsample2xConv(_Op):
+    op = "upsample2x_conv"
+    # bf16: the kernel accumulates the folded taps in fp32 and rounds once; the reference rounds the 2x image's
+    # conv through cuDNN/CPU bf16 paths, so the two differ by a few bf16 ulps of outputs of magnitude ~10
+    tolerances = {"bfloat16": (0.1, 3e-2)}
+
+    def extra_cases(self, dtype: Any) -> list[Case]:  # channels-last input, Cout past one channel block, 1x1
+        x = _t(1, 8, 5, 4, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        return [("channels-last", (x, _t(6, 8, 3, 3, dtype=dtype, scale=0.2), _t(6, dtype=dtype)), {}),
+                ("wide-cout", (_t(1, 4, 3, 3, dtype=dtype), _t(70, 4, 3, 3, dtype=dtype, scale=0.2), None), {}),
+                ("one-pixel", (_t(2, 3, 1, 1, dtype=dtype), _t(2, 3, 3, 3, dtype=dtype, scale=0.2), None), {})]
+
+
+def test_upsample2x_conv_folds_each_weight_once_and_refolds_after_an_update():
+    from omni_backends_cuda.kernels import upsample
+
+    upsample.clear_folded_weights()
+    x, w, b = _t(1, 4, 3, 3), _t(5, 4, 3, 3, scale=0.2), _t(5)
+    first = upsample.folded_weight(w)
+    assert upsample.folded_weight(w) is first  # cached: the lazily built buffer
+    _close(ops.upsample2x_conv(x, w, b), ref.upsample2x_conv(x, w, b), 1e-5, 1e-5)
+    with torch.no_grad():
+        w.mul_(2)  # an in-place update bumps the version: the fold is rebuilt, never stale
+    assert upsample.folded_weight(w) is not first
+    _close(ops.upsample2x_conv(x, w, b), ref.upsample2x_conv(x, w, b), 1e-5, 1e-5)
+    assert upsample.clear_folded_weights() == 1 and upsample.folded_weight(w) is not None
+
+
 # ---------------------------------------------------------------------------------------------- edges
 @pytest.mark.parametrize("name", ["rms_norm", "swiglu", "rope_rotate_half", "gated_residual_norm_modulate"])
 def test_empty_inputs_give_empty_outputs(name):
@@ -112,6 +140,9 @@ def test_applies_says_no_where_the_kernel_does_not_fit():
     assert not ops.gated_residual_norm_modulate_applies(x, x, _t(4, 6, 64), _t(64), _t(64), 1e-6, "batch")
     assert not ops.gated_residual_norm_modulate_applies(x, x, _t(2, 4, 6, 64), _t(64), _t(64), 1e-6)  # grows h
     assert not ops.rms_norm_silu_applies(_t(2, 8, 5), _t(5), None)  # gamma not along channel dim 1
+    assert not ops.upsample2x_conv_applies(_t(1, 4, 3, 3), _t(5, 4, 5, 5), None, 2)  # a 5x5 kernel
+    assert not ops.upsample2x_conv_applies(_t(1, 4, 3, 3), _t(5, 4, 3, 3), None, 0)  # padding 0
+    assert not ops.upsample2x_conv_applies(_t(1, 4, 3, 3, 3), _t(5, 4, 3, 3), None)  # 5-d input
     for verdict in (ops.rms_norm_applies(x, None, 1e-6), ops.swiglu_applies(x, x)):
         assert verdict is True
 
