@@ -84,12 +84,12 @@ class BatchRunner:
             # A step may raise anything, SystemExit and KeyboardInterrupt included (signals only reach the main
             # thread, so here they always come from model or plugin code): the jobs fail with a reason and the
             # worker carries on, instead of jobs that stay "running" forever behind a dead or stuck worker.
-            exc: BaseException = raised if isinstance(raised, Exception) else StepAborted(raised)
+            error: BaseException = raised if isinstance(raised, Exception) else StepAborted(raised)
             logger.error("batch of %d request(s) failed", len(members), exc_info=raised)
             if self.group is not None:  # a dead worker becomes one clear error naming the rank
-                exc = self.group.explain(exc)
+                error = self.group.explain(error)
             for job in members:
-                job.finish("failed", error=exc, on_finish=self._counter("jobs_failed"))
+                job.finish("failed", error=error, on_finish=self._counter("jobs_failed"))
 
     # ------------------------------------------------------------------ internals
     def _count(self, name: str, n: int = 1) -> None:

@@ -421,9 +421,9 @@ class JobManager:
         backoff by the monitor until it is written: a job never stays ``in_progress`` because of a full disk."""
         now = int(time.time())
         ttl = self.settings.job_ttl_s
-        changes = {"status": status, "error": error, "updated_at": now, "completed_at": None,
-                   "expires_at": now + int(ttl) if ttl > 0 else None, "queue_position": None,
-                   "cancel_requested": False, "phase": None, "phase_progress": None}
+        changes: dict[str, Any] = {"status": status, "error": error, "updated_at": now, "completed_at": None,
+                                   "expires_at": now + int(ttl) if ttl > 0 else None, "queue_position": None,
+                                   "cancel_requested": False, "phase": None, "phase_progress": None}
         try:
             record = self.store.update(live.id, **changes)
         except Exception as exc:
