@@ -178,7 +178,9 @@ export class GenerationForm {
       control = el("input", { type: "text", name: param, placeholder: p.default ?? "" });
     }
     control.dataset.type = p.type;
-    return field(param, p.name.replace(/_/g, " "), control, { hint: p.help, check: p.type === "bool" });
+    const required = p.required_for && p.required_for.length ? `required for ${p.required_for.join(", ")}` : "";
+    const hint = [required, p.help].filter(Boolean).join(" — ");
+    return field(param, p.name.replace(/_/g, " "), control, { hint, check: p.type === "bool" });
   }
 
   /** Show the fields the chosen mode uses (video-only fields and video inputs for video modes). */
