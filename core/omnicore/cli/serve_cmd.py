@@ -199,8 +199,13 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
             elif state == "unhealthy" and not shown["ready"] and not shown["failed"]:
                 shown["failed"] = True  # the model could not load: nothing to serve, so the server ends (exit 2)
                 exc = failures[0] if failures else None
-                reason = (str(exc) if isinstance(exc, OmnicoreError) else f"{type(exc).__name__}: {exc}") \
-                    if exc is not None else ctx.readiness.error
+                if exc is None:
+                    reason = str(ctx.readiness.error)
+                elif isinstance(exc, OmnicoreError):
+                    reason = str(exc)
+                else:  # not one of ours: a plugin or library bug is likelier, so say where the traceback is
+                    hint = "" if getattr(args, "verbose", False) else " (-v shows the traceback)"
+                    reason = f"{type(exc).__name__}: {exc}{hint}"
                 print(f"error: cannot load {model}: {reason}", file=sys.stderr, flush=True)
                 server.should_exit = True
             elif state == "unhealthy":
@@ -238,12 +243,11 @@ def _announcing_server(config: Any, ctx: Any, on_bound: Callable[[int], None]) -
 
 
 class _QuietLoadFailure(logging.Filter):
-    """Drop the server's traceback of a model that failed to load with an omnicore error (a bad checkpoint, an
-    unknown preset): ``serve`` prints the reason in one line and exits. Other exceptions (bugs) keep theirs."""
+    """Drop the server's traceback of a model that failed to load: ``serve`` prints the reason in one line and
+    exits (``-v`` keeps the traceback, which that line points to when the error was not omnicore's own)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (record.getMessage() == "loading the model failed" and isinstance(exc, OmnicoreError))
+        return record.getMessage() != "loading the model failed"
 
 
 @contextlib.contextmanager
