@@ -138,8 +138,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("cache_dir", "OMNICORE_CACHE", None, lambda n, v: str(v) if v else None,
            "Where tiny presets and downloads are written (default `~/.cache/omnicore`).", flag=""),
     Option("state_dir", "OMNICORE_STATE_DIR", None, lambda n, v: str(v) if v else None,
-           "Where the server keeps its job database, inputs and results (default `<cache_dir>/state`, i.e. "
-           "`~/.cache/omnicore/state`); one server per directory.", flag="--storage-dir", aliases=("--state-dir",)),
+           "Where the server keeps its job database, inputs and results (default `<cache_dir>/state/<model>`, "
+           "e.g. `~/.cache/omnicore/state/tiny-lingbot`: one per model); one server per directory.",
+           flag="--storage-dir", aliases=("--state-dir",)),
     Option("max_num_seqs", "OMNICORE_MAX_NUM_SEQS", 4, _positive_int,
            "Largest batch the scheduler forms (requests with equal batch keys).", scope="engine"),
     Option("max_queue", "OMNICORE_MAX_QUEUE", 256, _positive_int,
