@@ -110,7 +110,7 @@ def principal_of(request: Request) -> Principal | None:
 
 
 def _scope(ctx: Any, request: Request) -> tuple[bool, str | None]:
-    """``(all_owners, owner)`` the caller may see. Without keys there is no isolation (every job is visible);
+    """``(all_owners, owner)`` the caller may list. Without keys there is no isolation (every job is visible);
     with keys a caller sees the jobs its key created, and an admin key sees all (ownerless ones included)."""
     principal = principal_of(request)
     if not ctx.auth.enabled:
@@ -121,11 +121,14 @@ def _scope(ctx: Any, request: Request) -> tuple[bool, str | None]:
 
 
 def _visible(ctx: Any, request: Request, job_id: str) -> bool:
+    """Whether the caller may see ``job_id`` (the same rule as :func:`_scope`, via ``Principal.may_see``)."""
     exists, owner = ctx.store.get_owner(job_id)
     if not exists:
         return False
-    all_owners, me = _scope(ctx, request)
-    return all_owners or (owner is not None and me is not None and owner == me)
+    if not ctx.auth.enabled:
+        return True
+    principal = principal_of(request)
+    return principal is not None and principal.may_see(owner)
 
 
 def _overlay(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
