@@ -58,10 +58,12 @@ test-isolation: $(STAMP)
 	$(BIN)/python .ci/isolated.py
 
 serve: $(STAMP)
-	$(BIN)/omnicore serve auto
+	exec $(BIN)/omnicore serve auto
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
+# `make serve`: the default tiny model (see `omnicore serve --help` for `auto`). Ctrl-C drains and ends it with
+# exit 0; `exec` makes the server the recipe's process, so a signal sent to it needs no shell in between.
 	rm -rf $(VENV) build core/build plugins/*/build
