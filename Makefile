@@ -57,6 +57,8 @@ test-all: $(STAMP) lint
 test-isolation: $(STAMP)
 	$(BIN)/python .ci/isolated.py
 
+# `make serve`: the default tiny model (see `omnicore serve --help` for `auto`). Ctrl-C drains and ends it with
+# exit 0; `exec` makes the server the recipe's process, so a signal sent to it needs no shell in between.
 serve: $(STAMP)
 	exec $(BIN)/omnicore serve auto
 
@@ -64,6 +66,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-# `make serve`: the default tiny model (see `omnicore serve --help` for `auto`). Ctrl-C drains and ends it with
-# exit 0; `exec` makes the server the recipe's process, so a signal sent to it needs no shell in between.
 	rm -rf $(VENV) build core/build plugins/*/build
