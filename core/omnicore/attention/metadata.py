@@ -16,6 +16,14 @@ Layout conventions (flash-attention's):
 * ``causal`` with ``spans``: per document, every query sees the keys at or before its position, plus every key
   of a bidirectional span it sits in (HunyuanImage-3: text causal, each image's tokens see each other).
   Span bounds are document-relative key positions.
+
+Backend hints a model may publish (backends that do not use them ignore them):
+
+* ``sparse_plan``: a block-sparse plan for a backend that executes one (``AttentionCapabilities.sparse``);
+  ``latent_grid``: the ``(frames, height, width)`` token grid of the model's video rows, for backends that plan;
+* ``laser_input_scale``: a power-of-two factor ``f > 1`` by which a kernel keeping unscaled ``QK^T`` in an fp16
+  workspace (the Ascend laser path) pre-divides q, k and v (softmax scale times ``f**2``, output times ``f``) so
+  outlier logits cannot overflow 65504 and turn rows into NaN (exact for powers of two, barring underflow).
 """
 
 from __future__ import annotations
@@ -118,6 +126,14 @@ def _max_len(cu: tuple[int, ...]) -> int:
     return max(b - a for a, b in itertools.pairwise(cu))
 
 
+def _input_scale(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"laser_input_scale must be a positive number or None, got {value!r}")
+    return float(value)
+
+
 def _spans(value: Any) -> tuple[tuple[AttentionSpan, ...], ...] | None:
     if value is None:
         return None
@@ -140,6 +156,7 @@ class AttentionMetadata:
     spans: tuple[tuple[AttentionSpan, ...], ...] | None = attrs.field(default=None, converter=_spans)
     sparse_plan: Any = attrs.field(default=None, eq=False)
     latent_grid: tuple[int, int, int] | None = None
+    laser_input_scale: float | None = attrs.field(default=None, converter=_input_scale)
     _device_cache: dict[Any, torch.Tensor] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

@@ -6,7 +6,9 @@ leading ``rotary_dim`` channels (none in the token refiner) -> packed attention 
 The backend (chosen by ``options.attention(AttentionRequirement(packed_varlen=True, packed_mask_free=True))``)
 is called as ``fn(q, k, v, metadata=AttentionMetadata, scale=...)`` with host-side document bounds. Documents are
 ``[real | pad]`` per request; for a single request the metadata carries ``valid_kv_length`` so a mask-free backend
-drops the padding keys. No O(S²) mask is ever built.
+drops the padding keys. No O(S²) mask is ever built. Every record also publishes
+``laser_input_scale = 256`` (:data:`LASER_INPUT_SCALE`): H3's q/k logits overflow the fp16 workspace of the
+Ascend laser kernel otherwise; backends without that workspace ignore it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from omnicore.plugin import AttentionMetadata
 from torch import nn
 
 AttentionFn = Callable[..., torch.Tensor]
+
+#: the pre-scaling factor H3 asks of fp16-workspace attention kernels (q, k, v / 256; exact: a power of two)
+LASER_INPUT_SCALE = 256
 
 
 class Documents:
@@ -37,7 +42,7 @@ class Documents:
         self.device = torch.device(device)
         self.metadata = AttentionMetadata(cu_seqlens_q=self.bounds, cu_seqlens_k=None, max_seqlen_q=self.max_seqlen,
                                           max_seqlen_k=self.max_seqlen, valid_kv_length=self.valid_kv_length,
-                                          latent_grid=latent_grid)
+                                          latent_grid=latent_grid, laser_input_scale=LASER_INPUT_SCALE)
 
 
 class PackedAttention:
