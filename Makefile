@@ -12,7 +12,7 @@ PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml
 PYTEST_ARGS ?=
 ALLOW_NO_TESTS ?= 0
 
-.PHONY: install lint test test-slow test-all test-isolation serve bench clean
+.PHONY: install lint test test-slow test-all test-isolation serve bench gpu-check clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "omnicore needs Python 3.10+; set PYTHON=python3.X")'
@@ -22,6 +22,13 @@ $(STAMP): $(BIN)/python core/pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e "core[serve,test]" $(addprefix -e ,$(PLUGIN_DIRS))
+	@# the playground's browser tests drive Debian's chromium (never a browser Playwright downloads); as root with
+	@# apt-get it is installed here, elsewhere those tests skip with one line
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
+	  echo "installing Debian's chromium for the playground's browser tests"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) > /dev/null \
+	  || echo "warning: could not install chromium; the playground's browser tests will skip" >&2; \
+	fi
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -64,6 +71,12 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# The prepared GPU check (benchmarks/gpu_check.sh): on a CUDA machine, a fresh venv over the machine's torch, the CUDA
+# tests compiled for real, the GPU benchmarks, one JSON + markdown report. GPU_CHECK_ARGS=--dry checks its plumbing.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build core/build plugins/*/build
