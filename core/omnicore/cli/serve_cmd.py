@@ -173,7 +173,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
                             shutdown_grace_s=ss.shutdown_grace_s)  # header timeout, quiet /health polls
     server: Any = None
     lock = threading.Lock()
-    shown = {"bound": "", "ready": False, "failed": False}
+    shown: dict[str, Any] = {"bound": "", "ready": False, "failed": False}
 
     def say_ready() -> None:  # under lock, once both the socket is bound and the model is loaded
         if shown["bound"] and ctx.readiness.state == "ok" and not shown["ready"]:
@@ -232,7 +232,7 @@ def _announcing_server(config: Any, ctx: Any, on_bound: Callable[[int], None]) -
     print it first), with the port the OS gave (``--port 0``). Built here: uvicorn is imported only by ``serve``."""
     from ..server.lifecycle import DrainingServer
 
-    class AnnouncingServer(DrainingServer):  # type: ignore[misc]
+    class AnnouncingServer(DrainingServer):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started and not self.should_exit:
