@@ -306,6 +306,9 @@ class Engine:
                     self.scheduler.running = False
                     self._running = []
                     self._cond.notify_all()
+            # drop the finished jobs before waiting: their requests hold decoded inputs (the server's decode budget)
+            batch = started = []
+            job = None
 
     # ------------------------------------------------------------------ control
     def stats(self) -> dict[str, Any]:

@@ -64,15 +64,26 @@ class DecodeBudget:
             raise ApiError(400, "decode_too_large", f"{param}: the conditioning media decode to about "
                                                     f"{_mb(nbytes)}, more than this server's --max-decode-bytes "
                                                     f"({_mb(self.limit)})", param=param)
-        with self._lock:
-            if self.used + nbytes > self.limit:
+        if self._take(nbytes):
+            return nbytes
+        import gc
+
+        gc.collect()  # finished jobs whose inputs sit in reference cycles give their share back now
+        if not self._take(nbytes):
+            with self._lock:
                 left = self.limit - self.used
                 raise ApiError(429, "decode_budget_exhausted",
                                f"{param}: the conditioning media decode to about {_mb(nbytes)} but only "
                                f"{_mb(left)} of --max-decode-bytes is free (queued jobs hold the rest); retry "
                                f"later", param=param, headers={"Retry-After": "5"})
-            self.used += nbytes
         return nbytes
+
+    def _take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                return False
+            self.used += nbytes
+            return True
 
     def release(self, nbytes: int) -> None:
         if nbytes:
