@@ -52,7 +52,11 @@ class AdaLNScheduleCache:
 class AdaLNScheduleController:
     """``projections()`` returns the projections in model order; ``time_embedder(unique_timesteps)`` maps a
     step's unique timesteps to ``t_emb``; ``empty_cache`` releases the platform allocator cache after an
-    offload (e.g. ``platform.empty_cache``)."""
+    offload (e.g. ``platform.empty_cache``).
+
+    ``release_cached_memory(device)``, when set, is called too after an offload moved bytes off ``device``: the
+    ``adaln_schedule`` cache method sets it to the release of the platform serving that device, so the freed
+    weight storage goes back to the device instead of staying reserved by its caching allocator (CUDA, NPU)."""
 
     def __init__(self, projections: Callable[[], Sequence[AdaLNProjection]],
                  time_embedder: Callable[[torch.Tensor], torch.Tensor],
@@ -60,6 +64,7 @@ class AdaLNScheduleController:
         self._projections = projections
         self._time_embedder = time_embedder
         self._empty_cache = empty_cache
+        self.release_cached_memory: Callable[[torch.device], None] | None = None
         self.cache: AdaLNScheduleCache | None = None
 
     @property
@@ -124,6 +129,8 @@ class AdaLNScheduleController:
                            "parameters); keeping tables, offloading nothing")
         if offloaded and self._empty_cache is not None:
             self._empty_cache()
+        if offloaded and self.release_cached_memory is not None:
+            self.release_cached_memory(device)
         cache = AdaLNScheduleCache(
             key=key, t_embs=t_embs, cursor=cursor, steps=len(plan),
             max_unique_timesteps=max(int(ts.shape[0]) for ts in plan), table_bytes=table_bytes,

@@ -12,6 +12,11 @@ of a new state it loads the weights of a model-offloaded module holding the proj
 the result in ``state.extras["adaln_schedule"]``; on every step it sets ``state.extras["adaln_step_index"]`` to the step
 while a schedule is active (removing the key otherwise) — the pipeline's ``predict`` passes it to the model
 as ``adaln_step_index``. ``handle.remove()`` leaves the hook and clears the controller (weights restored).
+
+When weight offload moved bytes off the device, the handle releases that device's allocator cache through the
+platform serving it (``Platform.empty_cache``: ``torch.cuda.empty_cache`` on CUDA, the NPU's equivalent, a no-op
+on the CPU): ``pipeline.platform`` when the pipeline keeps one for that device type, else the host's highest
+priority available platform of that device type.
 """
 
 from __future__ import annotations
@@ -58,6 +63,32 @@ class AdaLNScheduleHandle:
         if self.host.pm.get_plugin(self._name) is not None:
             raise ConfigError("cache_methods", f"{METHOD_NAME!r} is already enabled on this pipeline")
         self.host.pm.register(self, name=self._name)
+        self._platforms: dict[str, Any] = {}
+        self._previous_release = controller.release_cached_memory
+        controller.release_cached_memory = self.release_cached_memory
+
+    def platform_for(self, device: Any) -> Any:
+        """The platform whose allocator owns ``device`` (see the module docstring); ``None`` when none is known."""
+        kind = getattr(device, "type", str(device))
+        if kind in self._platforms:
+            return self._platforms[kind]
+        platform = getattr(self.pipeline, "platform", None)
+        if getattr(platform, "device_type", None) != kind:
+            platform = None
+            specs = sorted((s for s in self.host.platforms if s.device_type == kind),
+                           key=lambda s: (-s.priority, s.name))
+            for spec in specs:
+                if spec.unavailable_reason() is None:
+                    platform = spec.load_impl()()
+                    break
+        self._platforms[kind] = platform
+        return platform
+
+    def release_cached_memory(self, device: Any) -> None:
+        """After the projections' weights left ``device``: give the freed blocks back to it."""
+        platform = self.platform_for(device)
+        if platform is not None:
+            platform.empty_cache()
 
     @hookimpl(tryfirst=True, specname="omnicore_denoise")
     def _denoise(self, pipeline: Any, state: Any, step: int) -> Any:
@@ -95,6 +126,8 @@ class AdaLNScheduleHandle:
         if self.host.pm.get_plugin(self._name) is self:
             self.host.pm.unregister(self, name=self._name)
         self.controller.clear()
+        if self.controller.release_cached_memory == self.release_cached_memory:
+            self.controller.release_cached_memory = self._previous_release
 
 
 def apply_adaln_schedule(pipeline: Any, config: AdaLNScheduleConfig | dict[str, Any] | None = None
