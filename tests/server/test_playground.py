@@ -294,6 +294,9 @@ def test_text_to_video_by_keyboard_shows_progress_plays_and_fits_desktop_and_pho
     assert job.get_attribute("data-status") == "completed"
     assert "a red fox running" in job.inner_text()
 
+    seed = httpx.get(f"{lingbot.url}/v1/videos/{job.get_attribute('data-job')}", timeout=10).json()["seed"]
+    assert f"seed {seed}" in page.locator("#gallery-items li").first.inner_text()  # exact, even above 2**53
+    page.evaluate("() => window.scrollTo(0, 0)")
     page.screenshot(path=str(artifacts / "playground-desktop.png"))
     assert page.evaluate("document.documentElement.scrollWidth") <= DESKTOP["width"]
     page.set_viewport_size(PHONE)

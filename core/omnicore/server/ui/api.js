@@ -40,8 +40,13 @@ export async function request(method, path, { json, form, signal, extraHeaders }
   return resp;
 }
 
+/** JSON.parse that keeps big seeds exact: a seed above 2**53 stays a string instead of being rounded. */
+export function parseJson(text) {
+  return JSON.parse(text.replace(/"seed":\s*(\d{16,})/g, '"seed":"$1"'));
+}
+
 export async function getJson(path) {
-  return (await request("GET", path)).json();
+  return parseJson(await (await request("GET", path)).text());
 }
 
 /** A blob: URL for a protected binary (the caller revokes it when the element goes away). */
@@ -73,7 +78,7 @@ export async function* readEvents(resp) {
           else ev[name] = text;
         }
         if (!ev.data) continue;
-        try { ev.data = JSON.parse(ev.data); } catch { /* keep the text */ }
+        try { ev.data = parseJson(ev.data); } catch { /* keep the text */ }
         yield ev;
       }
     }

@@ -1,7 +1,7 @@
 // The playground's controller: key prompt, model card -> form, submit, live progress over SSE, cancel, gallery and
 // the stored job list. Every call goes to this origin's public API (see api.js); nothing is fetched from elsewhere.
 
-import { ApiError, auth, blobUrl, getJson, readEvents, request } from "./api.js";
+import { ApiError, auth, blobUrl, getJson, parseJson, readEvents, request } from "./api.js";
 import { GenerationForm, el } from "./form.js";
 
 const $ = (id) => document.getElementById(id);
@@ -147,7 +147,7 @@ function showProgress(data, timer) {
 // ------------------------------------------------------------------------------------------------ videos
 
 async function runVideo(req) {
-  const job = await (await request("POST", req.path, { form: req.form })).json();
+  const job = parseJson(await (await request("POST", req.path, { form: req.form })).text());
   await follow(job);
 }
 
