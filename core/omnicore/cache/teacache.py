@@ -4,9 +4,14 @@ Diffusion Model", 2024).
 The model plugin supplies a :class:`TeaCacheAdapter`: a function giving the *modulated input* of the first
 transformer block for a step (cheap: embeddings + first AdaLN only), polynomial coefficients that rescale
 the raw relative-L1 change of that input to an estimate of the output change, and an optional default
-threshold. The cache accumulates the rescaled changes between steps and reuses the previous prediction (or
-the previous residual over ``adapter.residual_base``) while the accumulation stays below ``rel_l1_thresh``;
-a computed step resets the accumulator.
+threshold. The cache accumulates the rescaled changes between steps and, while the accumulation stays below
+``rel_l1_thresh``, reuses; a computed step resets the accumulator.
+
+What a reuse reuses: the reference's TeaCache (and the thresholds calibrated with it) skips only the transformer
+blocks — the model's input embedding and output head run on the current step, around the residual the blocks
+added at the last computed step (output minus input of the block stack). A model with that hook declares
+``keep_residual`` + ``reuse_residual``. Without it the generic fallback replays the last prediction (or the
+last residual over ``adapter.residual_base``) through the sampler update.
 
 The pipeline provides its adapter as ``pipeline.teacache_adapter`` (a :class:`TeaCacheAdapter` or a
 zero-argument callable returning one; the callable may raise ``ValueError`` to refuse, e.g. for an
@@ -42,12 +47,29 @@ class TeaCacheAdapter:
     - ``residual_base(state, step) -> tensor``: optional; when given, a reuse returns
       ``residual_base(now) + (prediction - residual_base)`` of the last computed step instead of the bare
       prediction (for models whose output is better extrapolated as a residual over their input).
+    - ``keep_residual(state, step)`` and ``reuse_residual(state, step) -> prediction``: optional, together —
+      the block-residual reuse. ``keep_residual`` is called before every step that runs the model: that
+      forward keeps the residual its transformer blocks add; on a reuse, ``reuse_residual`` returns the step's
+      prediction from the current input embedding plus that residual through the output head (blocks skipped).
+      Takes precedence over ``residual_base`` and the prediction replay.
     """
 
     extract: Callable[[Any, int], Any]
     coefficients: tuple[float, ...] = attrs.field(converter=_float_tuple, default=(1.0, 0.0))
     default_threshold: float | None = None
     residual_base: Callable[[Any, int], Any] | None = None
+    keep_residual: Callable[[Any, int], None] | None = None
+    reuse_residual: Callable[[Any, int], Any] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.keep_residual is None) != (self.reuse_residual is None):
+            raise ConfigError("teacache_adapter", "keep_residual and reuse_residual go together: give both or "
+                                                  "neither")
+
+    @property
+    def reuses_block_residual(self) -> bool:
+        """True when a reuse skips only the blocks (the reference's rule), False for the prediction replay."""
+        return self.reuse_residual is not None
 
 
 @attrs.define(kw_only=True)
@@ -131,7 +153,13 @@ class TeaCache(StepCache):
                 rs.data["accumulated"] = 0.0
         else:
             hit = permitted and forced
-        base = self.adapter.residual_base(state, step) if self.adapter.residual_base is not None else None
+        adapter = self.adapter
+        if adapter.reuse_residual is not None:
+            if not hit:
+                adapter.keep_residual(state, step)  # type: ignore[misc]  # set with reuse_residual (checked)
+                return None
+            return self.reuse(state, step, adapter.reuse_residual(state, step))
+        base = adapter.residual_base(state, step) if adapter.residual_base is not None else None
         if not hit:
             rs.data["base"] = base
             return None

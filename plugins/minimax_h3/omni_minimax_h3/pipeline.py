@@ -66,6 +66,7 @@ from .request_rules import (
     resolve_request,
 )
 from .scheduler import euler_step, paired_sigmas, timesteps
+from .teacache import BLOCK_RESIDUAL, KEEP_RESIDUAL
 from .text_encoder import H3TextEncoder, VideoCondition
 from .vae import H3AudioVAE, H3VideoVAE
 
@@ -419,6 +420,10 @@ class MiniMaxH3Pipeline(BasePipeline):
         video_parts = list(state.latents[0].split([it.video_rows for it in items]))
         audio_parts = list(state.latents[1].split([it.audio_rows for it in items]))
         chosen = [i for i, it in enumerate(items) if it.request_index in keep]
+        residual = ex.pop(BLOCK_RESIDUAL, None)
+        if residual is not None:  # TeaCache's kept residual: the survivors' packed rows, in their new order
+            offsets = ex["batch"].offsets
+            ex[BLOCK_RESIDUAL] = torch.cat([residual[offsets[i]:offsets[i + 1]] for i in chosen])
         remap = {old: new for new, old in enumerate(keep)}
         ex["items"] = [attrs.evolve(items[i], request_index=remap[items[i].request_index]) for i in chosen]
         plans = [ex["plans"][i] for i in chosen]
@@ -431,19 +436,42 @@ class MiniMaxH3Pipeline(BasePipeline):
     def dit_for(self, state: DenoiseState) -> Any:
         return self.transformers[state.extras["partition"]]
 
+    @staticmethod
+    def _step_kwargs(state: DenoiseState, step: int) -> dict[str, Any]:
+        """How a forward at ``step`` gets its time embedding: the prepared AdaLN schedule's step (the
+        adaln_schedule method prepared this batch's DiT, with its own tables), else the precomputed one."""
+        ex = state.extras
+        if STATE_STEP_KEY in ex:
+            return {"adaln_step_index": step}
+        return {"time_embedding": ex["t_embs"][step]} if "t_embs" in ex else {}
+
     @torch.no_grad()
     def predict(self, state: DenoiseState, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Velocity rows ``(video, audio)`` of every output in the batch: one DiT forward."""
+        """Velocity rows ``(video, audio)`` of every output in the batch: one DiT forward. When TeaCache asked
+        for it (``KEEP_RESIDUAL``), the forward also keeps its blocks' residual for the next reuse."""
         ex = state.extras
         ts = ex["steps"][step]
         dit = self.dit_for(state)
-        kwargs: dict[str, Any] = {}
-        if STATE_STEP_KEY in ex:  # the adaln_schedule method prepared this batch's DiT (its own tables)
-            kwargs["adaln_step_index"] = ex[STATE_STEP_KEY]
-        elif "t_embs" in ex:
-            kwargs["time_embedding"] = ex["t_embs"][step]
+        keep: dict[str, torch.Tensor] | None = {} if ex.pop(KEEP_RESIDUAL, False) else None
         video, audio = state.latents
-        v, a = dit(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices, **kwargs)
+        v, a = dit(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices, residual_out=keep,
+                   **self._step_kwargs(state, step))
+        if keep is not None:
+            ex[BLOCK_RESIDUAL] = keep["block_residual"]
+        return v.float(), a.float()
+
+    @torch.no_grad()
+    def predict_from_block_residual(self, state: DenoiseState, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """TeaCache's reuse (the reference's rule): this step's embedded input plus the residual the blocks added
+        at the last computed step, through the final layer at this step's timesteps; the blocks do not run."""
+        ex = state.extras
+        residual = ex.get(BLOCK_RESIDUAL)
+        if residual is None:
+            raise RuntimeError("TeaCache reuse without a kept block residual (no computed step kept one)")
+        ts = ex["steps"][step]
+        video, audio = state.latents
+        v, a = self.dit_for(state)(ex["batch"], video, audio, ts.unique_timesteps, ts.inverse_indices,
+                                   block_residual=residual, **self._step_kwargs(state, step))
         return v.float(), a.float()
 
     @torch.no_grad()

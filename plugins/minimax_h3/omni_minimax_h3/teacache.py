@@ -1,9 +1,14 @@
 """TeaCache for MiniMax-H3 (models.md §1.9, seed-contracts §2.1–§2.2).
 
 What the cache watches: the first block's modulated input ``rmsnorm1(x)·(1 + scale_msa) + shift_msa`` over the
-packed rows, ``x`` being the assembled embeddings (refined text, projected video and audio rows). A reuse skips
-the whole DiT forward (audio and video are coupled in it) and re-applies the previous velocity through the Euler
-update. Coefficients and the 0.17 threshold are the FL2VA DiT's calibration:
+packed rows, ``x`` being the assembled embeddings (refined text, projected video and audio rows).
+
+What a reuse does — the reference's rule, for which the 0.17 threshold was calibrated: every computed step keeps
+the residual the transformer blocks added (their output minus the embedded input, ``[T, H]`` over the packed
+batch); a reused step embeds its current latents, adds that residual and runs only the final layer at its own
+timesteps (the blocks are skipped, audio and video together). This is the core's block-residual hook
+(``keep_residual`` / ``reuse_residual``); the velocity replay is the core's fallback for models without one and
+is not used here. Coefficients and the 0.17 threshold are the FL2VA DiT's calibration:
 
 - a Ref2VA-only deployment refuses TeaCache (``ValueError`` -> the engine reports it and enables nothing);
 - a combined deployment enables it and runs Ref2VA batches uncached (a warning at enable time and one info line
@@ -24,6 +29,11 @@ from typing import Any
 import torch
 
 from .plugin import TEACACHE_COEFFICIENTS, TEACACHE_THRESHOLD
+
+#: ``state.extras`` keys of the block-residual reuse: the adapter sets the flag before a computed step; that
+#: forward (``MiniMaxH3Pipeline.predict``) then keeps its blocks' residual, ``[T, H]`` over the packed batch
+KEEP_RESIDUAL = "teacache_keep_residual"
+BLOCK_RESIDUAL = "teacache_block_residual"
 
 logger = logging.getLogger("omni_minimax_h3")
 
@@ -74,4 +84,12 @@ def make_adapter(pipeline: Any) -> Any:
         with torch.no_grad():
             return modulated_input(dit, state, step)
 
-    return TeaCacheAdapter(extract=extract, coefficients=TEACACHE_COEFFICIENTS, default_threshold=TEACACHE_THRESHOLD)
+    def keep_residual(state: Any, step: int) -> None:
+        if state.extras["partition"] != "ref2va":  # Ref2VA batches never reuse: keep nothing for them
+            state.extras[KEEP_RESIDUAL] = True
+
+    def reuse_residual(state: Any, step: int) -> Any:
+        return pipeline.predict_from_block_residual(state, step)
+
+    return TeaCacheAdapter(extract=extract, coefficients=TEACACHE_COEFFICIENTS, default_threshold=TEACACHE_THRESHOLD,
+                           keep_residual=keep_residual, reuse_residual=reuse_residual)

@@ -58,7 +58,10 @@ Per step::
 
 TeaCache: ``dit.modulated_input(batch, video, audio, unique_timesteps, inverse_indices, adaln_step_index=...)``
 is the first block's modulated input ``[T, H]`` (what the cache compares; ``direct=True`` bypasses another
-schedule's installed AdaLN tables). Pieces of the forward are public:
+schedule's installed AdaLN tables). ``dit(..., residual_out={})`` also returns the blocks' residual
+(``out["block_residual"]``, output minus embedded input, ``[T, H]``); ``dit(..., block_residual=r)`` skips the
+blocks and runs the final layer on this step's embedded input plus ``r`` (the reference TeaCache's reuse).
+Pieces of the forward are public:
 ``dit.step_embedding(unique_timesteps, adaln_step_index=...)`` -> ``t_emb``, ``dit.embed(batch, video, audio)``.
 
 Time embeddings for a whole schedule up front: ``dit.schedule_embeddings([s.unique_timesteps for s in steps])``

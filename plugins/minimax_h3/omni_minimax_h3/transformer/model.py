@@ -168,20 +168,35 @@ class MiniMaxH3DiT(nn.Module):
 
     def forward(self, batch: BatchPlan, video: torch.Tensor, audio: torch.Tensor, unique_timesteps: torch.Tensor,
                 inverse_indices: torch.Tensor, *, time_embedding: torch.Tensor | None = None,
-                adaln_step_index: Any = ABSENT) -> tuple[torch.Tensor, torch.Tensor]:
+                adaln_step_index: Any = ABSENT, block_residual: torch.Tensor | None = None,
+                residual_out: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Velocity rows ``(video [ΣNv, 96], audio [ΣNa, 32])`` for the packed batch (see the package docstring).
 
         ``time_embedding``: ``time_embed(unique_timesteps)`` computed earlier (e.g. for the whole schedule at
         once); ``adaln_step_index``: the step of a prepared AdaLN schedule (then neither is recomputed).
+
+        TeaCache's block-residual reuse: ``residual_out`` (a dict) receives ``"block_residual"``, the ``[T, H]``
+        the blocks added (their output minus the embedded input); ``block_residual`` given instead of running the
+        blocks adds such a residual to this step's embedded input, then runs the final layer at this step's
+        timesteps.
         """
         self._check(batch, video, audio, inverse_indices)
         t_emb = self.step_embedding(unique_timesteps, time_embedding=time_embedding,
                                     adaln_step_index=adaln_step_index)
         x = self.embed(batch, video, audio)
-        rows = inverse_indices * MODALITY_NUM + batch.tags
-        rope = (batch.cos, batch.sin)
-        for block in self.blocks:
-            x = block(x, t_emb, rows, batch.docs, self.attention, self.ops, rope)
+        if block_residual is not None:
+            if tuple(block_residual.shape) != tuple(x.shape):
+                raise ValueError(f"block_residual must be [{x.shape[0]}, {x.shape[1]}] (this batch's packed rows), "
+                                 f"got {tuple(block_residual.shape)}")
+            x = x + block_residual.to(x.dtype)
+        else:
+            x_in = x
+            rows = inverse_indices * MODALITY_NUM + batch.tags
+            rope = (batch.cos, batch.sin)
+            for block in self.blocks:
+                x = block(x, t_emb, rows, batch.docs, self.attention, self.ops, rope)
+            if residual_out is not None:
+                residual_out["block_residual"] = x - x_in
 
         final, ops = self.final_layer, self.ops
         v = final(x.index_select(0, batch.video_index), t_emb, inverse_indices.index_select(0, batch.video_index),
