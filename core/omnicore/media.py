@@ -34,7 +34,7 @@ _IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF
                 (b"BM", "bmp"))
 
 
-def _frames_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) -> None:
+def _frames_check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if isinstance(value, LazyFrames):
         return  # its shape comes from the header; the decoder checks the pixels when they are read
     from .outputs.checks import check_frames  # the one frame check (uint8 [F>=1, H, W, 3]); light: numpy only
@@ -81,8 +81,9 @@ class LazyFrames:
         with self._lock:
             if self._frames is None:
                 assert self._source is not None
-                self._frames = read_video_clip(self._source, field=self._field, **self._caps).frames
-                self._source = None
+                frames = read_video_clip(self._source, field=self._field, **self._caps).frames
+                assert isinstance(frames, np.ndarray)  # read_video_clip always decodes
+                self._frames, self._source = frames, None
             return self._frames
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -117,7 +118,7 @@ def _wave_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) ->
 class VideoClip:
     """A decoded video: ``frames`` uint8 ``[F, H, W, 3]`` (RGB) at ``fps`` frames per second."""
 
-    frames: np.ndarray = attrs.field(validator=_frames_check)  # or LazyFrames (decoded when first read)
+    frames: np.ndarray | LazyFrames = attrs.field(validator=_frames_check)  # LazyFrames: decoded when read
     fps: float = attrs.field(converter=float)
 
     @property
@@ -212,7 +213,7 @@ def open_image(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_M
     fp = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) \
         else open(os.fspath(source), "rb")
     try:
-        img = factory(fp, None)  # the header only; no pixel data is read yet
+        img = factory(fp, "")  # the header only; no pixel data is read yet
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for broken headers
         fp.close()
         raise _reject(field, f"cannot decode the image ({type(exc).__name__}: {exc})") from None

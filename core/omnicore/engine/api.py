@@ -308,7 +308,7 @@ class Engine:
                     self._cond.notify_all()
             # drop the finished jobs before waiting: their requests hold decoded inputs (the server's decode budget)
             batch = started = []
-            job = None
+            job = None  # type: ignore[assignment]  # (the loop variable would keep the last job alive)
 
     # ------------------------------------------------------------------ control
     def stats(self) -> dict[str, Any]:
