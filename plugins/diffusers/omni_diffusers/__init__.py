@@ -1,0 +1,1 @@
+"""omnicore adapter serving stock diffusers pipelines (``DiffusionPipeline`` checkpoints) through every surface."""

@@ -1,0 +1,220 @@
+"""``DiffusersPipeline``: any stock diffusers ``DiffusionPipeline`` behind omnicore's pipeline protocol.
+
+The adapter never re-implements a model: each batch is **one call of the diffusers pipeline itself** (lists of
+prompts, one ``torch.Generator`` per output row), so an output equals what that pipeline returns for the same
+generator, and a batched row equals the request run alone (diffusers draws each row's noise from its own
+generator). The call runs on a worker thread parked at step boundaries (:mod:`omni_diffusers.stepper`), so the
+engine still sees ``encode`` / one ``denoise_step`` per step / ``decode``: progress per step, cancellation
+between steps, step timings in the outputs' metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from omnicore.plugin import (BasePipeline, DenoiseState, GenerationRequest, InvalidRequest, LoadOptions, ModelSpec,
+                             Output, UnsupportedFeature, load_media, output_seeds)
+
+from .signature import PipelineCard, describe
+from .stepper import SteppedCall
+
+DENOISERS = ("transformer", "transformer_2", "unet", "prior")
+JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _frozen(value: Any, field: str) -> Hashable:
+    """A hashable form of a JSON value (for the batch key); rejects what a JSON request cannot carry."""
+    if isinstance(value, JSON_SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v, field) for v in value)
+    raise InvalidRequest(field, f"must be a JSON scalar or list, got {type(value).__name__}")
+
+
+class DiffusersPipeline(BasePipeline):
+    """Serves one loaded ``DiffusionPipeline``; ``spec`` is the registered spec narrowed to the pipeline's card."""
+
+    def __init__(self, pipe: Any, device: torch.device) -> None:
+        self.pipe, self.device = pipe, device
+        self._registered: ModelSpec | None = None
+        self._active: SteppedCall | None = None
+        params = describe_params(pipe)
+        if "callback_on_step_end" not in params:
+            raise UnsupportedFeature("diffusers", f"{type(pipe).__name__}.__call__ takes no callback_on_step_end, "
+                                                  "so it cannot be stepped, cancelled or report progress")
+        self.denoisers = [getattr(pipe, n) for n in DENOISERS if isinstance(getattr(pipe, n, None), torch.nn.Module)]
+        if not self.denoisers:
+            raise UnsupportedFeature("diffusers", f"{type(pipe).__name__} has none of the denoisers {DENOISERS}")
+        # the engine's --offload model: every component entered through forward (VAEs are entered through decode)
+        self.offload_modules = {n: m for n, m in pipe.components.items()
+                                if isinstance(m, torch.nn.Module) and not n.startswith("vae")}
+        self.card: PipelineCard | None = None
+
+    # ------------------------------------------------------------------ loading and the spec
+    @classmethod
+    def from_pretrained(cls, path: Path, options: LoadOptions) -> DiffusersPipeline:
+        import diffusers
+
+        diffusers.utils.logging.disable_progress_bar()
+        if (Path(path) / "modular_model_index.json").is_file() and not (Path(path) / "model_index.json").is_file():
+            raise UnsupportedFeature("diffusers", f"{path} is a modular pipeline (modular_model_index.json); the "
+                                                  "adapter serves DiffusionPipeline checkpoints (model_index.json)")
+        kwargs = {"dtype": options.dtype} if options.dtype is not None else {}
+        pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **kwargs).to(options.platform.device())
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, options.platform.device())
+
+    @property  # type: ignore[override]
+    def spec(self) -> ModelSpec:
+        if self._registered is None:
+            raise AttributeError("spec")
+        return self._spec
+
+    @spec.setter
+    def spec(self, registered: ModelSpec) -> None:
+        """The engine sets the registered spec (with a preset's defaults); the card narrows it to this pipeline."""
+        from .plugin import MODEL_SPEC
+
+        self._registered = registered
+        own_defaults = registered.defaults != MODEL_SPEC.defaults  # a preset's defaults win over the signature's
+        self.card = describe(self.pipe, registered.capabilities, registered.defaults)
+        defaults = registered.defaults if own_defaults else self.card.defaults
+        self._spec = attrs.evolve(registered, capabilities=self.card.capabilities, defaults=defaults,
+                                  description=f"{self.card.class_name} through diffusers ({registered.description})")
+
+    # ------------------------------------------------------------------ requests
+    def preprocess(self, request: GenerationRequest) -> GenerationRequest:
+        card = self._card()
+        params = request.params.with_defaults(self.spec.defaults)
+        multiple = card.capabilities.size_multiple_of or 1
+        for name in ("height", "width"):
+            if getattr(params, name) % multiple:
+                raise InvalidRequest(f"params.{name}", f"must be a multiple of {multiple} for {card.class_name}")
+        if not card.video and params.num_frames != 1:
+            raise InvalidRequest("params.num_frames", f"{card.class_name} makes images: num_frames must be 1")
+        if card.frame_multiple and (params.num_frames - 1) % card.frame_multiple:
+            raise InvalidRequest("params.num_frames", f"must be {card.frame_multiple}n+1 for {card.class_name}")
+        for name in ("num_inference_steps", "guidance_scale"):
+            value = getattr(params, name)
+            if name not in card.parameters:
+                continue
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise InvalidRequest(f"params.{name}", "must be a finite number > 0")
+        if params.flow_shift is not None:
+            raise InvalidRequest("params.flow_shift", "diffusers pipelines take their shift from the scheduler "
+                                                      "config; flow_shift is not supported")
+        if not isinstance(request.prompt, str) or not request.prompt.strip():
+            raise InvalidRequest("prompt", "must be a non-empty string")
+        unknown = sorted(k for k in request.extra if k not in card.extra_keys)
+        if unknown:
+            raise InvalidRequest(f"extra.{unknown[0]}", f"{', '.join(unknown)}: not keyword argument(s) of "
+                                 f"{card.class_name}.__call__ that a request may set; accepted: "
+                                 f"{', '.join(card.extra_keys) or 'none'}")
+        for key, value in request.extra.items():
+            _frozen(value, f"extra.{key}")
+        roles = {m.role for m in request.inputs}
+        if card.conditioned and not roles & set(card.roles):
+            need = " + ".join(card.roles)
+            raise InvalidRequest("inputs", f"{card.class_name} needs an input image ({need})")
+        if ("mask" in roles) != ("edit_source" in roles) and "mask" in card.roles:
+            raise InvalidRequest("inputs", f"{card.class_name} needs both an edit_source image and a mask")
+        negative = request.negative_prompt or self.spec.defaults.negative_prompt or None
+        return request.evolve(params=params, negative_prompt=negative, prepared=True)
+
+    def batch_key(self, request: GenerationRequest) -> Hashable:
+        extra = tuple(sorted((k, _frozen(v, k)) for k, v in request.extra.items()))
+        # conditioned requests run alone: their images go into the call as one tensor batch per request
+        alone = request.request_id if request.inputs else None
+        return (request.batch_key(), extra, request.negative_prompt is not None, alone)
+
+    def _card(self) -> PipelineCard:
+        if self.card is None:
+            raise RuntimeError("the pipeline has no spec yet (the engine sets it after loading)")
+        return self.card
+
+    def call_kwargs(self, requests: Sequence[GenerationRequest]) -> dict[str, Any]:
+        """The keyword arguments of the one diffusers call serving ``requests`` (one row per output)."""
+        card, p = self._card(), requests[0].params
+        rows = [(r, seed) for r in requests for seed in output_seeds(r)]
+        kw: dict[str, Any] = {"prompt": [r.prompt for r, _ in rows], "height": p.height, "width": p.width,
+                              "generator": [torch.Generator().manual_seed(s) for _, s in rows]}
+        if requests[0].negative_prompt is not None and "negative_prompt" in card.parameters:
+            kw["negative_prompt"] = [r.negative_prompt for r, _ in rows]
+        kw["num_inference_steps"] = p.num_inference_steps
+        if "guidance_scale" in card.parameters:
+            kw["guidance_scale"] = p.guidance_scale
+        if card.video:
+            kw["num_frames"] = p.num_frames
+        kw["output_type"] = "np"
+        if "max_sequence_length" in card.parameters and "max_sequence_length" not in requests[0].extra:
+            limit = self._tokenizer_limit(card)
+            if limit is not None:
+                kw["max_sequence_length"] = limit
+        for role, keyword in card.roles.items():
+            media = [m for m in requests[0].inputs if m.role == role]
+            if media:
+                image = load_media(media[0].kind, media[0].data, field=f"inputs.{role}")
+                kw[keyword] = image if len(rows) == 1 else [image] * len(rows)
+        kw.update(requests[0].extra)
+        return kw
+
+    def _tokenizer_limit(self, card: PipelineCard) -> int | None:
+        """``max_sequence_length`` capped at the longest tokenizer's ``model_max_length`` (the signature's default
+        is meant for the real text encoder; a checkpoint whose tokenizers are shorter would otherwise fail)."""
+        default = describe_params(self.pipe)["max_sequence_length"].default
+        lengths = [getattr(t, "model_max_length", None) for n, t in self.pipe.components.items()
+                   if n.startswith("tokenizer")]
+        lengths = [n for n in lengths if isinstance(n, int)]
+        if not lengths or not isinstance(default, int):
+            return None
+        return min(default, max(lengths))
+
+    # ------------------------------------------------------------------ the stepped call
+    def encode(self, requests: Sequence[GenerationRequest]) -> DenoiseState:
+        requests = self.batch_requests(requests)
+        if self._active is not None:  # a batch the engine dropped (cancelled, failed): leave its call first
+            self._active.abort()
+        call = SteppedCall(self.pipe.__call__, self.call_kwargs(requests), self.denoisers,
+                           lambda: getattr(self.pipe, "_num_timesteps", None))
+        self._active = call
+        steps = call.start()
+        if steps is None:  # the call ended before its denoiser ran (zero steps, e.g. strength 0)
+            steps = 0
+        state = DenoiseState(requests=list(requests), num_steps=int(steps), extras={"call": call})
+        weakref.finalize(state, call.abort, False)  # a state the engine drops mid-run stops its call
+        return state
+
+    def denoise_step(self, state: DenoiseState, step: int) -> DenoiseState:
+        state.extras["call"].step(step)
+        return state
+
+    def decode(self, state: DenoiseState) -> list[Output]:
+        call: SteppedCall = state.extras["call"]
+        result = call.finish()
+        self._active = None
+        card, p = self._card(), state.requests[0].params
+        metrics = {"step_times_s": list(call.step_times), "diffusers_pipeline": card.class_name}
+        if card.video:
+            frames = result.frames
+            rows = [to_uint8(np.asarray(f)) for f in frames]
+            return [Output(kind="video", frames=f, fps=p.fps, metrics=dict(metrics)) for f in rows]
+        images = to_uint8(np.asarray(result.images))
+        return [Output(kind="image", frames=img[None], metrics=dict(metrics)) for img in images]
+
+
+def describe_params(pipe: Any) -> dict[str, Any]:
+    import inspect
+
+    return dict(inspect.signature(type(pipe).__call__).parameters)
+
+
+def to_uint8(array: np.ndarray) -> np.ndarray:
+    """diffusers' own float -> uint8 conversion (``numpy_to_pil``): ``round(x * 255)``, so bytes match its PIL."""
+    return (array * 255).round().astype("uint8")

@@ -1,0 +1,58 @@
+"""Entry point (``[project.entry-points.omnicore] diffusers``): registers the generic ``diffusers`` model.
+
+No torch or diffusers here (every ``omnicore`` command imports this module). The spec's capabilities are the
+union of what the adapter can map; the loaded pipeline narrows them to the checkpoint's own ``__call__``
+signature (``DiffusersPipeline.spec``), which is what the engine checks requests against and ``/v1/models``
+shows. Checkpoints are claimed by ``omni_diffusers.detect:detect`` unless a dedicated plugin claims them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnicore.plugin import InputRole, ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults, hookimpl
+
+SMALL = RequestDefaults(height=32, width=32, num_inference_steps=2, guidance_scale=3.5)
+
+
+def _preset(name: str, builder: str, description: str, **defaults: Any) -> PresetSpec:
+    import attrs
+
+    return PresetSpec(name=f"tiny:diffusers-{name}", builder=f"omni_diffusers.presets:{builder}",
+                      description=description, defaults=attrs.evolve(SMALL, **defaults))
+
+
+MODEL_SPEC = ModelSpec(
+    name="diffusers", impl="omni_diffusers.pipeline:DiffusersPipeline",
+    description="any stock diffusers pipeline (model_index.json) no dedicated plugin claims; modes, roles and "
+                "defaults come from the pipeline's __call__ signature once loaded",
+    detect="omni_diffusers.detect:detect",
+    capabilities=ModelCapabilities(
+        modes=("t2i", "i2i", "inpaint", "t2v", "i2v", "v2v"), outputs=("image", "video"),
+        inputs=(InputRole("reference", ("image", "video"), description="`image` / `video` of the pipeline"),
+                InputRole("edit_source", ("image",), description="`image` of an inpainting pipeline"),
+                InputRole("first_frame", ("image",), description="`image` of an image-to-video pipeline"),
+                InputRole("last_frame", ("image",), description="`last_image` of the pipeline"),
+                InputRole("mask", ("image",), description="`mask_image` of an inpainting pipeline")),
+        # diffusers' joint-attention processors (FLUX, SD3, Wan ...) are not routed through omnicore's selector
+        honours_attention_backend=False),
+    defaults=RequestDefaults(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5),
+    presets=(
+        _preset("flux", "build_flux", "random-weight FluxPipeline (1+1 layers) written by save_pretrained"),
+        _preset("flux-img2img", "build_flux_img2img", "random-weight FluxImg2ImgPipeline (role reference)",
+                num_inference_steps=4),
+        _preset("flux-inpaint", "build_flux_inpaint",
+                "random-weight FluxInpaintPipeline (roles edit_source + mask)", num_inference_steps=4),
+        _preset("wan", "build_wan", "random-weight WanPipeline (2 layers, text to video)", num_frames=5,
+                fps=16.0, guidance_scale=5.0),
+    ),
+)
+
+
+def plugin_info() -> dict[str, Any]:
+    return {"kind": "model", "api": ">=1.0,<2", "models": [MODEL_SPEC.name]}
+
+
+@hookimpl
+def omnicore_register_models(register: Any) -> None:
+    register(MODEL_SPEC)
