@@ -243,7 +243,7 @@ def npu_rainfusion_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     _check_heads(q, k, v)
     batched, q, k, v = packed_views(q, k, v)
     _check_packed(q, k, v, metadata)
-    used = plan.used_len
+    used, rows = plan.used_len, q.shape[0]
     if real_rows(metadata) != used:
         raise ValueError(f"the RainFusion plan covers {used} rows (prefix {plan.prefix_len} + video "
                          f"{plan.video_rows}) but the metadata's real document has {real_rows(metadata)}")
@@ -252,8 +252,22 @@ def npu_rainfusion_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         _ANNOUNCED.add(key)
         logger.info(plan.describe())
     k, v = _expand_kv(q, k, v)
-    out = current_ops().sparse_attention(q[None, :used], k[None, :used], v[None, :used], plan=plan,
-                                         scale=_scale(q, scale))[0]
-    if used < q.shape[0]:
-        out = torch.cat([out, out.new_zeros(q.shape[0] - used, *out.shape[1:])], dim=0)
+    q, k, v = q[:used], k[:used], v[:used]
+    if plan.video_first:  # [video | rest] -> the kernel's [prefix | video]; rotated back below (exact)
+        q, k, v = (torch.cat([t[plan.video_rows:], t[:plan.video_rows]]) for t in (q, k, v))
+    out = current_ops().sparse_attention(q[None], k[None], v[None], plan=plan, scale=_scale(q, scale))[0]
+    if plan.video_first:
+        out = torch.cat([out[plan.prefix_len:], out[:plan.prefix_len]])
+    if used < rows:
+        out = torch.cat([out, out.new_zeros(rows - used, *out.shape[1:])], dim=0)
     return out[None] if batched else out
+
+
+def _attach_planner() -> None:
+    from .rainfusion import sparse_planner
+
+    # how a model recognises a plan-executing backend and builds its planner (see omni_backends_npu.rainfusion)
+    npu_rainfusion_attention.sparse_planner = sparse_planner  # type: ignore[attr-defined]
+
+
+_attach_planner()

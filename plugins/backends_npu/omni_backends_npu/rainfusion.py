@@ -15,6 +15,20 @@ realised sparsity can be logged: the latent columns/rows beyond whole 8-wide til
 form a suffix, and the residue of the rest modulo 128 is promoted with it (1344x768, grid ``(62, 24, 42)``: 62496
 video rows, 32 left over modulo 128, a 2928-row suffix, 2976 rows promoted, 59520 = 465 x 128 sparse rows).
 
+A model whose documents lead with the video (LingBot: ``[video ; text]``) plans with ``video_first=True``: the plan
+then says the video rows are the document's first ``video_rows`` and the backend hands the kernel the rotation
+``[rest | video]`` (attention over a document is equivariant to reordering its rows, so rotating, attending and
+rotating back is exact).
+
+**Models attach plans themselves, per layer** — the model knows its layout and its layer index, the backend does
+not. The backend function carries :func:`sparse_planner` as its ``sparse_planner`` attribute: a model that finds
+it on the attention backend it was given builds a :class:`RainFusion` from its deployment options (sparsity,
+exempt layers) and attaches :meth:`RainFusion.layer_metadata` to its calls. Under Ulysses sequence parallelism the
+plan needs no change: every rank attends over the whole sequence for ``H / P`` heads with the full sequence's
+metadata, so the plan (rows, blocks, prefix) is the single-process one and the kernel sees ``H / P`` heads
+(:func:`ulysses_plan`); ring attention (keys split over ranks) cannot run a plan that ranks keys over the whole
+sequence and is refused.
+
 Dense attention still runs for warm-up steps (``step < start_step``), exempt layers (``skip_layers``), calls whose
 metadata publishes no grid, and videos too short for block selection (fewer than :data:`MIN_VIDEO_BLOCKS` sparse
 blocks): :meth:`RainFusion.plan` returns ``None`` there and the backend takes its dense path.
@@ -22,6 +36,7 @@ blocks): :meth:`RainFusion.plan` returns ``None`` there and the backend takes it
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -36,6 +51,7 @@ TILE = 8
 #: fewest sparse blocks worth a block selection; shorter videos stay dense (our threshold)
 MIN_VIDEO_BLOCKS = 2
 DEFAULT_SPARSITY = 0.8
+logger = logging.getLogger("omni_backends_npu")
 
 
 def parse_layer_selector(value: str | Iterable[int] | None, field: str = "rainfusion.skip_layers") -> frozenset[int]:
@@ -108,6 +124,8 @@ class RainFusionPlan:
     latent_shape: tuple[int, int, int] = attrs.field(converter=_check_grid)
     sparsity: float = attrs.field(default=DEFAULT_SPARSITY, validator=_check_sparsity)
     block_size: int = BLOCK_ROWS
+    #: the document is ``[video | rest]`` (the backend rotates it to the kernel's ``[prefix | video]``)
+    video_first: bool = False
 
     def __attrs_post_init__(self) -> None:
         if type(self.prefix_len) is not int or self.prefix_len < 0:
@@ -163,9 +181,26 @@ class RainFusionPlan:
                 f"({self.sparse_blocks} sparse blocks of {self.block_size}, {self.promoted_rows} promoted)")
 
 
-def build_plan(prefix_len: int, latent_grid: Any, *, sparsity: float = DEFAULT_SPARSITY) -> RainFusionPlan:
-    """The plan for ``prefix_len`` dense rows followed by a ``latent_grid`` video (any grid)."""
-    return RainFusionPlan(prefix_len=prefix_len, latent_shape=latent_grid, sparsity=sparsity)
+def build_plan(prefix_len: int, latent_grid: Any, *, sparsity: float = DEFAULT_SPARSITY,
+               video_first: bool = False) -> RainFusionPlan:
+    """The plan for ``prefix_len`` dense rows and a ``latent_grid`` video (any grid), the video last unless
+    ``video_first``."""
+    return RainFusionPlan(prefix_len=prefix_len, latent_shape=latent_grid, sparsity=sparsity, video_first=video_first)
+
+
+def ulysses_plan(plan: RainFusionPlan, *, ulysses: int = 1, ring: int = 1) -> RainFusionPlan:
+    """The plan each rank runs under ``ulysses`` x ``ring`` sequence parallelism.
+
+    Ulysses swaps row shards for head shards before attention, so every rank attends over every row (for ``H /
+    ulysses`` heads) with the full sequence's metadata: the plan is the same on every rank and equal to the
+    single-process one — the rows it covers never shrink to ``T / ulysses``. Ring attention splits the *keys*
+    over ranks, and rf_v2 ranks key blocks over the whole sequence, so ``ring > 1`` is refused (ConfigError)."""
+    if type(ulysses) is not int or ulysses < 1:
+        raise ConfigError("parallel", f"ulysses must be an int >= 1, got {ulysses!r}")
+    if ring != 1:
+        raise ConfigError("parallel", f"RainFusion needs ring degree 1 (it ranks keys over the whole sequence), "
+                                      f"got ring={ring!r}; scale with ulysses instead")
+    return plan
 
 
 def real_rows(metadata: Any) -> int | None:
@@ -187,12 +222,14 @@ class RainFusion:
 
     config: RainFusionConfig = RainFusionConfig()
 
-    def plan(self, metadata: Any, *, step: int, layer: int) -> RainFusionPlan | None:
+    def plan(self, metadata: Any, *, step: int | None, layer: int,
+             video_first: bool = False) -> RainFusionPlan | None:
         """The plan for this call, or ``None`` = dense (warm-up, exempt layer, no grid, not one document, video
-        too short, or rows that do not hold the grid). Only a model whose real rows are ``[prefix | video]`` (the
-        video last, in ``(t, h, w)`` order) may ask: the metadata cannot say where its video rows sit, so a
-        video-first layout such as LingBot's would be planned wrongly."""
-        if step < self.config.start_step or layer in self.config.skip_layers:
+        too short, or rows that do not hold the grid). The metadata cannot say where a document's video rows sit:
+        the model says it — last (``[prefix | video]``, the default) or first (``video_first``, LingBot's
+        ``[video ; text]``), in ``(t, h, w)`` order either way. ``step=None``: the model does not count steps
+        (no warm-up)."""
+        if (step is not None and step < self.config.start_step) or layer in self.config.skip_layers:
             return None
         if metadata is None or metadata.latent_grid is None or metadata.causal:
             return None
@@ -203,20 +240,38 @@ class RainFusion:
         prefix = used - t * h * w
         if prefix < 0:
             return None
-        plan = build_plan(prefix, metadata.latent_grid, sparsity=self.config.sparsity)
+        plan = build_plan(prefix, metadata.latent_grid, sparsity=self.config.sparsity, video_first=video_first)
         return plan if plan.selects_blocks else None
 
-    def metadata_for(self, metadata: Any, *, step: int, layer: int) -> Any:
+    def metadata_for(self, metadata: Any, *, step: int | None, layer: int, video_first: bool = False) -> Any:
         """``metadata`` with this call's plan attached (or without any plan: dense)."""
-        plan = self.plan(metadata, step=step, layer=layer)
+        plan = self.plan(metadata, step=step, layer=layer, video_first=video_first)
         if plan is None and getattr(metadata, "sparse_plan", None) is None:
             return metadata
         return attrs.evolve(metadata, sparse_plan=plan)
+
+    def layer_metadata(self, metadata: Any, layers: int, *, step: int | None = None,
+                       video_first: bool = False) -> tuple[Any, ...]:
+        """One metadata record per layer ``0 .. layers-1`` (the plan attached, or not for exempt layers): what a
+        model hands layer ``i``'s attention. The plan is computed once and shared."""
+        planned = self.metadata_for(metadata, step=step, layer=-1, video_first=video_first)
+        plain = metadata if getattr(metadata, "sparse_plan", None) is None else attrs.evolve(metadata,
+                                                                                            sparse_plan=None)
+        return tuple(plain if i in self.config.skip_layers else planned for i in range(layers))
 
     def describe(self) -> str:
         layers = ",".join(map(str, sorted(self.config.skip_layers))) or "none"
         return (f"RainFusion: sparsity {self.config.sparsity:g}, start step {self.config.start_step}, "
                 f"exempt layers {layers}")
+
+
+def sparse_planner(options: Mapping[str, Any] | None = None) -> RainFusion:
+    """The planner a model builds from its deployment options (``sparsity``, ``start_step``, ``skip_layers``;
+    ConfigError naming the option for bad values); attached to ``npu_rainfusion_attention`` as its
+    ``sparse_planner`` attribute, which is how a model recognises a plan-executing backend."""
+    planner = RainFusion(RainFusionConfig.from_mapping(dict(options or {})))
+    logger.info(planner.describe())
+    return planner
 
 
 def keep_count(blocks: int, sparsity: float) -> int:

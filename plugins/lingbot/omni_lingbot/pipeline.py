@@ -28,7 +28,7 @@ from omnicore.errors import ConfigError, InvalidRequest
 from omnicore.module_hooks import hook_context
 from omnicore.outputs.output import Output
 from omnicore.parallel.cfg import cfg_branches, data_parallel
-from omnicore.plugin import read_json
+from omnicore.plugin import STAGES_KEY, read_json
 from omnicore.specs import AttentionRequirement
 
 from .image_condition import align_image, apply_clean_prefix, load_image
@@ -36,7 +36,7 @@ from .loader import PLUGIN, CheckpointError, load_transformer
 from .plan import PLAN_KEY, LingBotPlan, Sampling, caption_of, plan_of
 from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
-from .refiner import refiner_sigmas, start_latents
+from .refiner import refiner_sigmas, refiner_stage, start_latents
 from .request_rules import resolve_request
 from .scheduler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
 from .text_encoder import LingBotTextEncoder
@@ -56,6 +56,14 @@ def pad_embeddings(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Te
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def sparse_attention_options(model_options: Any) -> dict[str, Any]:
+    """The block-sparse planner's settings from the deployment options ``rainfusion_sparsity`` /
+    ``rainfusion_skip_layers`` (unset ones keep the planner's defaults)."""
+    opts = dict(model_options or {})
+    pairs = (("sparsity", opts.get("rainfusion_sparsity")), ("skip_layers", opts.get("rainfusion_skip_layers")))
+    return {key: value for key, value in pairs if value is not None}
 
 
 class LingBotPipeline(BasePipeline):
@@ -109,6 +117,7 @@ class LingBotPipeline(BasePipeline):
                                      ops=options.platform.ops)
             if parallel is not None and parallel.ulysses > 1:
                 model.enable_ulysses(parallel)
+            model.enable_sparse_attention(sparse_attention_options(options.model_options))  # plan-running backends
             return model
 
         transformer = dit(root / "transformer")
@@ -160,7 +169,9 @@ class LingBotPipeline(BasePipeline):
             fps=resolved.fps, flow_shift=resolved.shift,
             output_type="image" if resolved.mode == "t2i" else "video",
         )
-        extra = {PLAN_KEY: LingBotPlan.from_resolved(resolved)}  # the one typed record encode/decode read
+        extra: dict[str, Any] = {PLAN_KEY: LingBotPlan.from_resolved(resolved)}  # the record encode/decode read
+        if resolved.refiner is not None:  # the refiner's work, for the engine's limits and work budget
+            extra[STAGES_KEY] = (refiner_stage(resolved.refiner, params, request.extra),)
         return request.evolve(
             prompt=resolved.caption, negative_prompt=negative, inputs=inputs, params=params,
             modalities=("image",) if resolved.mode == "t2i" else ("video",), extra=extra, prepared=True,

@@ -70,6 +70,11 @@ OPTIONS = (
     ModelOption("negative_prompt_image", "str", None, help="default negative prompt of text-to-image (default: the "
                                                           "checkpoint's default_negative_prompt_image.json, else "
                                                           "built-in)"),
+    ModelOption("rainfusion_sparsity", "float", None, help="share of video key blocks each query block drops under a "
+                                                          "block-sparse attention backend (npu_rainfusion; default "
+                                                          "0.8; other backends ignore it)"),
+    ModelOption("rainfusion_skip_layers", "str", None, help="DiT layers that stay dense under a block-sparse "
+                                                           "attention backend, e.g. '0-3,38'"),
 )
 
 MODEL_SPEC = ModelSpec(
@@ -86,7 +91,7 @@ MODEL_SPEC = ModelSpec(
 
 
 def plugin_info() -> dict[str, Any]:
-    return {"kind": "model", "api": ">=1.2,<2", "version": __version__, "models": [MODEL_SPEC.name],
+    return {"kind": "model", "api": ">=1.4,<2", "version": __version__, "models": [MODEL_SPEC.name],
             "presets": [p.name for p in PRESETS]}
 
 

@@ -68,7 +68,16 @@ from .request_rules import (
 from .scheduler import euler_step, paired_sigmas, timesteps
 from .teacache import BLOCK_RESIDUAL, KEEP_RESIDUAL
 from .text_encoder import H3TextEncoder, VideoCondition
+from .transformer.attention import enable_sparse_attention
 from .vae import H3AudioVAE, H3VideoVAE
+
+
+def sparse_attention_options(model_options: Any) -> dict[str, Any]:
+    """The block-sparse planner's settings (a plan-running backend such as ``npu_rainfusion``) from the
+    deployment options ``rainfusion_sparsity`` / ``rainfusion_skip_layers``; unset ones keep its defaults."""
+    opts = dict(model_options or {})
+    pairs = (("sparsity", opts.get("rainfusion_sparsity")), ("skip_layers", opts.get("rainfusion_skip_layers")))
+    return {key: value for key, value in pairs if value is not None}
 
 logger = logging.getLogger("omni_minimax_h3")
 
@@ -182,6 +191,7 @@ class MiniMaxH3Pipeline(BasePipeline):
                     platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=cfg.attention_head_dim,
                     packed_varlen=True, packed_mask_free=True))
             transformers[part] = load_transformer(folder, device=device, dtype=dtype, attention=attention, ops=ops)
+            enable_sparse_attention(transformers[part], sparse_attention_options(options.model_options))
         settings = layout.settings
         text_encoder = H3TextEncoder.from_pretrained(
             layout.text_encoder, layout.tokenizer, layout.processor, device=device, dtype=dtype,

@@ -75,6 +75,11 @@ OPTIONS = (
     ModelOption("partition", "str", default=None, choices=("fl2va", "ref2va", "combined"),
                 help="which DiT partitions of the repository to load (default: every one present); fl2va serves "
                      "t2va and fl2va, ref2va serves ref2va, combined both"),
+    ModelOption("rainfusion_sparsity", "float", default=None,
+                help="share of video key blocks each query block drops under a block-sparse attention backend "
+                     "(npu_rainfusion; default 0.8; other backends ignore it)"),
+    ModelOption("rainfusion_skip_layers", "str", default=None,
+                help="DiT layers that stay dense under a block-sparse attention backend, e.g. '0-3,38'"),
 )
 
 #: Per-request fields (``model_params``) declared for clients such as the playground; request_rules checks them.

@@ -45,6 +45,9 @@ def npu_rainfusion_on_cpu(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
         return attention.npu_rainfusion_attention(q, k, v, **kwargs)
 
 
+npu_rainfusion_on_cpu.sparse_planner = attention.npu_rainfusion_attention.sparse_planner  # type: ignore[attr-defined]
+
+
 class CpuSeamBackends:
     """Registers ``npu_varlen`` / ``npu_laser`` / ``npu_rainfusion`` for platform ``cpu`` (float32 too), with the
     capabilities the plugin declares for ``npu``."""

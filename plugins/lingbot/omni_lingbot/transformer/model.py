@@ -10,10 +10,11 @@ loads with ``strict=True``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import torch
+from omnicore.attention.metadata import AttentionMetadata
 from omnicore.attention.reference import sdpa_attention
 from omnicore.parallel.ulysses import SequenceShard, UlyssesAttention, check_heads
 from torch import nn
@@ -49,12 +50,26 @@ def cast_keeping_fp32(model: nn.Module, dtype: torch.dtype, keep: Iterable[str] 
     return model
 
 
+class _WithMetadata:
+    """An attention backend called with one layer's metadata (the layout's, with that layer's sparse plan)."""
+
+    def __init__(self, attention: AttentionFn, metadata: AttentionMetadata) -> None:
+        self.attention = attention
+        self.metadata = metadata
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, metadata: Any = None,
+                 **kwargs: Any) -> torch.Tensor:
+        return self.attention(q, k, v, metadata=self.metadata, **kwargs)
+
+
 class LingBotVideoTransformer3DModel(nn.Module):
     """The LingBot-Video DiT. ``attention`` follows ``omnicore.attention.reference.sdpa_attention`` (packed mode)."""
 
     keep_fp32_modules: tuple[str, ...] = KEEP_FP32_MODULES
     #: this rank's omnicore.parallel.ParallelContext when the blocks run Ulysses-sharded (enable_ulysses)
     sequence_parallel: Any = None
+    #: the attention backend's block-sparse planner (enable_sparse_attention); None = every call dense
+    sparse_planner: Any = None
 
     def __init__(self, config: LingBotTransformerConfig, attention: AttentionFn | None = None, ops: Any = None) -> None:
         super().__init__()
@@ -85,6 +100,24 @@ class LingBotVideoTransformer3DModel(nn.Module):
         check_heads(self.config.num_attention_heads, ctx.ulysses)
         self.sequence_parallel = ctx
         self.attention = UlyssesAttention(self.attention, ctx)
+
+    def enable_sparse_attention(self, options: Mapping[str, Any] | None = None) -> bool:
+        """Attach block-sparse plans to the attention calls when the backend executes them (it carries a
+        ``sparse_planner`` factory, e.g. ``npu_rainfusion``), built from ``options`` (``sparsity``,
+        ``skip_layers``); returns whether plans are on. Plans cover the full sequence's documents, so they are
+        the same on every Ulysses rank (each attends over every row for its heads)."""
+        backend = self.attention.attention if isinstance(self.attention, UlyssesAttention) else self.attention
+        factory = getattr(backend, "sparse_planner", None)
+        self.sparse_planner = factory(dict(options or {})) if callable(factory) else None
+        return self.sparse_planner is not None
+
+    def layer_attention(self, metadata: AttentionMetadata) -> list[AttentionFn]:
+        """The attention of each block: the backend itself, or — with a sparse planner — the backend called with
+        that layer's planned metadata (documents are ``[video ; text]``: the video leads)."""
+        if self.sparse_planner is None:
+            return [self.attention] * len(self.blocks)
+        planned = self.sparse_planner.layer_metadata(metadata, len(self.blocks), video_first=True)
+        return [_WithMetadata(self.attention, md) for md in planned]
 
     # ------------------------------------------------------------------ forward
     def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
@@ -164,8 +197,8 @@ class LingBotVideoTransformer3DModel(nn.Module):
         if sp is not None:  # this rank's rows only, until the output head
             shard = SequenceShard(layout.total, sp.sp_rank, sp.ulysses)
             x, freqs, blocks_layout = shard.take(x), shard.take(freqs), ShardedLayout(layout, shard)
-        for block in self.blocks:
-            x = block(x, temb6, blocks_layout, freqs, self.attention)
+        for block, attention in zip(self.blocks, self.layer_attention(layout.attention)):
+            x = block(x, temb6, blocks_layout, freqs, attention)
         if sp is not None:
             x = shard.gather(x, sp)
 

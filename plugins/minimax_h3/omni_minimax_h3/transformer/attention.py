@@ -14,8 +14,8 @@ Ascend laser kernel otherwise; backends without that workspace ignore it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from omnicore.plugin import AttentionMetadata
@@ -46,7 +46,11 @@ class Documents:
 
 
 class PackedAttention:
-    """Calls a packed attention backend on ``q, k, v [T, heads, D]`` for a :class:`Documents` layout."""
+    """Calls a packed attention backend on ``q, k, v [T, heads, D]`` for a :class:`Documents` layout.
+
+    With a block-sparse ``planner`` (:func:`enable_sparse_attention`; the backend executes plans) a DiT layer's
+    call gets its layer's planned metadata — built once per :class:`Documents` and layer, cached on it; calls
+    without a layer index (the token refiner) and layouts without a published video grid stay dense."""
 
     def __init__(self, fn: AttentionFn | None = None) -> None:
         if fn is None:
@@ -54,10 +58,35 @@ class PackedAttention:
 
             fn = sdpa_attention
         self.fn: AttentionFn = fn
+        self.planner: Any = None
+        self.layers = 0
+
+    def metadata(self, docs: Documents, layer: int | None) -> AttentionMetadata:
+        if self.planner is None or layer is None or docs.metadata.latent_grid is None:
+            return docs.metadata
+        planned = docs.__dict__.get("_planned")
+        if planned is None or planned[0] is not self.planner:
+            planned = (self.planner, self.planner.layer_metadata(docs.metadata, self.layers))
+            docs.__dict__["_planned"] = planned
+        return cast(AttentionMetadata, planned[1][layer])
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents,
-                 scale: float) -> torch.Tensor:
-        return self.fn(q, k, v, metadata=docs.metadata, scale=scale)
+                 scale: float, layer: int | None = None) -> torch.Tensor:
+        return self.fn(q, k, v, metadata=self.metadata(docs, layer), scale=scale)
+
+
+def enable_sparse_attention(dit: Any, options: Mapping[str, Any] | None = None) -> bool:
+    """Attach block-sparse plans to ``dit``'s layer attention when its backend executes them (it carries a
+    ``sparse_planner`` factory, e.g. ``npu_rainfusion``), built from ``options`` (``sparsity``, ``skip_layers``);
+    returns whether plans are on. H3's documents are ``[text / conditions / audio | video]``: the video rows are the
+    last real rows, which is what the published ``latent_grid`` promises."""
+    packed: PackedAttention = dit.attention
+    factory = getattr(packed.fn, "sparse_planner", None)
+    packed.planner = factory(dict(options or {})) if callable(factory) else None
+    packed.layers = len(dit.blocks)
+    for i, block in enumerate(dit.blocks):
+        block.attn.layer_index = i
+    return packed.planner is not None
 
 
 class RMSNorm(nn.Module):
@@ -73,6 +102,9 @@ class RMSNorm(nn.Module):
 
 
 class H3Attention(nn.Module):
+    #: the DiT layer this attention belongs to (set by enable_sparse_attention; None: the token refiner's)
+    layer_index: int | None = None
+
     def __init__(self, hidden: int, heads: int, head_dim: int, qk_eps: float) -> None:
         super().__init__()
         self.heads = heads
@@ -94,5 +126,5 @@ class H3Attention(nn.Module):
         if rope is not None:
             q = ops.rope_rotate_half(q, *rope)
             k = ops.rope_rotate_half(k, *rope)
-        out = attention(q, k, v, docs, self.scale)
+        out = attention(q, k, v, docs, self.scale, self.layer_index)
         return self.out_proj(out.reshape(t, self.inner).to(x.dtype))
