@@ -58,6 +58,10 @@ _LAZY: dict[str, str] = {
     "check_request": "omnicore.engine.inputs:check_request",
     "resolve_roles": "omnicore.engine.inputs:resolve_roles",
     "check_inputs": "omnicore.engine.inputs:check_inputs",
+    # a stage a model runs besides the base loop (a refiner), listed in ``extra[STAGES_KEY]`` by its preprocess: held
+    # to the same limits and counted into the job's work budget (1.4)
+    "StageWork": "omnicore.engine.limits:StageWork",
+    "STAGES_KEY": "omnicore.engine.limits:STAGES_KEY",
     # -- cancellation points inside a long stage (decode chunks) ---------------------------------------------
     "raise_if_cancelled": "omnicore.engine.cancellation:raise_if_cancelled",
     "cancel_points": "omnicore.engine.cancellation:cancel_points",

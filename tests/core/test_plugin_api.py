@@ -25,6 +25,8 @@ PUBLIC_NAMES = frozenset({
     # media inputs, model options, cancellation points
     "MediaInput", "InputRole", "ModelOption", "VideoClip", "AudioClip", "load_media", "raise_if_cancelled",
     "cancel_points", "check_request", "resolve_roles", "check_inputs",
+    # work of a model's own extra stage, checked with the request's limits (1.4)
+    "StageWork", "STAGES_KEY",
     # errors
     "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
     "Cancelled",

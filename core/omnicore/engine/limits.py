@@ -6,10 +6,16 @@ client sent would miss most of them, so the engine checks the request the model 
 one place, against the tighter of the model's declared limits (:class:`~omnicore.specs.ModelCapabilities`)
 and the caller's budget (the server's ``--max-image-pixels`` / ``--max-work``). A violation is a
 :class:`LimitExceeded` naming the limit, so the server answers 400 before any work starts.
+
+A model that runs a further stage of its own (LingBot's refiner: another DiT at another size and step count) lists
+it as :class:`StageWork` records under ``request.extra[STAGES_KEY]`` from its ``preprocess``: each stage is held to
+the same per-frame limits, and its work counts into the job's ``--max-work`` total, so a request cannot escape
+the budget through model-specific size or step fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -44,6 +50,43 @@ class WorkLimits:
         return cls(max_pixels=getattr(caps, "max_pixels", None), max_frames=getattr(caps, "max_frames", None),
                    max_steps=getattr(caps, "max_steps", None),
                    max_pixel_frames=getattr(caps, "max_pixel_frames", None), source=f"model {spec.name}")
+
+
+#: ``GenerationRequest.extra`` key of the :class:`StageWork` records a model's ``preprocess`` declares.
+STAGES_KEY = "omnicore_stages"
+
+
+@attrs.frozen
+class StageWork:
+    """One stage a model runs besides the base denoise loop of ``request.params`` (e.g. a refiner DiT).
+
+    ``size_field`` / ``steps_field`` / ``work_field`` are the request fields an error names (e.g.
+    ``extra.refiner_height``): the fields the client changes to make the stage fit.
+    """
+
+    name: str
+    width: int
+    height: int
+    num_frames: int = 1
+    steps: int = 1
+    outputs: int = 1
+    size_field: str = "params"
+    steps_field: str = "params"
+    work_field: str = "params"
+
+    @property
+    def work(self) -> int:
+        return self.width * self.height * self.num_frames * self.steps * self.outputs
+
+
+def declared_stages(request: Any) -> tuple[StageWork, ...]:
+    """The stages a prepared request declares (none unless its model listed some)."""
+    stages = (getattr(request, "extra", None) or {}).get(STAGES_KEY, ())
+    if isinstance(stages, StageWork):
+        stages = (stages,)
+    if not isinstance(stages, Sequence) or not all(isinstance(s, StageWork) for s in stages):
+        raise TypeError(f"request.extra[{STAGES_KEY!r}] must be StageWork records, got {stages!r}")
+    return tuple(stages)
 
 
 # (attribute, limit flag or field name used in messages for a server budget)
@@ -92,3 +135,28 @@ def check_limits(request: Any, *limits: WorkLimits | None) -> None:
         tight = _tightest(attr, limits)
         if tight is not None and value > tight[0]:
             raise LimitExceeded(field, f"{text(tight[0])} ({tight[1]})", attr)
+    _check_stages(work, declared_stages(request), limits)
+
+
+def _check_stages(base_work: int, stages: tuple[StageWork, ...], limits: tuple[WorkLimits | None, ...]) -> None:
+    """Each declared stage against the per-frame limits, then the job's total work against ``max_work``."""
+    total = base_work
+    for st in stages:
+        w, h, f = st.width, st.height, st.num_frames
+        checks = (  # (limit, value, field, message before "more than the limit N")
+            ("max_pixels", w * h, st.size_field, f"the {st.name} stage's size {w}x{h} has {w * h} pixels per frame"),
+            ("max_steps", st.steps, st.steps_field, f"the {st.name} stage's {st.steps} steps is"),
+            ("max_pixel_frames", w * h * f, st.size_field, f"the {st.name} stage's {w}x{h} x {f} frames = "
+                                                           f"{w * h * f} pixels,"),
+        )
+        for attr, value, field, text in checks:
+            tight = _tightest(attr, limits)
+            if tight is not None and value > tight[0]:
+                raise LimitExceeded(field, f"{text} more than the limit {tight[0]} ({tight[1]})", attr)
+        total += st.work
+        tight = _tightest("max_work", limits)
+        if tight is not None and total > tight[0]:
+            raise LimitExceeded(st.work_field, f"the {st.name} stage is {w}x{h} x {f} frames x {st.steps} steps x "
+                                               f"{st.outputs} outputs = {st.work} work units, which brings the job "
+                                               f"to {total}, more than the budget {tight[0]} ({tight[1]})",
+                                "max_work")

@@ -11,13 +11,14 @@ and is drawn in a fixed order: the video posterior, then (TI2V) the image poster
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from omnicore.engine.request import MAX_SEED
+from omnicore.plugin import StageWork
 from PIL import Image
 
 from .image_condition import apply_clean_prefix
@@ -45,19 +46,43 @@ def refiner_sigmas(options: RefinerOptions) -> np.ndarray:
     return low_noise_sigmas(options.steps, options.shift, options.t_thresh, options.sigma_tail_steps)
 
 
-def resample_indices(num_frames: int, fps: float, sample_fps: float, max_frames: int | None = None) -> list[int]:
-    """Base-frame indices of the refiner's clip, as the reference budgets it: a clip faster than ``sample_fps``
-    keeps ``raw = int(num_frames / fps * sample_fps)`` frames, a slower one all of them (never upsampled); the
-    count is rounded down to ``4k + 1`` for the causal VAE (at least one), capped at ``max_frames``
-    (``refiner_max_video_frames``), and spread over the clip by ``linspace(0, num_frames - 1, count)`` truncated
-    to integers."""
+def clip_length(num_frames: int, fps: float, sample_fps: float, max_frames: int | None = None) -> int:
+    """How many base frames the refiner's clip keeps, as the reference budgets it: a clip faster than
+    ``sample_fps`` keeps ``raw = int(num_frames / fps * sample_fps)`` frames, a slower one all of them (never
+    upsampled); the count is rounded down to ``4k + 1`` for the causal VAE (at least one) and capped at
+    ``max_frames`` (``refiner_max_video_frames``)."""
     if num_frames < 1 or fps <= 0 or sample_fps <= 0:
         raise ValueError(f"need num_frames >= 1 and positive rates, got {num_frames}, {fps}, {sample_fps}")
     raw = int(num_frames / fps * sample_fps) if fps > sample_fps else num_frames
     count = max(((raw - 1) // 4) * 4 + 1, 1)
     if max_frames is not None and count > max_frames:
         count = max_frames
+    return count
+
+
+def resample_indices(num_frames: int, fps: float, sample_fps: float, max_frames: int | None = None) -> list[int]:
+    """Base-frame indices of the refiner's clip: :func:`clip_length` of them, spread over the clip by
+    ``linspace(0, num_frames - 1, count)`` truncated to integers."""
+    count = clip_length(num_frames, fps, sample_fps, max_frames)
     return [int(i) for i in np.linspace(0, num_frames - 1, count).astype(np.int64)]
+
+
+def refiner_stage(options: RefinerOptions, params: Any, extra: Mapping[str, Any]) -> StageWork:
+    """The refiner as a stage of the request's work (``params`` are the base stage's, defaults filled): its size,
+    its clip length and the DiT evaluations of its schedule. The engine holds it to the same limits as the base
+    stage and counts it into the job's work budget (``--max-work``), so ``refiner_height``/``refiner_width``/
+    ``refiner_steps`` cannot make a job larger than the budget. Errors name the refiner field the client set."""
+    frames = int(params.num_frames or 1)
+    if frames > 1:
+        frames = clip_length(frames, float(params.fps or options.sample_fps), options.sample_fps,
+                             options.max_video_frames)
+    given = [k for k in ("refiner_steps", "refiner_height", "refiner_width") if k in extra]
+    size_field = "extra.refiner_width" if "refiner_width" in extra and "refiner_height" not in extra \
+        else "extra.refiner_height"
+    return StageWork(name="refiner", width=options.width, height=options.height, num_frames=frames,
+                     steps=len(refiner_sigmas(options)), outputs=int(params.num_outputs or 1),
+                     size_field=size_field, steps_field="extra.refiner_steps",
+                     work_field=f"extra.{given[0]}" if given else "extra.run_refiner")
 
 
 def resize_video(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:

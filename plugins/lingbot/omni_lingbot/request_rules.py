@@ -17,6 +17,7 @@ from omnicore.errors import InvalidRequest
 
 from .prompts import compact_json, default_negative_prompt
 from .stage_options import (
+    MAX_SCHEDULE_STEPS,
     REFINER_FIELDS,
     TILING_FIELDS,
     RefinerOptions,
@@ -353,6 +354,8 @@ def resolve_low_noise(extra: Mapping[str, Any]) -> LowNoiseOptions:
     tail = extra.get("base_sigma_tail_steps", DEFAULT_SIGMA_TAIL_STEPS)
     if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
         raise InvalidRequest("extra.base_sigma_tail_steps", f"must be a non-negative integer, got {tail!r}")
+    if tail > MAX_SCHEDULE_STEPS:  # each tail point is one more DiT evaluation
+        raise InvalidRequest("extra.base_sigma_tail_steps", f"must be at most {MAX_SCHEDULE_STEPS}, got {tail}")
     return LowNoiseOptions(threshold, tail)
 
 

@@ -25,6 +25,10 @@ TILING_FIELDS = (
     "vae_tile_sample_stride_width",
 )
 REFINER_SIZE_MULTIPLE = 16  # VAE 8x and DiT patch 2x
+#: At most this many refiner steps / tail steps: the scheduler has 1000 training timesteps, so a finer grid only
+#: repeats its (integer) timesteps. The refiner's size and steps are further bounded by the work budget: the
+#: pipeline declares the stage to the engine (refiner.refiner_stage), which checks it with the request's limits.
+MAX_SCHEDULE_STEPS = 1000
 TILE_MULTIPLE = 8  # one latent cell of the Wan VAE
 
 
@@ -68,12 +72,15 @@ def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _int(extra: Mapping[str, Any], key: str, default: int, *, low: int, multiple: int = 1) -> int:
+def _int(extra: Mapping[str, Any], key: str, default: int, *, low: int, multiple: int = 1,
+         high: int | None = None) -> int:
     value = extra.get(key, default)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)  # JSON clients may send 1088.0
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise InvalidRequest(f"extra.{key}", f"must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise InvalidRequest(f"extra.{key}", f"must be at most {high}, got {value}")
     if value % multiple:
         raise InvalidRequest(f"extra.{key}", f"must be a multiple of {multiple}, got {value}")
     return value
@@ -121,11 +128,11 @@ def resolve_refiner(extra: Mapping[str, Any], mode: str) -> RefinerOptions | Non
     return RefinerOptions(
         height=_int(extra, "refiner_height", d.height, low=REFINER_SIZE_MULTIPLE, multiple=REFINER_SIZE_MULTIPLE),
         width=_int(extra, "refiner_width", d.width, low=REFINER_SIZE_MULTIPLE, multiple=REFINER_SIZE_MULTIPLE),
-        steps=_int(extra, "refiner_steps", d.steps, low=1),
+        steps=_int(extra, "refiner_steps", d.steps, low=1, high=MAX_SCHEDULE_STEPS),
         guidance_scale=_number(extra, "refiner_guidance_scale", d.guidance_scale, low=0.0),
         shift=_number(extra, "refiner_shift", d.shift, low=0.0, low_open=True),
         t_thresh=_number(extra, "refiner_t_thresh", d.t_thresh, low=0.0, high=1.0, low_open=True),
-        sigma_tail_steps=_int(extra, "refiner_sigma_tail_steps", d.sigma_tail_steps, low=0),
+        sigma_tail_steps=_int(extra, "refiner_sigma_tail_steps", d.sigma_tail_steps, low=0, high=MAX_SCHEDULE_STEPS),
         sample_fps=_number(extra, "refiner_sample_fps", d.sample_fps, low=0.0, low_open=True),
         null_cond_clone_zero=_bool(extra, "refiner_null_cond_clone_zero", d.null_cond_clone_zero),
         output_fps=output_fps,

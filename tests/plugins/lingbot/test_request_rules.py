@@ -246,6 +246,7 @@ def test_resolve_request_priorities():
     ({"extra": {"refiner": True}}, "unknown LingBot field", "extra.refiner"),
     ({"extra": {"batch_cfg": "yes"}}, "true or false", "extra.batch_cfg"),
     ({"extra": {"t_thresh": 1.5}}, r"\(0, 1\]", "extra.t_thresh"),
+    ({"extra": {"base_sigma_tail_steps": 1001}}, "at most 1000", "extra.base_sigma_tail_steps"),
     ({"modalities": ("image",), "num_frames": 5}, "text-to-image requires", "params.num_frames"),
     ({"modalities": ("image",), "extra": {"duration": 2}}, "duration", "extra.duration"),
     ({"modalities": ("image",), "output_type": "video"}, "produces image output", "params.output_type"),
