@@ -44,7 +44,7 @@ MODEL_SPEC = ModelSpec(
         _preset("flux-inpaint", "build_flux_inpaint",
                 "random-weight FluxInpaintPipeline (roles edit_source + mask)", num_inference_steps=4),
         _preset("wan", "build_wan", "random-weight WanPipeline (2 layers, text to video)", num_frames=5,
-                fps=16.0, guidance_scale=5.0),
+                guidance_scale=5.0),
     ),
 )
 
