@@ -143,8 +143,8 @@ class TeaCache(StepCache):
             current = self.adapter.extract(state, step)
             previous = rs.data.get("modulated")
             rs.data["modulated"] = current
-            if previous is None:
-                hit = False
+            if previous is None or getattr(previous, "shape", None) != getattr(current, "shape", None):
+                hit = False  # nothing to compare with: the first step, or the batch was re-packed (a request left)
             else:
                 rs.data["accumulated"] = rs.data.get("accumulated", 0.0) + abs(
                     polyval(self.coefficients, relative_l1(current, previous)))

@@ -22,7 +22,7 @@ import torch
 from omnicore.plugin import ABSENT, AdaLNScheduleController
 
 
-class PartitionPlan(list):  # type: ignore[type-arg]
+class PartitionPlan(list):
     """A batch's per-step unique timesteps (the ``adaln_schedule_plan``) and the partition whose DiT runs it."""
 
     def __init__(self, steps: Sequence[torch.Tensor], partition: str) -> None:
@@ -53,7 +53,7 @@ class PartitionAdaLN(AdaLNScheduleController):
         """The AdaLN controller of the DiT serving ``partition``."""
         return self.dits[partition].adaln
 
-    @property  # type: ignore[override]
+    @property
     def cache(self) -> Any:
         return None if self._last is None else self.controller(self._last).cache
 

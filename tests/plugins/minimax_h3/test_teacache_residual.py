@@ -129,3 +129,22 @@ def test_the_block_residual_hook_comes_in_pairs():
     with pytest.raises(ConfigError, match="keep_residual and reuse_residual go together"):
         TeaCacheAdapter(extract=lambda s, i: None, keep_residual=lambda s, i: None)
     assert not TeaCacheAdapter(extract=lambda s, i: None).reuses_block_residual  # the generic velocity replay
+
+
+def test_a_request_leaving_the_batch_restarts_the_comparison_instead_of_failing(pipe):
+    """Cancelling one request of a packed batch re-packs it: the next step's modulated input has other rows than
+    the last one, so it computes (and the comparison restarts) — it raised a size mismatch and failed the batch."""
+    a, b = request(seed=3, num_inference_steps=5), request(seed=4, num_inference_steps=5, extra={"aspect_ratio": "1:1"})
+    host = PluginHost(Settings(), autoload=False)
+    pipe.host = host
+    handle = apply_teacache(pipe, TeaCacheConfig(rel_l1_thresh=1e9))
+    try:
+        state = _steps(pipe, host, pipe.encode([pipe.preprocess(a), pipe.preprocess(b)]), [0, 1])
+        assert handle.stats(state).reused == [1]
+        state = _steps(pipe, host, pipe.select_requests(state, [1]), [2, 3, 4])
+        assert handle.stats(state).computed == [0, 2, 4] and handle.stats(state).reused == [1, 3]
+        (out,) = pipe.decode(state)
+        assert out.seed == 4 and out.frames.shape == (107, 64, 64, 3)
+    finally:
+        handle.remove()
+        pipe.host = None
