@@ -121,6 +121,9 @@ def test_errors_name_the_field(pipe, combined):
     with pytest.raises(InvalidRequest) as info:
         pipe.preprocess(request(fps=25.0))
     assert info.value.field == "params.fps"
+    with pytest.raises(InvalidRequest) as info:  # refused as HTTP refuses it (it was floored to 96x32, i.e. 3:1)
+        pipe.preprocess(request(height=50, width=100, extra={}))
+    assert info.value.field == "params.width" and "nearest valid sizes: 128x64, 96x64" in str(info.value)
 
 
 def write_reference_video(path, seconds: float = 2.5, fps: int = 12):
