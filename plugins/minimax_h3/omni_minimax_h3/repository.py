@@ -236,7 +236,12 @@ def _assemble(root: Path, kind: str, transformers: dict[str, Path], shared: Path
         folder = _component_dir(shared, index, name, *fallbacks)
         if folder is None:
             where = "" if shared == root else f" (under {shared.name}/)"
-            raise CheckpointError(PLUGIN, root, f"missing the {name}/ folder{where}", component=name)
+            entry = index.get(name) if index is not None else None
+            spec = entry[2] if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], dict) else {}
+            elsewhere = spec.get("pretrained_model_name_or_path")
+            hint = (f"; the index points it at {elsewhere!r} (subfolder {spec.get('subfolder') or '-'}), which is "
+                    f"not here: download it into {name}/") if elsewhere else ""
+            raise CheckpointError(PLUGIN, root, f"missing the {name}/ folder{where}{hint}", component=name)
         folders[name] = folder
     return RepoLayout(root=root, kind=kind, transformers=transformers, text_encoder=folders["text_encoder"],
                       tokenizer=folders["tokenizer"], processor=folders["processor"], video_vae=folders["vae"],

@@ -124,3 +124,20 @@ def test_the_official_partition_layout_loads_both_partitions(tiny_combined_dir: 
     assert (ours.frames == theirs.frames).all() and (ours.audio == theirs.audio).all()
     prepared = pipe.preprocess(request(num_inference_steps=2, extra={}, inputs=(reference("image", image(320, 256)),)))
     assert (prepared.extra["h3"].video_shift, prepared.extra["h3"].audio_shift) == (9.0, 2.0)
+
+
+def test_a_component_the_index_points_elsewhere_is_named(modular_dir: Path, tmp_path: Path) -> None:
+    from omni_minimax_h3.repository import resolve_layout
+    from omnicore.plugin import CheckpointError
+
+    moved = tmp_path / "repo"
+    shutil.copytree(modular_dir, moved, ignore=shutil.ignore_patterns("text_encoder"))
+    index = json.loads((moved / "modular_model_index.json").read_text())
+    index["text_encoder"][2].update(pretrained_model_name_or_path="someone/qwen3-vl", subfolder="")
+    (moved / "modular_model_index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="missing the text_encoder/ folder; the index points it at "
+                                              "'someone/qwen3-vl'"):
+        resolve_layout(moved)
+    layout = resolve_layout(modular_dir)
+    assert layout.kind == "modular" and layout.video_vae == modular_dir / "vae"
+    assert set(layout.transformers) == {"fl2va"}  # transformer_ref is listed unset: no Ref2VA partition
