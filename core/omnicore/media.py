@@ -94,6 +94,16 @@ class LazyFrames:
         return self.shape[0]
 
     def __getitem__(self, index: Any) -> Any:
+        """Indexing decodes; a leading slice (``frames[:n]``) of frames not yet decoded decodes only those ``n``."""
+        if self._frames is None and isinstance(index, slice) and index.start in (None, 0) \
+                and index.step in (None, 1) and index.stop is not None and 0 < index.stop < self._shape[0]:
+            with self._lock:
+                source = self._source
+            if source is not None:
+                caps = dict(self._caps)
+                keep = caps.get("keep_frames")
+                caps["keep_frames"] = index.stop if keep is None else min(keep, index.stop)
+                return read_video_clip(source, field=self._field, **caps).frames
         return self.materialize()[index]
 
     def __iter__(self) -> Any:

@@ -168,3 +168,24 @@ def test_lazy_clip_checks_the_header_and_decodes_only_when_read():
     probe = probe_media("video", data)
     assert (probe.width, probe.height, probe.frames, probe.fps) == (64, 48, 30, 24.0)
     assert probe.decoded_bytes(keep_frames=5, max_pixels=32 * 24) == 5 * 32 * 24 * 3
+
+
+def test_a_leading_slice_of_lazy_frames_decodes_only_that_many():
+    data = _mp4(40, (64, 48))
+    clip = lazy_video_clip(data)
+    head = clip.frames[:7]
+    assert isinstance(head, np.ndarray) and head.shape == (7, 48, 64, 3) and not clip.frames.decoded
+    assert np.array_equal(head, np.asarray(clip.frames)[:7])
+
+
+@pytest.mark.parametrize("fps", [12, 24, 30])
+def test_h3_reads_the_same_reference_frames_from_the_decoded_prefix(fps):
+    """MiniMax-H3 slices a reference video to the source frames its generated length reaches (so a lazily
+    decoded upload decodes no more); the 24 fps frames it conditions on are unchanged by the slice."""
+    conditions = pytest.importorskip("omni_minimax_h3.conditions")
+    frames = np.stack([np.full((8, 8, 3), i, np.uint8) for i in range(90)])
+    for num_frames in (22, 39, 56):
+        needed = int(np.ceil(num_frames * fps / 24.0)) + 1
+        full = conditions.video_at_24fps(frames, float(fps), num_frames, (8, 8))
+        sliced = conditions.video_at_24fps(frames[:needed], float(fps), num_frames, (8, 8))
+        assert np.array_equal(full, sliced), (fps, num_frames)

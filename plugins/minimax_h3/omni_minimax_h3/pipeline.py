@@ -317,7 +317,9 @@ class MiniMaxH3Pipeline(BasePipeline):
                                   short_edge=self.deployment.canvas_short_edge,
                                   max_pixels=self.deployment.canvas_max_pixels,
                                   multiple=self.deployment.canvas_multiple, field="inputs")
-        frames = video_at_24fps(clip.frames, clip.fps, r.num_frames, canvas)
+        # only the source frames that reach the generated length: a lazily decoded upload decodes no more
+        needed = int(np.ceil(r.num_frames * clip.fps / FPS)) + 1
+        frames = video_at_24fps(clip.frames[:needed], clip.fps, r.num_frames, canvas)
         audio_latents = 0
         if ref.audio is not None:
             counts["audio"] += 1
