@@ -85,8 +85,9 @@ OPTIONS = (
 #: Per-request fields (``model_params``) declared for clients such as the playground; request_rules checks them.
 REQUEST_FIELDS = (
     ModelOption("aspect_ratio", "str", default=None, choices=tuple(ASPECT_RATIOS),
-                help="canvas aspect ratio: required for t2va (an explicit size then wins); fl2va defaults to the "
-                     "first keyframe's ratio, ref2va to 16:9",
+                help="canvas aspect ratio: required for t2va unless height and width match one (it is then "
+                     "derived); with an explicit size it must agree with it; fl2va defaults to the first "
+                     "keyframe's ratio, ref2va to 16:9",
                 required_for=("t2va",), unless=("height", "width"), example="16:9"),
     ModelOption("task", "str", default=None, choices=MODES,
                 help="t2va, fl2va or ref2va; default: inferred from the conditioning inputs"),
