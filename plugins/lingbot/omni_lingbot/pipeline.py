@@ -156,6 +156,7 @@ class LingBotPipeline(BasePipeline):
             prompt=request.prompt, negative_prompt=request.negative_prompt, modalities=request.modalities,
             num_images=len(first_frames), num_videos=len(request.videos), num_audios=len(request.audios),
             params=request.params, extra=request.extra, defaults=self.spec.defaults,
+            device_type=self.device.type,  # batch_cfg "auto": two passes on CPU, packed on CUDA/NPU
         )
         if resolved.refiner is not None and self.refiner is None:
             raise InvalidRequest("extra.run_refiner", "this checkpoint has no refiner/ stage (the MoE package "
@@ -411,9 +412,13 @@ class LingBotPipeline(BasePipeline):
             pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             refiner = plan.refiner
             fps = None if image else refiner.fps if refiner is not None else request.params.fps
+            guided = (request.params.guidance_scale or 0.0) > 1.0
             outputs.append(Output(
                 kind="image" if image else "video", frames=pixels, fps=fps,
                 request_id=request.request_id, index=0, seed=request.params.seed,
+                # how the base stage ran CFG (1 = one packed forward), and whether the platform chose it
+                metrics={"batch_cfg": float(plan.batch_cfg and guided),
+                         "batch_cfg_auto": float(plan.batch_cfg_source == "auto")},
             ))
         return outputs
 

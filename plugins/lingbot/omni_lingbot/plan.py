@@ -27,12 +27,14 @@ class LingBotPlan:
     low_noise: LowNoiseOptions = LowNoiseOptions()  # base low-noise schedule (threshold None = full grid)
     refiner: RefinerOptions | None = None  # the MoE package's refiner stage, or None
     vae_tiling: VaeTiling | None = None  # per request, not in the batch key
+    batch_cfg_source: str = "request"  # who chose batch_cfg: "request" or "auto" (the platform; not in the key)
 
     @classmethod
     def from_resolved(cls, resolved: ResolvedRequest) -> LingBotPlan:
         return cls(mode=resolved.mode, batch_cfg=resolved.batch_cfg,
                    null_cond_clone_zero=resolved.null_cond_clone_zero, low_noise=resolved.low_noise,
-                   refiner=resolved.refiner, vae_tiling=resolved.vae_tiling)
+                   refiner=resolved.refiner, vae_tiling=resolved.vae_tiling,
+                   batch_cfg_source=resolved.batch_cfg_source)
 
     def batch_key(self, fps: float | None) -> tuple[Any, ...]:
         """Plans of one batch must agree on all of this; a refined clip's length depends on the base fps."""

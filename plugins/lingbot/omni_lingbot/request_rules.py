@@ -329,6 +329,32 @@ def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+#: Device types on which ``batch_cfg`` left to the platform (absent or ``"auto"``) packs CFG into one B=2N forward.
+PACKED_CFG_DEVICES = frozenset({"cuda", "npu"})
+
+
+def platform_batch_cfg(device_type: str) -> bool:
+    """What ``batch_cfg: "auto"`` (the default) picks on ``device_type``: packed on CUDA/NPU, two passes elsewhere.
+
+    Measured, not assumed, on CPU: ``benchmarks/lingbot_batch_cfg.py`` times the packed B=2 forward at 1.17x
+    (dense) and 1.26x (MoE) the two B=1 forwards at 1.5k video tokens, so a CPU deployment runs two passes. On an
+    accelerator the packed forward is the point (one launch sequence for both branches, a fuller device); that
+    side is unverified here (no GPU was measured)."""
+    return device_type in PACKED_CFG_DEVICES
+
+
+def resolve_batch_cfg(extra: Mapping[str, Any], device_type: str) -> tuple[bool, str]:
+    """``(packed, source)`` for ``extra.batch_cfg``: an explicit true/false is kept (source ``"request"``);
+    absent or ``"auto"`` takes :func:`platform_batch_cfg` (source ``"auto"``)."""
+    value = extra.get("batch_cfg", "auto")
+    if value == "auto":
+        return platform_batch_cfg(device_type), "auto"
+    if not isinstance(value, bool):
+        raise InvalidRequest("extra.batch_cfg", f'must be true or false (or "auto": the platform\'s choice), '
+                                                f"got {value!r}")
+    return value, "request"
+
+
 @attrs.frozen
 class LowNoiseOptions:
     """A low-noise schedule request: start at ``threshold`` (in (0, 1]) plus ``tail_steps`` extra sigmas."""
@@ -376,6 +402,7 @@ class ResolvedRequest:
     low_noise: LowNoiseOptions
     refiner: RefinerOptions | None = None
     vae_tiling: VaeTiling | None = None
+    batch_cfg_source: str = "request"  # "request" (explicit true/false) or "auto" (the platform's choice)
 
 
 def resolve_request(
@@ -389,9 +416,11 @@ def resolve_request(
     params: Any,
     extra: Mapping[str, Any],
     defaults: Any = None,
+    device_type: str = "cpu",
 ) -> ResolvedRequest:
     """Apply every rule to one request (``params`` is an omnicore ``SamplingParams``; ``defaults`` the served
-    ``RequestDefaults`` — a preset's may be smaller — else the model's own 480x480, 81 frames, 24 fps, shift 3)."""
+    ``RequestDefaults`` — a preset's may be smaller — else the model's own 480x480, 81 frames, 24 fps, shift 3;
+    ``device_type`` the DiT's device, which decides ``batch_cfg: "auto"``)."""
     default_h = DEFAULT_HEIGHT if defaults is None else defaults.height
     default_w = DEFAULT_WIDTH if defaults is None else defaults.width
     default_frames = DEFAULT_NUM_FRAMES if defaults is None else defaults.num_frames
@@ -417,6 +446,7 @@ def resolve_request(
     from_request = resolve_size(width=params.width, height=params.height, size=extra.get("size"),
                                 resolution=extra.get("resolution"), ratio=extra.get("ratio"), source="")
     height, width = from_prompt or from_request or (default_h, default_w)
+    batch_cfg, batch_cfg_source = resolve_batch_cfg(extra, device_type)
 
     return ResolvedRequest(
         mode=mode,
@@ -429,7 +459,8 @@ def resolve_request(
         num_frames=num_frames,
         fps=fps,
         shift=resolve_shift(extra.get("shift"), extra.get("flow_shift"), params.flow_shift, default_shift),
-        batch_cfg=_bool(extra, "batch_cfg", False),
+        batch_cfg=batch_cfg,
+        batch_cfg_source=batch_cfg_source,
         null_cond_clone_zero=_bool(extra, "null_cond_clone_zero", False),
         low_noise=resolve_low_noise(extra),
         refiner=resolve_refiner(extra, mode),

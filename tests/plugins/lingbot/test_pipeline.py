@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,33 @@ def test_forward_count_per_cfg_mode(pipe, recorder, guidance, batch_cfg, calls_p
     state, _ = run(pipe, request(guidance_scale=guidance, extra={"batch_cfg": batch_cfg}))
     assert len(recorder.inputs) == calls_per_step * state.num_steps
     assert set(recorder.batch_sizes) == {batch}
+
+
+def test_batch_cfg_auto_runs_two_passes_on_cpu_and_says_so(pipe, recorder):
+    # no batch_cfg (= "auto") on a CPU pipeline: two B=1 forwards per step (packed measured slower on CPU),
+    # visible in the plan and the output metrics; "auto" spelled out is the same choice
+    for extra in ({}, {"batch_cfg": "auto"}):
+        recorder.inputs.clear()
+        recorder.batch_sizes.clear()
+        prepared = pipe.preprocess(request(extra=extra))
+        assert (plan_of(prepared).batch_cfg, plan_of(prepared).batch_cfg_source) == (False, "auto")
+        state, (out,) = run(pipe, request(extra=extra))
+        assert len(recorder.inputs) == 2 * state.num_steps and set(recorder.batch_sizes) == {1}
+        assert (out.metrics["batch_cfg"], out.metrics["batch_cfg_auto"]) == (0.0, 1.0)
+    _, (out,) = run(pipe, request(extra={"batch_cfg": True}))  # an explicit choice is kept and reported
+    assert (out.metrics["batch_cfg"], out.metrics["batch_cfg_auto"]) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(("device", "extra", "packed", "source"), [
+    ("cuda", {}, True, "auto"), ("npu", {"batch_cfg": "auto"}, True, "auto"), ("cpu", {}, False, "auto"),
+    ("cuda", {"batch_cfg": False}, False, "request"), ("cpu", {"batch_cfg": True}, True, "request"),
+])
+def test_batch_cfg_auto_follows_the_pipeline_device(pipe, monkeypatch, device, extra, packed, source):
+    # preprocess reads only the device's type (CUDA/NPU execution itself is unverified on this CPU host; without
+    # torch_npu, torch.device("npu") does not parse, hence a stand-in carrying only the type)
+    monkeypatch.setattr(pipe, "device", SimpleNamespace(type=device))
+    plan = plan_of(pipe.preprocess(request(extra=extra)))
+    assert (plan.batch_cfg, plan.batch_cfg_source) == (packed, source)
 
 
 def test_batched_cfg_equals_sequential_cfg(pipe):

@@ -220,6 +220,20 @@ def test_resolve_request_defaults():
     assert _resolve(num_frames=9).num_frames == 9
 
 
+def test_batch_cfg_auto_is_per_platform():
+    # left to the platform: packed on CUDA/NPU, two passes on CPU (where lingbot_batch_cfg measures packed slower)
+    assert (_resolve().batch_cfg, _resolve().batch_cfg_source) == (False, "auto")
+    for device, packed in (("cpu", False), ("cuda", True), ("npu", True), ("mps", False)):
+        r = rr.resolve_request(prompt="fox", negative_prompt=None, modalities=("video",), num_images=0, num_videos=0,
+                               num_audios=0, params=SamplingParams(), extra={"batch_cfg": "auto"},
+                               device_type=device)
+        assert (r.batch_cfg, r.batch_cfg_source) == (packed, "auto")
+        assert rr.platform_batch_cfg(device) is packed
+    for value in (True, False):  # an explicit choice is kept on every platform
+        for device in ("cpu", "cuda"):
+            assert rr.resolve_batch_cfg({"batch_cfg": value}, device) == (value, "request")
+
+
 def test_resolve_request_priorities():
     # prompt-dict resolution+ratio beats the request's width/height; a prompt size beats sampling dimensions
     r = _resolve({"caption": "fox", "resolution": "192p", "ratio": "16:9"}, width=64, height=64)
