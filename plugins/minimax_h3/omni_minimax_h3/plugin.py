@@ -11,7 +11,7 @@ from typing import Any
 
 from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
 
-from .request_rules import ASPECT_RATIOS  # torch-free, like this module
+from .request_rules import ASPECT_RATIOS, frame_limits  # torch-free, like this module
 
 __version__ = "0.1.0"
 
@@ -48,6 +48,7 @@ CAPABILITIES = ModelCapabilities(
     size_multiple_of=32,
     fps_range=(24.0, 24.0),
     frame_rule="17n+5",
+    max_frames=frame_limits()[1],  # what the 15 s cap generates on the 17n+5 grid: 362
 )
 
 DEFAULTS = RequestDefaults(

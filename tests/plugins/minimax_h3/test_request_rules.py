@@ -262,3 +262,9 @@ def test_ref2va_video_references():
     assert field_of(resolve, media=[MediaSummary("video", "reference", size=(900, 200), duration_s=2.0)], extra={},
                     deployment=REF2VA) == "inputs[0].data"  # wider than 4:1
     assert field_of(resolve, media=[video] * 4, extra={}, deployment=REF2VA) == "inputs[3]"
+
+
+def test_the_spec_declares_the_frame_cap_the_rules_apply():
+    from omni_minimax_h3.plugin import CAPABILITIES
+
+    assert CAPABILITIES.max_frames == 362 == resolve(duration=15.0).num_frames
