@@ -87,7 +87,8 @@ class DiffusersPipeline(BasePipeline):
         self.card = describe(self.pipe, registered.capabilities, registered.defaults)
         defaults = registered.defaults if own_defaults else self.card.defaults
         self._spec = attrs.evolve(registered, capabilities=self.card.capabilities, defaults=defaults,
-                                  description=f"{self.card.class_name} through diffusers ({registered.description})")
+                                  aliases=(*registered.aliases, self.card.class_name.lower()),
+                                  request_fields=self.card.request_fields, description=f"{self.card.class_name} through diffusers ({registered.description})")
 
     # ------------------------------------------------------------------ requests
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 import attrs
-from omnicore.plugin import InputRole, ModelCapabilities, RequestDefaults
+from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, RequestDefaults
 
 #: keyword arguments the adapter itself sets from the request, never taken from ``extra``
 MANAGED = frozenset({
@@ -43,6 +43,19 @@ class PipelineCard:
     capabilities: ModelCapabilities
     defaults: RequestDefaults
     frame_multiple: int | None  # num_frames must be n * frame_multiple + 1 (temporal VAE compression)
+    request_fields: tuple[ModelOption, ...] = ()  # the extra keys, typed, for /v1/models' model_params
+
+
+def _field(name: str, param: inspect.Parameter) -> ModelOption:
+    """A passed-through keyword as a typed request field (type from its default, else its annotation)."""
+    default = None if param.default is inspect.Parameter.empty else param.default
+    kind = {bool: "bool", int: "int", float: "float", str: "str"}.get(type(default))
+    if kind is None:
+        text = str(param.annotation)
+        kind = next((t for t in ("bool", "float", "int") if t in text), "str")
+    if not isinstance(default, (bool, int, float, str)):
+        default = None
+    return ModelOption(name, kind, default=default, help=f"`{name}` of the pipeline's __call__ (passed through)")
 
 
 def _signature(pipe: Any) -> dict[str, inspect.Parameter]:
@@ -121,4 +134,5 @@ def describe(pipe: Any, base: ModelCapabilities, defaults: RequestDefaults) -> P
     derived = {k: v for k, v in derived.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return PipelineCard(class_name=name, parameters=tuple(params), extra_keys=extra, video=video, roles=roles,
                         conditioned=conditioned and bool(roles), capabilities=caps,
-                        defaults=attrs.evolve(defaults, **derived), frame_multiple=temporal)
+                        defaults=attrs.evolve(defaults, **derived), frame_multiple=temporal,
+                        request_fields=tuple(_field(k, params[k]) for k in extra))

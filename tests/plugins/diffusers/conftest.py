@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("diffusers")
-PLUGIN = "omni_diffusers.plugin"
+from _diffusers_helpers import make_engine
 
 
 @pytest.fixture(scope="session")
@@ -17,15 +17,6 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from omnicore.config import Settings
 
     return Settings(cache_dir=str(tmp_path_factory.mktemp("omni-diffusers-cache")))
-
-
-def make_engine(model: str | Path, settings: Any, **options: Any) -> Any:
-    import omnicore
-    from omnicore.testing import add_loaded, isolated_host
-
-    host = isolated_host(settings)
-    add_loaded(host, PLUGIN)
-    return omnicore.Engine(model, host=host, settings=settings, **options)
 
 
 @pytest.fixture(scope="session")

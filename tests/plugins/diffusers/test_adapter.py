@@ -54,6 +54,8 @@ def test_the_card_lists_limits_and_extra_keywords(engines: Any) -> None:
     keys = flux.pipeline.card.extra_keys
     assert "max_sequence_length" in keys and "true_cfg_scale" in keys
     assert "prompt_embeds" not in keys and "generator" not in keys and "callback_on_step_end" not in keys
+    fields = {f.name: (f.type, f.default) for f in flux.spec.request_fields}  # /v1/models' model_params
+    assert fields["max_sequence_length"] == ("int", 512) and fields["true_cfg_scale"] == ("float", 1.0)
 
 
 # ------------------------------------------------------------------ bit for bit equal to the stock pipeline

@@ -1,0 +1,251 @@
+"""The adapter through omnicore's other surfaces: checkpoint claiming (dedicated plugins win), the CLI,
+``omnicore serve`` with the openai SDK and the video jobs API (cancel), offload, and refused caches.
+
+The checkpoints are directories written by diffusers' ``save_pretrained`` (``omni_diffusers.presets``), served
+by path, the way a user serves ``./tiny-flux``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from _diffusers_helpers import make_engine
+
+PROMPT = "a red fox in the snow"
+
+
+@pytest.fixture(scope="module")
+def flux_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from omni_diffusers.presets import build_flux
+
+    target = tmp_path_factory.mktemp("tiny-flux") / "tiny-flux"
+    build_flux(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def wan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from omni_diffusers.presets import build_wan
+
+    target = tmp_path_factory.mktemp("tiny-wan") / "tiny-wan"
+    build_wan(target)
+    return target
+
+
+def _stock(path: Path, prompt: str, seed: int, **kwargs: Any) -> np.ndarray:
+    import diffusers
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(str(path))
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(prompt, generator=torch.Generator().manual_seed(seed), max_sequence_length=32, **kwargs).images
+    return np.asarray(images[0])
+
+
+def _env(tmp: Path, extra_path: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNICORE_")}
+    env["OMNICORE_CACHE"] = str(tmp / "cache")
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    return env
+
+
+# ------------------------------------------------------------------ claiming
+def test_a_save_pretrained_directory_is_claimed_by_the_adapter(flux_dir: Path, settings: Any,
+                                                                tmp_path: Path) -> None:
+    from omnicore.engine.loading import resolve_model
+    from omnicore.errors import InvalidRequest
+    from omnicore.testing import add_loaded, isolated_host
+
+    host = isolated_host(settings)
+    add_loaded(host, "omni_diffusers.plugin")
+    assert resolve_model(flux_dir, host, settings).spec.name == "diffusers"
+    other = tmp_path / "not-diffusers"
+    other.mkdir()
+    (other / "model_index.json").write_text('{"_class_name": "MyOwnPipeline", "_diffusers_version": "0.42.1"}')
+    with pytest.raises(InvalidRequest, match="MyOwnPipeline"):  # not a class diffusers exports
+        resolve_model(other, host, settings)
+
+
+FAKE_PLUGIN = '''
+from omnicore.plugin import ModelSpec, hookimpl
+
+@hookimpl
+def omnicore_register_models(register):
+    register(ModelSpec(name="dedicated-flux", impl="fake_dedicated:Pipeline", aliases=("fluxpipeline",)))
+    register(ModelSpec(name="dedicated-wan", impl="fake_dedicated:Pipeline", detect="fake_dedicated:detect"))
+
+def detect(path):
+    import json, pathlib
+    index = pathlib.Path(path) / "model_index.json"
+    return index.is_file() and json.loads(index.read_text()).get("_class_name") == "WanPipeline"
+
+class Pipeline:
+    pass
+'''
+
+
+def test_dedicated_plugins_win_over_the_adapter(flux_dir: Path, wan_dir: Path, tmp_path: Path) -> None:
+    """An installed plugin that claims FluxPipeline by alias and WanPipeline by detector gets those
+    directories, whichever order the host loads the plugins in; without it the adapter claims them."""
+    site = tmp_path / "site"
+    (site / "fake_dedicated-0.1.dist-info").mkdir(parents=True)
+    (site / "fake_dedicated.py").write_text(textwrap.dedent(FAKE_PLUGIN))
+    (site / "fake_dedicated-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-dedicated\n"
+                                                                    "Version: 0.1\n")
+    (site / "fake_dedicated-0.1.dist-info" / "entry_points.txt").write_text(
+        "[omnicore]\nfake_dedicated = fake_dedicated\n")
+    script = ("import sys; from omnicore.config import Settings; from omnicore.plugins import PluginHost; "
+              "from omnicore.engine.loading import resolve_model; s = Settings(); h = PluginHost(s); "
+              "print([resolve_model(p, h, s).spec.name for p in sys.argv[1:]])")
+    args = [sys.executable, "-c", script, str(flux_dir), str(wan_dir)]
+    with_it = subprocess.run(args, env=_env(tmp_path, site), capture_output=True, text=True, timeout=300)
+    assert with_it.returncode == 0, with_it.stderr
+    assert with_it.stdout.strip().splitlines()[-1] == "['dedicated-flux', 'dedicated-wan']", with_it.stdout
+    without = subprocess.run(args, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert without.returncode == 0, without.stderr
+    assert without.stdout.strip().splitlines()[-1] == "['diffusers', 'diffusers']", without.stdout
+
+
+def test_plugins_and_models_commands_list_the_adapter(tmp_path: Path) -> None:
+    run = lambda *a: subprocess.run([sys.executable, "-m", "omnicore.cli.main", *a], env=_env(tmp_path),  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    plugins, models = run("plugins"), run("models")
+    assert plugins.returncode == 0 and "diffusers" in plugins.stdout, plugins.stdout + plugins.stderr
+    assert models.returncode == 0, models.stderr
+    assert "diffusers  (diffusers)" in models.stdout and "tiny:diffusers-flux" in models.stdout, models.stdout
+
+
+# ------------------------------------------------------------------ the CLI
+@pytest.mark.slow
+def test_cli_generate_equals_the_stock_pipeline(flux_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fox.png"
+    done = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "generate", str(flux_dir), PROMPT, "-o",
+                           str(out), "--seed", "5", "--height", "32", "--width", "32", "--steps", "2",
+                           "--no-progress"], env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = _stock(flux_dir, PROMPT, 5, height=32, width=32, num_inference_steps=2, guidance_scale=3.5)
+    assert np.array_equal(np.asarray(Image.open(out).convert("RGB")), expected)
+
+
+# ------------------------------------------------------------------ omnicore serve
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Server:
+    def __init__(self, model: Path, tmp: Path) -> None:
+        import httpx
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "omnicore.cli.main", "serve", str(model), "--port", str(self.port),
+               "--state-dir", str(tmp / "state")]
+        self.log = tmp / "serve.log"
+        self.proc = subprocess.Popen(cmd, env=_env(tmp), stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "server not up in 300 s:\n" + self.log.read_text()
+            try:
+                reply = httpx.get(self.url + "/v1/models", timeout=5)
+                if reply.status_code == 200:
+                    self.models = reply.json()["data"]
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.mark.slow
+def test_serve_images_with_the_openai_sdk_equal_the_stock_pipeline(flux_dir: Path, tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    server = _Server(flux_dir, tmp_path)
+    try:
+        [card] = server.models
+        info = card["omnicore"]
+        assert info["modes"] == ["t2i"] and "fluxpipeline" in info["aliases"], info  # from the loaded pipeline
+        assert "true_cfg_scale" in {f["name"] for f in info["model_params"]}, info["model_params"]
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        resp = client.images.generate(model=card["id"], prompt=PROMPT, n=2, size="32x32",
+                                      extra_body={"seed": 9, "num_inference_steps": 2})
+    finally:
+        server.close()
+    got = [np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json))).convert("RGB")) for d in resp.data]
+    for i, image in enumerate(got):  # output i uses seed + i
+        expected = _stock(flux_dir, PROMPT, 9 + i, height=32, width=32, num_inference_steps=2, guidance_scale=3.5)
+        assert np.array_equal(image, expected), f"image {i} differs from the stock pipeline"
+
+
+@pytest.mark.slow
+def test_serve_video_jobs_report_steps_and_cancel(wan_dir: Path, tmp_path: Path) -> None:
+    import httpx
+
+    server = _Server(wan_dir, tmp_path)
+    try:
+        body = {"prompt": PROMPT, "size": "32x32", "num_frames": 5, "num_inference_steps": 200, "seed": 1}
+        job = httpx.post(server.url + "/v1/videos", json=body, timeout=30).json()
+        deadline = time.monotonic() + 120
+        while (state := httpx.get(f"{server.url}/v1/videos/{job['id']}", timeout=10).json()).get("step") in (None, 0):
+            assert time.monotonic() < deadline, state
+            time.sleep(0.2)
+        assert state["total_steps"] == 200 and state["status"] == "in_progress"
+        httpx.post(f"{server.url}/v1/videos/{job['id']}/cancel", timeout=10).raise_for_status()
+        while (state := httpx.get(f"{server.url}/v1/videos/{job['id']}", timeout=10).json())["status"] not in (
+                "cancelled", "completed", "failed"):
+            assert time.monotonic() < deadline, state
+            time.sleep(0.2)
+        assert state["status"] == "cancelled" and state["step"] < 200, state
+        small = {**body, "num_inference_steps": 2, "seed": 2}
+        again = httpx.post(server.url + "/v1/videos", json=small, timeout=30).json()
+        while (state := httpx.get(f"{server.url}/v1/videos/{again['id']}", timeout=10).json())["status"] not in (
+                "cancelled", "completed", "failed"):
+            assert time.monotonic() < deadline + 120, state
+            time.sleep(0.2)
+        assert state["status"] == "completed", state  # the server goes on after a cancel
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------ offload and caches
+def test_model_offload_keeps_the_outputs(settings: Any) -> None:
+    outputs = []
+    for mode in ("none", "model"):
+        with make_engine("tiny:diffusers-flux", settings, offload=mode) as engine:
+            [out] = engine.generate(PROMPT, seed=3)
+            outputs.append(out.frames.tobytes())
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(("option", "value", "feature"), [("offload", "layerwise", "offload"),
+                                                          ("cache_methods", ["first_block_cache"], "cache")])
+def test_what_the_adapter_cannot_do_is_refused_by_name(settings: Any, option: str, value: Any,
+                                                       feature: str) -> None:
+    from omnicore.errors import OmnicoreError
+
+    with pytest.raises(OmnicoreError) as info:
+        make_engine("tiny:diffusers-flux", settings, **{option: value}).close()
+    assert feature in str(info.value), str(info.value)
