@@ -46,7 +46,8 @@ def _interleaved_medians(
     for fn in (fa, fb):  # warm-up
         fn()
         sync()
-    ta, tb = [], []
+    ta: list[float] = []
+    tb: list[float] = []
     for _ in range(repeats):
         for fn, acc in ((fa, ta), (fb, tb)):
             start = time.perf_counter()
