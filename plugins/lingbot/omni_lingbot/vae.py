@@ -82,7 +82,8 @@ def install_fast_paths(owner: Any, vae: Any, ops: Any) -> list[str]:
         elif isinstance(module, WanResample) and module.mode in ("upsample2d", "upsample3d"):
             seq = module.resample
             up, conv = seq[0], seq[1]
-            if (isinstance(up, WanUpsample) and tuple(up.scale_factor) == (2.0, 2.0)
+            scale = up.scale_factor if isinstance(up, WanUpsample) else None
+            if (isinstance(scale, tuple) and tuple(scale) == (2.0, 2.0)
                     and up.mode in ("nearest", "nearest-exact") and isinstance(conv, torch.nn.Conv2d)
                     and _plain_3x3(conv)):
                 install_fast_path(seq, _upsample_conv(ops, conv), gate)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omnicore.engine.api import Engine, make_request
+from omnicore.engine.api import Engine
 from omnicore.plugin import fast_path_gate
 
 FAST_OPS = ("rms_norm_silu", "upsample2x_conv")

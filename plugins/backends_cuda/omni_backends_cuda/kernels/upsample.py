@@ -47,8 +47,11 @@ def folded_weight(weight: torch.Tensor) -> torch.Tensor:
         if hit is not None and hit[0]() is weight and hit[1] == stamp:
             return hit[2]
     folded = fold_weight(weight)
+    def forget(_ref: Any, k: int = key) -> None:
+        _CACHE.pop(k, None)
+
     with _LOCK:
-        _CACHE[key] = (weakref.ref(weight, lambda _r, k=key: _CACHE.pop(k, None)), stamp, folded)
+        _CACHE[key] = (weakref.ref(weight, forget), stamp, folded)
     return folded
 
 
