@@ -50,5 +50,6 @@ def test_without_an_aspect_ratio_it_exits_with_one_line_naming_the_field(cache, 
     proc = generate(cache, "--duration", "4", "-o", str(tmp_path / "x.mp4"))
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "extra.aspect_ratio" in lines[0] and "t2va requires" in lines[0], proc.stderr
+    # named as the CLI flag that sets it, before any model is loaded
+    assert len(lines) == 1 and "--extra aspect_ratio" in lines[0] and "for t2va" in lines[0], proc.stderr
     assert not (tmp_path / "x.mp4").exists()
