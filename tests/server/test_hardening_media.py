@@ -8,9 +8,11 @@ Budgets per request (peak RSS above the RSS before it), stated here and asserted
 
 - a 1000-frame 544x544 H.264 ``reference_video`` to a deployment that serves no references: 120 MB
   (its frames alone are ~888 MB; the deployment refuses it before any frame is decoded)
+- three of those requests at once (per server): 120 MB in all
 - 4 of those videos to ref2va, which takes at most 3: 120 MB (refused before any decode)
 - the same video accepted by ref2va, the whole job (submission to completion): 400 MB (only the ~100 source
   frames its 4 s reach are decoded, when it runs)
+- four such jobs at once (one running, three queued): 300 MB of RSS held in all
 - a 50 MP PNG as ``input_reference``: 600 MB (its RGB pixels alone are 150 MB; Pillow decodes, the model
   resizes it onto its small canvas)
 """
@@ -41,6 +43,7 @@ MB = 1_000_000
 BUDGET_REFUSED_VIDEO = 120 * MB
 BUDGET_50MP_PNG = 600 * MB
 BUDGET_RUNNING_VIDEO = 400 * MB
+BUDGET_QUEUED_JOBS = 300 * MB
 BASE = {"prompt": "rain on a tin roof", "seconds": "4", "seed": "3", "num_inference_steps": "1"}
 
 
@@ -219,6 +222,21 @@ def test_video_reference_to_a_deployment_without_references_is_refused_before_de
     assert fl2va.alive_and_healthy()
 
 
+def test_three_refused_video_references_at_once_stay_within_the_budget(fl2va, long_video):
+    """Per server: three such requests in flight together (each ~888 MB of frames) cost no more than one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def send() -> list[httpx.Response]:
+        with ThreadPoolExecutor(3) as pool:
+            return list(pool.map(lambda _: httpx.post(fl2va.url + "/v1/videos", data=BASE, timeout=120, files=[
+                ("reference_video", ("long.mp4", long_video, "video/mp4"))]), range(3)))
+
+    cost, answers = fl2va.peak_cost(send)
+    assert [a.status_code for a in answers] == [400, 400, 400], [a.text for a in answers]
+    print(f"\n3 concurrent refused 1000-frame reference_video: peak +{cost / MB:.0f} MB")
+    assert cost < BUDGET_REFUSED_VIDEO, f"+{cost / MB:.0f} MB"
+
+
 def test_four_videos_to_ref2va_are_refused_before_decoding(ref2va, long_video):
     files = [("reference_video", (f"v{i}.mp4", long_video, "video/mp4")) for i in range(4)]
     cost, r = ref2va.peak_cost(lambda: httpx.post(ref2va.url + "/v1/videos", data=BASE, files=files, timeout=120))
@@ -242,6 +260,26 @@ def test_a_long_reference_video_costs_only_the_frames_the_job_reads(ref2va, long
     cost, _ = ref2va.peak_cost(run)
     print(f"\n1000-frame reference_video, whole ref2va job: peak +{cost / MB:.0f} MB")
     assert cost < BUDGET_RUNNING_VIDEO, f"+{cost / MB:.0f} MB"
+
+
+def test_queued_jobs_hold_their_uploads_not_their_decoded_frames(ref2va, long_video):
+    """Four jobs with a 1000-frame reference each (one running, three queued) hold ~100 MB together (each held
+    ~900 MB of decoded frames before)."""
+    before = ref2va._status("VmRSS")
+    ids = []
+    for _ in range(4):
+        r = httpx.post(ref2va.url + "/v1/videos", data={**BASE, "num_inference_steps": "50"}, timeout=120,
+                       files=[("reference_video", ("long.mp4", long_video, "video/mp4"))])
+        assert r.status_code == 200, r.text
+        ids.append(r.json()["id"])
+    time.sleep(1)
+    held = ref2va._status("VmRSS") - before
+    for job_id in ids:
+        httpx.post(f"{ref2va.url}/v1/videos/{job_id}/cancel", timeout=120)
+    print(f"\n4 jobs with a 1000-frame reference (1 running, 3 queued): RSS +{held / MB:.0f} MB held")
+    assert held < BUDGET_QUEUED_JOBS, f"+{held / MB:.0f} MB"
+    for job_id in ids:
+        assert _wait_done(ref2va.url, job_id)["status"] in ("cancelled", "completed")
 
 
 def test_a_50_megapixel_png_stays_within_its_budget(fl2va):
