@@ -18,7 +18,7 @@ may import its spec records from here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._lazy import lazy_getattr
 from ._version import PLUGIN_API_VERSION
@@ -123,6 +123,90 @@ _LAZY: dict[str, str] = {
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
 }
 
+
+# What mypy sees: the real objects behind every lazy name (kept in step with _LAZY by tests/core/test_plugin_api.py).
+if TYPE_CHECKING:
+    from . import ops as ops
+    from .attention.inputs import check_packed as check_packed
+    from .attention.inputs import packed_views as packed_views
+    from .attention.metadata import AttentionMetadata as AttentionMetadata
+    from .attention.metadata import AttentionSpan as AttentionSpan
+    from .attention.packed import PackedSequence as PackedSequence
+    from .attention.reference import sdpa_attention as sdpa_attention
+    from .blocks import BlockLoop as BlockLoop
+    from .cache._step import StepCache as StepCache
+    from .cache._step import StepCacheConfig as StepCacheConfig
+    from .cache.adaln_schedule import ABSENT as ABSENT
+    from .cache.adaln_schedule import STATE_STEP_KEY as STATE_STEP_KEY
+    from .cache.adaln_schedule import AdaLNProjection as AdaLNProjection
+    from .cache.adaln_schedule import AdaLNScheduleController as AdaLNScheduleController
+    from .cache.adaln_schedule import StepTimesteps as StepTimesteps
+    from .cache.adaln_schedule import float32_bits as float32_bits
+    from .cache.adaln_schedule import schedule_key as schedule_key
+    from .cache.teacache import TeaCacheAdapter as TeaCacheAdapter
+    from .checkpoint import CheckpointError as CheckpointError
+    from .checkpoint import WeightMismatch as WeightMismatch
+    from .checkpoint import load_strict as load_strict
+    from .checkpoint import read_json as read_json
+    from .checkpoint import read_state_dict as read_state_dict
+    from .checkpoint import weight_files as weight_files
+    from .engine.cancellation import cancel_points as cancel_points
+    from .engine.cancellation import raise_if_cancelled as raise_if_cancelled
+    from .engine.inputs import check_inputs as check_inputs
+    from .engine.inputs import check_request as check_request
+    from .engine.inputs import resolve_roles as resolve_roles
+    from .engine.limits import STAGES_KEY as STAGES_KEY
+    from .engine.limits import StageWork as StageWork
+    from .engine.protocol import BasePipeline as BasePipeline
+    from .engine.protocol import DenoiseState as DenoiseState
+    from .engine.protocol import LoadOptions as LoadOptions
+    from .engine.protocol import Pipeline as Pipeline
+    from .engine.protocol import output_seeds as output_seeds
+    from .engine.request import MAX_SEED as MAX_SEED
+    from .engine.request import GenerationRequest as GenerationRequest
+    from .engine.request import MediaInput as MediaInput
+    from .engine.request import SamplingParams as SamplingParams
+    from .engine.request import random_seed as random_seed
+    from .errors import Cancelled as Cancelled
+    from .errors import ConfigError as ConfigError
+    from .errors import InvalidRequest as InvalidRequest
+    from .errors import OmnicoreError as OmnicoreError
+    from .errors import PlatformUnavailable as PlatformUnavailable
+    from .errors import PluginError as PluginError
+    from .errors import UnsupportedFeature as UnsupportedFeature
+    from .hookspecs import CacheHandle as CacheHandle
+    from .integrations.diffusers import route_diffusers_attention as route_diffusers_attention
+    from .media import AudioClip as AudioClip
+    from .media import VideoClip as VideoClip
+    from .media import load_media as load_media
+    from .module_hooks import ModelHook as ModelHook
+    from .module_hooks import hook_context as hook_context
+    from .module_hooks import register_hook as register_hook
+    from .module_hooks import remove_hook as remove_hook
+    from .offload import materialize as materialize
+    from .ops.names import OP_NAMES as OP_NAMES
+    from .outputs.output import Output as Output
+    from .outputs.readers import read_image as read_image
+    from .platforms.base import Platform as Platform
+    from .specs import AttentionBackendSpec as AttentionBackendSpec
+    from .specs import AttentionCapabilities as AttentionCapabilities
+    from .specs import AttentionRequirement as AttentionRequirement
+    from .specs import CacheMethodSpec as CacheMethodSpec
+    from .specs import InputRole as InputRole
+    from .specs import ModelCapabilities as ModelCapabilities
+    from .specs import ModelOption as ModelOption
+    from .specs import ModelSpec as ModelSpec
+    from .specs import OpSpec as OpSpec
+    from .specs import PlatformSpec as PlatformSpec
+    from .specs import PresetSpec as PresetSpec
+    from .specs import RequestDefaults as RequestDefaults
+    from .tiny_checkpoints import ByteLevelTokenizer as ByteLevelTokenizer
+    from .tiny_checkpoints import byte_level_tokenizer as byte_level_tokenizer
+    from .tiny_checkpoints import init_visible_weights as init_visible_weights
+    from .vae_fast_paths import FastPathGate as FastPathGate
+    from .vae_fast_paths import apply_decode_precision as apply_decode_precision
+    from .vae_fast_paths import fast_path_gate as fast_path_gate
+    from .vae_fast_paths import install_fast_path as install_fast_path
 
 _lazy_attr = lazy_getattr(__name__, _LAZY)
 
