@@ -85,6 +85,14 @@ class DecodeBudget:
             self.used += nbytes
             return True
 
+    def force(self, nbytes: int) -> int:
+        """Take ``nbytes`` even beyond the limit (inputs of an already accepted job); returns it like reserve."""
+        if self.limit <= 0 or nbytes <= 0:
+            return 0
+        with self._lock:
+            self.used += nbytes
+        return nbytes
+
     def release(self, nbytes: int) -> None:
         if nbytes:
             with self._lock:

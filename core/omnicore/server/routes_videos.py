@@ -94,7 +94,8 @@ def rebuild_request(ctx: Any, job_id: str) -> Any:
     if doc is None:
         raise KeyError(job_id)
     dto = VideoCreateRequest.model_validate(doc["body"])
-    media = video_media.decode(video_media.load_persisted(doc.get("inputs", [])), ctx.served, ctx.settings)
+    media = video_media.decode(video_media.load_persisted(doc.get("inputs", [])), ctx.served, ctx.settings,
+                               admitted=True)  # accepted before the restart: counted, never refused by the budget
     return video_request(dto, ctx.served, ctx.settings, request_id=job_id, media=media)
 
 

@@ -98,7 +98,8 @@ def _video_scale(served: ServedModel) -> tuple[int | None, float | None]:
     return caps.max_pixels, seconds
 
 
-def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any) -> list[tuple[str, Any]]:
+def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any, *,
+           admitted: bool = False) -> list[tuple[str, Any]]:
     """Gate by role (400 ``unsupported_for_model`` before any decoding), check every input's header, reserve its
     decoded size in the server's ``--max-decode-bytes`` budget (400/429), then decode (CPU work: call from a
     thread): 415 for an unrecognised format, 400 ``invalid_media`` / ``image_too_large`` for broken or over-cap
@@ -108,6 +109,9 @@ def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any) -> 
     downmixed to mono/stereo); a video becomes a clip whose frames are decoded only when the model reads them
     (:class:`omnicore.media.LazyFrames`), at the model's declared size and length, so the model's own rules
     (deployment, per-kind counts) run first and a queued job holds only the compressed upload.
+
+    ``admitted``: the inputs of a job accepted earlier (re-enqueued after a restart): their share is counted but
+    the budget never refuses them (an accepted job is not dropped).
     """
     import math
 
@@ -155,7 +159,8 @@ def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any) -> 
         except InvalidRequest as exc:
             raise _media_error(exc, field) from None
     budget = budget_for(settings)
-    reserved = budget.reserve(sum(n for _, _, n in planned), param=raw[0][0]) if raw else 0
+    total = sum(n for _, _, n in planned)
+    reserved = (budget.force(total) if admitted else budget.reserve(total, param=raw[0][0])) if raw else 0
     out: list[tuple[str, Any]] = []
     try:
         for (field, data), (_, clip, _) in zip(raw, planned):
