@@ -69,7 +69,7 @@ class InputRole:
     max_duration_s: float | None = None
     min_duration_s: float | None = None
     # the model's modes that use this role (so a deployment serving none of them can say so up front); (): any
-    modes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    modes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
     def to_json(self) -> dict[str, Any]:
         return {"role": self.role, "kinds": list(self.kinds), "max_count": self.max_count,
@@ -180,8 +180,8 @@ class ModelOption:
     # For a per-request field (``ModelSpec.request_fields``): the modes in which a request must give it, unless
     # it gives every request parameter named in ``unless`` (e.g. an explicit height and width); ``example`` is a
     # value that works, for the server's printed example request and the CLI's messages.
-    required_for: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    unless: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    required_for: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    unless: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     example: Any = None
 
     def to_json(self) -> dict[str, Any]:
