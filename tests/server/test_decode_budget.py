@@ -62,3 +62,25 @@ def test_decode_reserves_from_headers_and_a_restarted_job_is_never_refused(tmp_p
     del media, again
     gc.collect()
     assert budget.used == 0
+
+
+def test_edit_images_are_header_checked_and_budgeted_before_decoding(tmp_path):
+    from omnicore.server.media import decode_images
+
+    settings = ServerSettings(state_dir=tmp_path, max_decode_bytes=2 * 100 * 100 * 3, max_input_image_pixels=20_000)
+    png = _png(100, 100)
+    with pytest.raises(ApiError) as info:  # two images over the whole budget: refused before either is decoded
+        decode_images([png, png, png], param="image", settings=settings)
+    assert (info.value.status_code, info.value.code) == (400, "decode_too_large")
+    assert budget_for(settings).used == 0
+    with pytest.raises(ApiError) as info:
+        decode_images([png, _png(200, 150)], param="image", settings=settings)
+    assert (info.value.code, info.value.param) == ("image_too_large", "image") and "200x150" in info.value.message
+    held = decode_images([png, png], param="image", settings=settings)
+    assert [im.size for im in held] == [(100, 100), (100, 100)]
+    with pytest.raises(ApiError) as info:
+        decode_images([png], param="image", settings=settings)
+    assert info.value.status_code == 429
+    del held
+    gc.collect()
+    assert budget_for(settings).used == 0

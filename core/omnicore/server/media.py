@@ -120,6 +120,49 @@ class DecodeBudget:
             weakref.finalize(o, gone)
 
 
+_BUDGETS: dict[int, tuple[Any, DecodeBudget]] = {}
+_BUDGETS_LOCK = threading.Lock()
+
+
+def budget_for(settings: Any) -> DecodeBudget:
+    """The one :class:`DecodeBudget` of a server (keyed by its settings object, which lives as long as it)."""
+    with _BUDGETS_LOCK:
+        entry = _BUDGETS.get(id(settings))
+        if entry is None or entry[0] is not settings:
+            entry = (settings, DecodeBudget(getattr(settings, "max_decode_bytes", 0)))
+            _BUDGETS[id(settings)] = entry
+        return entry[1]
+
+
+def decode_images(raw: list[bytes], *, param: str, settings: Any) -> list[Any]:
+    """Several uploaded images (``/v1/images/edits``): every header checked first (415 / ``image_too_large``),
+    their RGB size reserved in the server's ``--max-decode-bytes`` budget (400/429), then decoded (CPU work:
+    call from a thread); the share is returned when the decoded images are garbage-collected."""
+    from ..errors import InvalidRequest
+    from ..media import open_image
+
+    max_px = settings.max_input_image_pixels
+    total = 0
+    for data in raw:
+        if sniff(data) is None:
+            raise ApiError(415, "unsupported_media_type", f"{param}: not a PNG, JPEG or WebP image", param=param)
+        try:
+            with open_image(data, field=param, max_pixels=max_px) as img:
+                total += img.size[0] * img.size[1] * 3
+        except InvalidRequest as exc:
+            code = "image_too_large" if exc.code == "image_too_large" else "invalid_media"
+            raise ApiError(400, code, f"{param}: {exc.rule}", param=param) from None
+    budget = budget_for(settings)
+    reserved = budget.reserve(total, param=param)
+    try:
+        images = [decode_image(data, param=param, max_pixels=max_px) for data in raw]
+    except BaseException:
+        budget.release(reserved)
+        raise
+    budget.hold(images, reserved)
+    return images
+
+
 def _weakrefable(o: Any) -> bool:
     try:
         weakref.ref(o)

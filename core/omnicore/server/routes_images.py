@@ -21,7 +21,7 @@ from ..outputs.options import EncodeOptions
 from .errors import ApiError, pydantic_to_api
 from .forms import is_json, read_json, read_multipart
 from .jobs import LiveJob
-from .media import decode_data_url, decode_image
+from .media import decode_data_url, decode_images
 from .progress import api_phase, phase_fraction, weighted_progress
 from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, ImagesResponse, inline_schema
 from .sse import encode_event
@@ -214,10 +214,7 @@ async def edits(request: Request) -> Any:
     if len(raw) > max(1, ctx.served.max_reference_images) and "image.edit" in ctx.served.tasks:
         raise ApiError(400, "too_many_input_images", f"{len(raw)} input images; model {ctx.served.id} accepts at "
                                                      f"most {ctx.served.max_reference_images}", param="image")
-    max_px = ctx.settings.max_input_image_pixels
-    def decode(data: bytes) -> Any:
-        return decode_image(data, param="image", max_pixels=max_px)
-
-    images = tuple([await anyio.to_thread.run_sync(decode, d) for d in raw])
+    # headers first, then the decoded size within --max-decode-bytes (400/429), then the pixels
+    images = tuple(await anyio.to_thread.run_sync(lambda: decode_images(raw, param="image", settings=ctx.settings)))
     dto_plain = ImageGenerationRequest.model_validate(dto.model_dump(exclude={"image_url"}, exclude_unset=True))
     return await _run(request, dto_plain, images, "image.edit")

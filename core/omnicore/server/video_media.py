@@ -9,14 +9,13 @@ cap, a frame-count cap and the duration cap the model's role declares.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidRequest
 from ..media import MAX_AUDIO_CHANNELS
 from .errors import ApiError
-from .media import DecodeBudget, decode_data_url, decode_image, sniff
+from .media import budget_for, decode_data_url, decode_image, sniff
 from .translate import VIDEO_MEDIA_FIELDS, ServedModel, video_inputs
 
 FILE_FIELDS = tuple(VIDEO_MEDIA_FIELDS)
@@ -70,20 +69,6 @@ def _duration_caps(served: ServedModel, role: str) -> tuple[float | None, float 
     spec = served.role(role)
     hi = spec.max_duration_s if spec is not None and spec.max_duration_s is not None else MAX_REFERENCE_SECONDS
     return hi, spec.min_duration_s if spec is not None else None
-
-
-_BUDGETS: dict[int, tuple[Any, DecodeBudget]] = {}
-_BUDGETS_LOCK = threading.Lock()
-
-
-def budget_for(settings: Any) -> DecodeBudget:
-    """The one :class:`DecodeBudget` of a server (keyed by its settings object, which lives as long as it)."""
-    with _BUDGETS_LOCK:
-        entry = _BUDGETS.get(id(settings))
-        if entry is None or entry[0] is not settings:
-            entry = (settings, DecodeBudget(getattr(settings, "max_decode_bytes", 0)))
-            _BUDGETS[id(settings)] = entry
-        return entry[1]
 
 
 def _video_scale(served: ServedModel) -> tuple[int | None, float | None]:
