@@ -24,7 +24,7 @@ def test_parse_degrees_and_rank_grid() -> None:
     assert ParallelConfig.parse({"ulysses": 4}) == ParallelConfig(ulysses=4)
 
 
-@pytest.mark.parametrize("text, why", [("tp=2", "DIM=N"), ("cfg=3", "cfg must be 1 or 2"), ("ulysses=0", "positive"),
+@pytest.mark.parametrize("text, why", [("pp=2", "DIM=N"), ("cfg=3", "cfg must be 1 or 2"), ("ulysses=0", "positive"),
                                        ("ulysses=x", "integer degree"), ("cfg=2,cfg=2", "twice"), ("cfg", "DIM=N")])
 def test_bad_parallel_settings_name_the_setting(text: str, why: str) -> None:
     with pytest.raises(ConfigError, match=why) as info:

@@ -1,8 +1,11 @@
-"""``--parallel cfg=2,ulysses=2``: the parallel degrees of one engine and the rank layout they imply.
+"""``--parallel cfg=2,ulysses=2,tp=2``: the parallel degrees of one engine and the rank layout they imply.
 
-Ranks form a ``cfg x ulysses`` grid, ulysses fastest: rank ``r`` has ``cfg_rank = r // ulysses`` and
-``sp_rank = r % ulysses``, so the ranks of one CFG branch are neighbours (on one node, the all-to-alls of a
-Ulysses group stay on the fastest links while the CFG exchange, once per step, crosses the slower ones).
+Ranks form a ``cfg x ulysses x tp`` grid, tp fastest, then ulysses, cfg slowest: rank
+``r = (cfg_rank * ulysses + sp_rank) * tp + tp_rank``. The dimension that talks most sits innermost: tensor
+parallelism all-reduces twice per block, so a TP group is consecutive ranks (one node, the fastest links); a
+Ulysses group (four all-to-alls per attention) is the next level out, its members ``tp`` ranks apart; the CFG
+exchange (once per step) crosses the slowest links. With ``tp=1`` this is the former ``cfg x ulysses`` layout.
+A rank's Ulysses shard holds the heads of its TP shard, so attention heads must divide by ``tp * ulysses``.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import attrs
 
 from ..errors import ConfigError
 
-DIMENSIONS = ("cfg", "ulysses")
+DIMENSIONS = ("cfg", "ulysses", "tp")
 
 
 @attrs.frozen
 class ParallelConfig:
-    """Degrees per dimension; ``cfg`` is 1 or 2 (the two guidance branches), ``ulysses`` any positive int."""
+    """Degrees per dimension; ``cfg`` is 1 or 2 (the two guidance branches), ``ulysses`` and ``tp`` any
+    positive int."""
 
     cfg: int = 1
     ulysses: int = 1
+    tp: int = 1
 
     def __attrs_post_init__(self) -> None:
         for name in DIMENSIONS:
@@ -35,7 +40,7 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.cfg * self.ulysses
+        return self.cfg * self.ulysses * self.tp
 
     @property
     def enabled(self) -> bool:
@@ -45,26 +50,39 @@ class ParallelConfig:
         """The dimensions in use (degree > 1)."""
         return tuple(name for name in DIMENSIONS if getattr(self, name) > 1)
 
+    def grid(self, rank: int) -> tuple[int, int, int]:
+        """``(cfg_rank, sp_rank, tp_rank)`` of global ``rank``."""
+        outer, tp_rank = divmod(rank, self.tp)
+        return outer // self.ulysses, outer % self.ulysses, tp_rank
+
+    def rank_of(self, cfg_rank: int, sp_rank: int, tp_rank: int) -> int:
+        return (cfg_rank * self.ulysses + sp_rank) * self.tp + tp_rank
+
     def coords(self, rank: int) -> tuple[int, int]:
         """``(cfg_rank, sp_rank)`` of global ``rank``."""
-        return rank // self.ulysses, rank % self.ulysses
+        return self.grid(rank)[:2]
 
     def cfg_peers(self, rank: int) -> list[int]:
-        """The global ranks sharing ``rank``'s Ulysses position (one per CFG branch)."""
-        sp = rank % self.ulysses
-        return [c * self.ulysses + sp for c in range(self.cfg)]
+        """The global ranks sharing ``rank``'s Ulysses and TP position (one per CFG branch)."""
+        _, sp, tp = self.grid(rank)
+        return [self.rank_of(c, sp, tp) for c in range(self.cfg)]
 
     def ulysses_peers(self, rank: int) -> list[int]:
-        """The global ranks of ``rank``'s Ulysses group (one CFG branch)."""
-        base = (rank // self.ulysses) * self.ulysses
-        return list(range(base, base + self.ulysses))
+        """The global ranks of ``rank``'s Ulysses group (one CFG branch, one TP position)."""
+        c, _, tp = self.grid(rank)
+        return [self.rank_of(c, s, tp) for s in range(self.ulysses)]
+
+    def tp_peers(self, rank: int) -> list[int]:
+        """The global ranks of ``rank``'s TP group (consecutive ranks)."""
+        base = (rank // self.tp) * self.tp
+        return list(range(base, base + self.tp))
 
     def __str__(self) -> str:
         return ",".join(f"{name}={getattr(self, name)}" for name in DIMENSIONS if getattr(self, name) > 1) or "none"
 
     @classmethod
     def parse(cls, value: Any) -> ParallelConfig:
-        """``None`` / ``""`` / ``"none"`` -> no parallelism; ``"cfg=2,ulysses=2"``; a mapping; a config."""
+        """``None`` / ``""`` / ``"none"`` -> no parallelism; ``"cfg=2,ulysses=2,tp=2"``; a mapping; a config."""
         if value is None or isinstance(value, ParallelConfig):
             return value if value is not None else cls()
         if isinstance(value, Mapping):

@@ -42,10 +42,11 @@ class CommStats:
 
 @attrs.define(eq=False)
 class ParallelContext:
-    """This rank in a ``cfg x ulysses`` grid (see :class:`~omnicore.parallel.config.ParallelConfig`).
+    """This rank in a ``cfg x ulysses x tp`` grid (see :class:`~omnicore.parallel.config.ParallelConfig`).
 
-    ``cfg_group`` joins the ranks holding the other guidance branch at the same sequence position;
-    ``sp_group`` the ranks of this rank's Ulysses group. Either is ``None`` when its degree is 1.
+    ``cfg_group`` joins the ranks holding the other guidance branch at the same sequence and TP position;
+    ``sp_group`` the ranks of this rank's Ulysses group; ``tp_group`` those of its TP group, and ``tp_mesh`` the
+    1-D ``DeviceMesh`` over it that DTensor's tensor parallelism runs on. Each is ``None`` when its degree is 1.
     """
 
     config: ParallelConfig
@@ -53,6 +54,8 @@ class ParallelContext:
     cfg_group: Any = None
     sp_group: Any = None
     stats: CommStats = attrs.Factory(CommStats)
+    tp_group: Any = None
+    tp_mesh: Any = None
 
     @property
     def world_size(self) -> int:
@@ -75,29 +78,50 @@ class ParallelContext:
         return self.config.coords(self.rank)[1]
 
     @property
+    def tp(self) -> int:
+        return self.config.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.config.grid(self.rank)[2]
+
+    @property
     def is_driver(self) -> bool:
         """Rank 0 owns the scheduler, the API and the outputs."""
         return self.rank == 0
 
 
-def build_groups(config: ParallelConfig, rank: int) -> ParallelContext:
-    """Create the CFG and Ulysses sub-groups (every rank must call this, in the same order) for ``rank``."""
+def _peer_groups(config: ParallelConfig, rank: int, peers: Any) -> Any:
+    """Create every group of one dimension (each rank takes part in creating all of them, in the same order)
+    and return ``rank``'s."""
     import torch.distributed as dist
 
-    cfg_group = sp_group = None
-    if config.cfg > 1:  # one group per Ulysses position; every rank takes part in creating all of them
-        for sp in range(config.ulysses):
-            ranks = [c * config.ulysses + sp for c in range(config.cfg)]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                cfg_group = group
-    if config.ulysses > 1:
-        for c in range(config.cfg):
-            ranks = list(range(c * config.ulysses, (c + 1) * config.ulysses))
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                sp_group = group
-    return ParallelContext(config=config, rank=rank, cfg_group=cfg_group, sp_group=sp_group)
+    mine, seen = None, set()
+    for r in range(config.world_size):
+        ranks = tuple(peers(r))
+        if ranks in seen:
+            continue
+        seen.add(ranks)
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def build_groups(config: ParallelConfig, rank: int) -> ParallelContext:
+    """Create the CFG, Ulysses and TP sub-groups (every rank must call this, in the same order) for ``rank``."""
+    cfg_group = _peer_groups(config, rank, config.cfg_peers) if config.cfg > 1 else None
+    sp_group = _peer_groups(config, rank, config.ulysses_peers) if config.ulysses > 1 else None
+    tp_group = tp_mesh = None
+    if config.tp > 1:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        tp_group = _peer_groups(config, rank, config.tp_peers)
+        device_type = {"nccl": "cuda", "hccl": "npu"}.get(str(dist.get_backend()), "cpu")
+        tp_mesh = DeviceMesh.from_group(tp_group, device_type)
+    return ParallelContext(config=config, rank=rank, cfg_group=cfg_group, sp_group=sp_group, tp_group=tp_group,
+                           tp_mesh=tp_mesh)
 
 
 __all__ = ["CommStats", "ParallelContext", "build_groups"]

@@ -1,0 +1,238 @@
+"""Tensor parallelism (``--parallel tp=N``): a model's sharding plan, and the core code that applies it at load.
+
+A model declares a :class:`TensorParallelPlan`: module-name patterns, each ``column`` (the ``nn.Linear``'s output
+features split across the TP ranks: weight rows and bias), ``row`` (its input features split: weight columns; the
+bias, if any, is added once after the reduction) or ``replicated`` (every rank keeps it whole; the default for any
+module no rule names). ``chunks`` says how many fused outputs a column layer stacks (``[Q; K; V]`` = 3,
+``[gate | up]`` = 2): each chunk is split on its own, so rank ``r`` holds ``[Q_r; K_r; V_r]`` and its heads stay
+whole. ``divisors`` lists the counts the degree must divide (heads, key/value heads, FFN width); :meth:`check`
+refuses any other degree at load, naming the numbers.
+
+Applying a plan has two halves, usable separately:
+
+* :func:`shard_module` narrows every matched ``nn.Linear``'s parameters to this rank's share, in place. It needs
+  no process group and works on a **meta-device** module: build the model under ``torch.device("meta")``, call
+  ``shard_module(model, plan, rank=r, degree=N)`` and every parameter has the shape rank ``r`` holds, so
+  ``sum(p.numel() * p.element_size() for p in model.parameters())`` is that rank's resident bytes
+  (:func:`local_parameter_bytes` does exactly this, and :func:`sharded_parameter_bytes` does it analytically from
+  the shapes without changing the module). A loader that read only its shard (:func:`read_sharded_state_dict`,
+  ``safe_open(...).get_slice``) builds on meta, calls :func:`shard_module`, then ``load_strict(..., assign=True)``.
+* :func:`parallelize` (a process group needed) wraps each local shard as a ``DTensor`` (``Shard(0)`` for
+  column, ``Shard(1)`` for row) over the TP group's ``DeviceMesh`` and installs DTensor's own
+  ``ColwiseParallel`` / ``RowwiseParallel`` with ``torch.distributed.tensor.parallel.parallelize_module``: column
+  outputs stay local (this rank's heads / FFN columns), a row layer all-reduces its partial sums (one all-reduce
+  per attention and one per MLP, as usual). Module attributes that hold sizes (head counts, FFN width) are the
+  model's to divide by the degree.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+STYLES = ("column", "row", "replicated")
+
+
+@attrs.frozen
+class ShardRule:
+    """``pattern`` (``fnmatch`` over a module's qualified name, e.g. ``"blocks.*.attn.qkv_proj"``) -> ``style``."""
+
+    pattern: str
+    style: str
+    chunks: int = 1  # fused outputs stacked along the split dimension, each split on its own
+
+    def __attrs_post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise ValueError(f"ShardRule style must be one of {STYLES}, got {self.style!r}")
+        if type(self.chunks) is not int or self.chunks < 1:
+            raise ValueError(f"ShardRule chunks must be a positive integer, got {self.chunks!r}")
+
+
+@attrs.frozen
+class TensorParallelPlan:
+    """The rules (first match wins; unmatched modules are replicated) and the counts the degree must divide."""
+
+    rules: tuple[ShardRule, ...] = attrs.field(converter=tuple)
+    divisors: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=tuple)
+
+    def rule_for(self, module_name: str) -> ShardRule | None:
+        """The rule sharding ``module_name`` (``None``: replicated)."""
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(module_name, rule.pattern):
+                return None if rule.style == "replicated" else rule
+        return None
+
+    def check(self, degree: int) -> None:
+        """Refuse a degree that does not divide every declared count (a ConfigError naming ``parallel``)."""
+        for what, count in self.divisors:
+            if count % degree:
+                raise ConfigError("parallel", f"tp={degree} must divide the model's {what} ({count}); choose a "
+                                              f"degree among the divisors of {count}")
+
+    def param_split(self, module_name: str, param_name: str) -> tuple[int, int] | None:
+        """``(dim, chunks)`` along which ``module_name.param_name`` is split, or ``None`` (kept whole)."""
+        rule = self.rule_for(module_name)
+        if rule is None:
+            return None
+        if rule.style == "column":
+            return 0, rule.chunks  # weight [out, in] rows, bias [out]
+        if param_name == "weight":
+            return 1, rule.chunks  # row: weight [out, in] columns
+        return None  # a row layer's bias is added once, after the reduction
+
+
+def local_ranges(size: int, chunks: int, rank: int, degree: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` ranges of a dimension of ``size`` (``chunks`` fused parts) that ``rank`` holds."""
+    if size % (chunks * degree):
+        raise ConfigError("parallel", f"tp={degree} does not divide a dimension of {size} in {chunks} part(s)")
+    part = size // chunks
+    per = part // degree
+    return [(c * part + rank * per, c * part + (rank + 1) * per) for c in range(chunks)]
+
+
+def take_shard(tensor: torch.Tensor, dim: int, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """``tensor``'s rows (``dim``) in ``ranges``, concatenated (a view when there is one range; works on meta)."""
+    import torch
+
+    parts = [tensor.narrow(dim, a, b - a) for a, b in ranges]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def _linears(module: nn.Module, plan: TensorParallelPlan) -> Iterable[tuple[str, nn.Module, ShardRule]]:
+    for name, sub in module.named_modules():
+        rule = plan.rule_for(name)
+        if rule is not None:
+            yield name, sub, rule
+
+
+def sharded_parameter_bytes(module: nn.Module, plan: TensorParallelPlan, degree: int,
+                            dtype_bytes: Callable[[torch.Tensor], int] | None = None) -> int:
+    """Bytes of parameters one TP rank holds, from the (full-size, e.g. meta-device) module's shapes alone.
+
+    ``dtype_bytes(param)`` overrides the element size (e.g. to price a meta fp32 model in bf16)."""
+    plan.check(degree)
+    total = 0
+    for mod_name, sub in module.named_modules():
+        for p_name, p in sub.named_parameters(recurse=False):
+            size = dtype_bytes(p) if dtype_bytes is not None else p.element_size()
+            split = plan.param_split(mod_name, p_name)
+            numel = p.numel() if split is None else p.numel() // degree
+            total += numel * size
+    return total
+
+
+def local_parameter_bytes(module: nn.Module) -> int:
+    """Bytes of the parameters this process holds (a DTensor counts its local shard)."""
+    total = 0
+    for p in module.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degree: int) -> nn.Module:
+    """Narrow every planned ``nn.Linear`` of ``module`` to ``rank``'s share, in place (no process group; works on
+    the meta device). Each sharded linear remembers its full shape as ``_omnicore_tp_full`` (``parallelize``
+    reads it). Returns ``module``."""
+    from torch import nn
+
+    plan.check(degree)
+    if not 0 <= rank < degree:
+        raise ValueError(f"rank {rank} outside a TP group of {degree}")
+    for name, sub, _rule in _linears(module, plan):
+        if not isinstance(sub, nn.Linear):
+            raise TypeError(f"tensor-parallel plan names {name!r}, a {type(sub).__name__}; only nn.Linear shards")
+        if getattr(sub, "_omnicore_tp_full", None) is not None:
+            continue  # already sharded (e.g. built from a sharded checkpoint read)
+        sub._omnicore_tp_full = {p_name: tuple(p.shape) for p_name, p in sub.named_parameters(recurse=False)}
+        for p_name, p in list(sub.named_parameters(recurse=False)):
+            split = plan.param_split(name, p_name)
+            if split is None:
+                continue
+            dim, chunks = split
+            local = take_shard(p.data, dim, local_ranges(p.shape[dim], chunks, rank, degree)).contiguous()
+            setattr(sub, p_name, nn.Parameter(local, requires_grad=p.requires_grad))
+        sub.in_features, sub.out_features = sub.weight.shape[1], sub.weight.shape[0]
+    return module
+
+
+def parallelize(module: nn.Module, plan: TensorParallelPlan, mesh: Any) -> nn.Module:
+    """Run ``module``'s sharded linears (after :func:`shard_module`) through DTensor's tensor parallelism over
+    ``mesh`` (the TP group's 1-D ``DeviceMesh``): ``ColwiseParallel`` / ``RowwiseParallel`` via
+    ``parallelize_module``, local tensors in and out. Returns ``module``."""
+    import torch
+    from torch import nn
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles: dict[str, Any] = {}
+    for name, sub, rule in _linears(module, plan):
+        full = getattr(sub, "_omnicore_tp_full", None)
+        if full is None:
+            raise RuntimeError(f"{name!r} is not sharded yet: call shard_module() first")
+        for p_name, p in list(sub.named_parameters(recurse=False)):
+            if isinstance(p.data, DTensor):
+                continue
+            split = plan.param_split(name, p_name)
+            placement = Replicate() if split is None else Shard(split[0])
+            shape = torch.Size(full[p_name])
+            stride = torch.empty(shape, device="meta").stride()
+            dt = DTensor.from_local(p.data, mesh, [placement], run_check=False, shape=shape, stride=stride)
+            setattr(sub, p_name, nn.Parameter(dt, requires_grad=False))
+        styles[name] = ColwiseParallel() if rule.style == "column" else RowwiseParallel()
+    if styles:
+        parallelize_module(module, mesh, styles)
+    return module
+
+
+def read_sharded_state_dict(folder: Path | str, plan: TensorParallelPlan, *, rank: int, degree: int, plugin: str,
+                            component: str | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    """The tensors of a component folder with every planned linear read as ``rank``'s shard only
+    (``safe_open(...).get_slice``: the other ranks' rows never leave the file), and the bytes read.
+
+    ``plan``'s patterns are matched against the *stored* names (the tensor name less ``.weight`` / ``.bias``), so
+    a model whose checkpoint layout differs from its modules declares a plan for that layout."""
+    import torch
+    from safetensors import safe_open
+
+    from ..checkpoint import CheckpointError, weight_files
+
+    plan.check(degree)
+    state: dict[str, torch.Tensor] = {}
+    nbytes = 0
+    for file in weight_files(folder, plugin=plugin, component=component):
+        with safe_open(str(file), framework="pt") as handle:
+            for stored in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+                if stored in state:
+                    raise CheckpointError(plugin, folder, f"weight {stored} appears in more than one shard",
+                                          component=component)
+                mod_name, _, p_name = stored.rpartition(".")
+                split = plan.param_split(mod_name, p_name)
+                view = handle.get_slice(stored)
+                shape = list(view.get_shape())
+                if split is None:
+                    tensor = handle.get_tensor(stored)
+                else:
+                    dim, chunks = split
+                    parts = []
+                    for a, b in local_ranges(shape[dim], chunks, rank, degree):
+                        index = tuple(slice(a, b) if d == dim else slice(None) for d in range(len(shape)))
+                        parts.append(view[index])
+                    tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+                nbytes += tensor.numel() * tensor.element_size()
+                state[stored] = tensor
+    return state, nbytes
+
+
+__all__ = ["STYLES", "ShardRule", "TensorParallelPlan", "local_parameter_bytes", "local_ranges", "parallelize",
+           "read_sharded_state_dict", "shard_module", "sharded_parameter_bytes", "take_shard"]
