@@ -412,12 +412,14 @@ class LingBotPipeline(BasePipeline):
             pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             refiner = plan.refiner
             fps = None if image else refiner.fps if refiner is not None else request.params.fps
-            guided = (request.params.guidance_scale or 0.0) > 1.0
+            # CFG-parallel ranks run one branch each, which takes precedence over packing (see predict)
+            packed = (plan.batch_cfg and (request.params.guidance_scale or 0.0) > 1.0
+                      and (self.parallel is None or self.parallel.cfg <= 1))
             outputs.append(Output(
                 kind="image" if image else "video", frames=pixels, fps=fps,
                 request_id=request.request_id, index=0, seed=request.params.seed,
                 # how the base stage ran CFG (1 = one packed forward), and whether the platform chose it
-                metrics={"batch_cfg": float(plan.batch_cfg and guided),
+                metrics={"batch_cfg": float(packed),
                          "batch_cfg_auto": float(plan.batch_cfg_source == "auto")},
             ))
         return outputs

@@ -109,7 +109,7 @@ def test_forward_count_per_cfg_mode(pipe, recorder, guidance, batch_cfg, calls_p
     assert set(recorder.batch_sizes) == {batch}
 
 
-def test_batch_cfg_auto_runs_two_passes_on_cpu_and_says_so(pipe, recorder):
+def test_batch_cfg_auto_runs_two_passes_on_cpu_and_says_so(pipe, recorder, monkeypatch):
     # no batch_cfg (= "auto") on a CPU pipeline: two B=1 forwards per step (packed measured slower on CPU),
     # visible in the plan and the output metrics; "auto" spelled out is the same choice
     for extra in ({}, {"batch_cfg": "auto"}):
@@ -120,8 +120,10 @@ def test_batch_cfg_auto_runs_two_passes_on_cpu_and_says_so(pipe, recorder):
         state, (out,) = run(pipe, request(extra=extra))
         assert len(recorder.inputs) == 2 * state.num_steps and set(recorder.batch_sizes) == {1}
         assert (out.metrics["batch_cfg"], out.metrics["batch_cfg_auto"]) == (0.0, 1.0)
-    _, (out,) = run(pipe, request(extra={"batch_cfg": True}))  # an explicit choice is kept and reported
+    state, (out,) = run(pipe, request(extra={"batch_cfg": True}))  # an explicit choice is kept and reported
     assert (out.metrics["batch_cfg"], out.metrics["batch_cfg_auto"]) == (1.0, 0.0)
+    monkeypatch.setattr(pipe, "parallel", SimpleNamespace(cfg=2))  # CFG ranks run one branch each: not packed
+    assert pipe.decode(state)[0].metrics["batch_cfg"] == 0.0
 
 
 @pytest.mark.parametrize(("device", "extra", "packed", "source"), [
