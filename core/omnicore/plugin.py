@@ -103,6 +103,21 @@ _LAZY: dict[str, str] = {
     "OP_NAMES": "omnicore.ops.names:OP_NAMES",
     "ops": "omnicore.ops",  # the eager references (omnicore.ops.rms_norm ...); models call options.platform.ops
     "CacheHandle": "omnicore.hookspecs:CacheHandle",
+    # -- running over a worker group (``--parallel``): sequence sharding and the CFG branches (1.5) ----------------
+    "SequenceShard": "omnicore.parallel.ulysses:SequenceShard",
+    "UlyssesAttention": "omnicore.parallel.ulysses:UlyssesAttention",
+    "check_heads": "omnicore.parallel.ulysses:check_heads",
+    "cfg_branches": "omnicore.parallel.cfg:cfg_branches",
+    "data_parallel": "omnicore.parallel.cfg:data_parallel",
+    "padded_length": "omnicore.parallel.ulysses:padded_length",
+    # tensor parallelism (``tp=N``): the model's sharding plan, applied at load (shard-only checkpoint reads)
+    "ShardRule": "omnicore.parallel.tensor_parallel:ShardRule",
+    "TensorParallelPlan": "omnicore.parallel.tensor_parallel:TensorParallelPlan",
+    "shard_module": "omnicore.parallel.tensor_parallel:shard_module",
+    "parallelize": "omnicore.parallel.tensor_parallel:parallelize",
+    "read_sharded_state_dict": "omnicore.parallel.tensor_parallel:read_sharded_state_dict",
+    "sharded_parameter_bytes": "omnicore.parallel.tensor_parallel:sharded_parameter_bytes",
+    "local_parameter_bytes": "omnicore.parallel.tensor_parallel:local_parameter_bytes",
     # -- request-gated VAE fast paths and the decode precision (seed-contracts §7) -----------------------------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
@@ -187,6 +202,19 @@ if TYPE_CHECKING:
     from .ops.names import OP_NAMES as OP_NAMES
     from .outputs.output import Output as Output
     from .outputs.readers import read_image as read_image
+    from .parallel.cfg import cfg_branches as cfg_branches
+    from .parallel.cfg import data_parallel as data_parallel
+    from .parallel.ulysses import SequenceShard as SequenceShard
+    from .parallel.ulysses import UlyssesAttention as UlyssesAttention
+    from .parallel.tensor_parallel import ShardRule as ShardRule
+    from .parallel.tensor_parallel import TensorParallelPlan as TensorParallelPlan
+    from .parallel.tensor_parallel import local_parameter_bytes as local_parameter_bytes
+    from .parallel.tensor_parallel import parallelize as parallelize
+    from .parallel.tensor_parallel import read_sharded_state_dict as read_sharded_state_dict
+    from .parallel.tensor_parallel import shard_module as shard_module
+    from .parallel.tensor_parallel import sharded_parameter_bytes as sharded_parameter_bytes
+    from .parallel.ulysses import check_heads as check_heads
+    from .parallel.ulysses import padded_length as padded_length
     from .platforms.base import Platform as Platform
     from .specs import AttentionBackendSpec as AttentionBackendSpec
     from .specs import AttentionCapabilities as AttentionCapabilities

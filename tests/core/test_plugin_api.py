@@ -27,6 +27,10 @@ PUBLIC_NAMES = frozenset({
     "cancel_points", "check_request", "resolve_roles", "check_inputs",
     # work of a model's own extra stage, checked with the request's limits (1.4)
     "StageWork", "STAGES_KEY",
+    # running over a worker group (1.5)
+    "SequenceShard", "UlyssesAttention", "check_heads", "cfg_branches", "data_parallel",
+    "padded_length", "ShardRule", "TensorParallelPlan", "shard_module", "parallelize", "read_sharded_state_dict",
+    "sharded_parameter_bytes", "local_parameter_bytes",
     # errors
     "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
     "Cancelled",
