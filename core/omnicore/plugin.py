@@ -204,8 +204,6 @@ if TYPE_CHECKING:
     from .outputs.readers import read_image as read_image
     from .parallel.cfg import cfg_branches as cfg_branches
     from .parallel.cfg import data_parallel as data_parallel
-    from .parallel.ulysses import SequenceShard as SequenceShard
-    from .parallel.ulysses import UlyssesAttention as UlyssesAttention
     from .parallel.tensor_parallel import ShardRule as ShardRule
     from .parallel.tensor_parallel import TensorParallelPlan as TensorParallelPlan
     from .parallel.tensor_parallel import local_parameter_bytes as local_parameter_bytes
@@ -213,6 +211,8 @@ if TYPE_CHECKING:
     from .parallel.tensor_parallel import read_sharded_state_dict as read_sharded_state_dict
     from .parallel.tensor_parallel import shard_module as shard_module
     from .parallel.tensor_parallel import sharded_parameter_bytes as sharded_parameter_bytes
+    from .parallel.ulysses import SequenceShard as SequenceShard
+    from .parallel.ulysses import UlyssesAttention as UlyssesAttention
     from .parallel.ulysses import check_heads as check_heads
     from .parallel.ulysses import padded_length as padded_length
     from .platforms.base import Platform as Platform
