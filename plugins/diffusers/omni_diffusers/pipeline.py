@@ -19,8 +19,18 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from omnicore.plugin import (BasePipeline, DenoiseState, GenerationRequest, InvalidRequest, LoadOptions, ModelSpec,
-                             Output, UnsupportedFeature, load_media, output_seeds)
+from omnicore.plugin import (
+    BasePipeline,
+    DenoiseState,
+    GenerationRequest,
+    InvalidRequest,
+    LoadOptions,
+    ModelSpec,
+    Output,
+    UnsupportedFeature,
+    load_media,
+    output_seeds,
+)
 
 from .signature import PipelineCard, describe
 from .stepper import SteppedCall
@@ -56,6 +66,7 @@ class DiffusersPipeline(BasePipeline):
         self.offload_modules = {n: m for n, m in pipe.components.items()
                                 if isinstance(m, torch.nn.Module) and not n.startswith("vae")}
         self.card: PipelineCard | None = None
+        self.cache_decisions: list[bool] | None = None  # set by omni_diffusers.caching while a cache is enabled
 
     # ------------------------------------------------------------------ loading and the spec
     @classmethod
@@ -182,6 +193,9 @@ class DiffusersPipeline(BasePipeline):
         requests = self.batch_requests(requests)
         if self._active is not None:  # a batch the engine dropped (cancelled, failed): leave its call first
             self._active.abort()
+        for model in self.denoisers:  # a call left by abort never reached diffusers' own reset of its cache
+            if getattr(model, "is_cache_enabled", False):
+                model._reset_stateful_cache()
         call = SteppedCall(self.pipe.__call__, self.call_kwargs(requests), self.denoisers,
                            lambda: getattr(self.pipe, "_num_timesteps", None))
         self._active = call
@@ -193,7 +207,12 @@ class DiffusersPipeline(BasePipeline):
         return state
 
     def denoise_step(self, state: DenoiseState, step: int) -> DenoiseState:
+        decisions = self.cache_decisions
+        if decisions is not None:
+            decisions.clear()
         state.extras["call"].step(step)
+        if decisions and not any(decisions):  # every denoiser call of this step skipped the remaining blocks
+            state.reused_steps.append(step)
         return state
 
     def decode(self, state: DenoiseState) -> list[Output]:

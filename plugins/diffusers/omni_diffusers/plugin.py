@@ -34,6 +34,7 @@ MODEL_SPEC = ModelSpec(
                 InputRole("first_frame", ("image",), description="`image` of an image-to-video pipeline"),
                 InputRole("last_frame", ("image",), description="`last_image` of the pipeline"),
                 InputRole("mask", ("image",), description="`mask_image` of an inpainting pipeline")),
+        cache_methods=("first_block_cache",),  # through diffusers' own hooks (omni_diffusers.caching)
         # diffusers' joint-attention processors (FLUX, SD3, Wan ...) are not routed through omnicore's selector
         honours_attention_backend=False),
     defaults=RequestDefaults(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5),
@@ -56,3 +57,13 @@ def plugin_info() -> dict[str, Any]:
 @hookimpl
 def omnicore_register_models(register: Any) -> None:
     register(MODEL_SPEC)
+
+
+@hookimpl(tryfirst=True)
+def omnicore_cache(pipeline: Any, method: Any, config: Any) -> Any:
+    """Caches on this adapter's pipelines go through diffusers' hooks; other pipelines are not ours (None)."""
+    if type(pipeline).__module__ != "omni_diffusers.pipeline":
+        return None
+    from .caching import enable
+
+    return enable(pipeline, method, config)

@@ -240,8 +240,7 @@ def test_model_offload_keeps_the_outputs(settings: Any) -> None:
     assert outputs[0] == outputs[1]
 
 
-@pytest.mark.parametrize(("option", "value", "feature"), [("offload", "layerwise", "offload"),
-                                                          ("cache_methods", ["first_block_cache"], "cache")])
+@pytest.mark.parametrize(("option", "value", "feature"), [("offload", "layerwise", "offload")])
 def test_what_the_adapter_cannot_do_is_refused_by_name(settings: Any, option: str, value: Any,
                                                        feature: str) -> None:
     from omnicore.errors import OmnicoreError
