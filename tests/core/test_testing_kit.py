@@ -99,7 +99,7 @@ BAD_PLUGINS = {
     "plug_heavy": """
         import decimal  # stands in for torch: the test class declares it heavy
         from omnicore import hookimpl
-        from omnicore.specs import ModelSpec
+        from omnicore.plugin import ModelSpec
 
         @hookimpl
         def omnicore_register_models(register):
@@ -107,7 +107,7 @@ BAD_PLUGINS = {
     """,
     "plug_misspelled": """
         import pluggy
-        from omnicore.specs import ModelSpec
+        from omnicore.plugin import ModelSpec
 
         hookimpl = pluggy.HookimplMarker("omnicor")
 
@@ -117,7 +117,7 @@ BAD_PLUGINS = {
     """,
     "plug_info_lies": """
         from omnicore import hookimpl
-        from omnicore.specs import ModelSpec
+        from omnicore.plugin import ModelSpec
 
         def plugin_info():
             return {"kind": "model", "api": ">=1.0,<2", "models": ["real", "imaginary"]}
@@ -128,7 +128,7 @@ BAD_PLUGINS = {
     """,
     "plug_future_api": """
         from omnicore import hookimpl
-        from omnicore.specs import ModelSpec
+        from omnicore.plugin import ModelSpec
 
         def plugin_info():
             return {"kind": "model", "api": ">=2,<3", "models": ["future"]}
@@ -139,7 +139,7 @@ BAD_PLUGINS = {
     """,
     "plug_dangling": """
         from omnicore import hookimpl
-        from omnicore.specs import ModelSpec, PresetSpec
+        from omnicore.plugin import ModelSpec, PresetSpec
 
         @hookimpl
         def omnicore_register_models(register):
@@ -148,7 +148,7 @@ BAD_PLUGINS = {
     """,
     "plug_once": """
         from omnicore import hookimpl
-        from omnicore.specs import ModelSpec
+        from omnicore.plugin import ModelSpec
 
         _done = []
 
@@ -158,9 +158,21 @@ BAD_PLUGINS = {
                 register(ModelSpec(name="once", impl="decimal:Decimal"))
             _done.append(1)
     """,
+    "plug_internal": """
+        from omnicore import hookimpl
+        from omnicore.plugin import ModelSpec
+
+        def engine_for(name):
+            from omnicore.engine.api import Engine  # internal: renamed or moved in any release
+            return Engine(name)
+
+        @hookimpl
+        def omnicore_register_models(register):
+            register(ModelSpec(name="internal", impl="decimal:Decimal"))
+    """,
     "plug_good": """
         from omnicore import hookimpl
-        from omnicore.specs import ModelSpec
+        from omnicore.plugin import ModelSpec
 
         def plugin_info():
             return {"kind": "model", "api": ">=1.0,<2", "registers": {"model": ["good"]}}
@@ -193,6 +205,9 @@ BAD_PLUGIN_TESTS = """
     class TestOnce(PluginConformance):
         plugin_module = "plug_once"
 
+    class TestInternal(PluginConformance):
+        plugin_module = "plug_internal"
+
     class TestGood(PluginConformance):
         plugin_module = "plug_good"
         require_plugin_info = True
@@ -213,6 +228,7 @@ def test_plugin_conformance_fails_each_broken_plugin(pytester):
         "test_loads_and_registers_cleanly", "test_plugin_info_matches_registrations", "test_registration_is_repeatable"}
     assert failing(out, "test_inner.py::TestDangling") == {"test_every_lazy_path_resolves"}
     assert failing(out, "test_inner.py::TestOnce") == {"test_registration_is_repeatable"}
+    assert failing(out, "test_inner.py::TestInternal") == {"test_imports_only_public_omnicore_modules"}
     assert failing(out, "test_inner.py::TestGood") == set()
     assert out["test_inner.py::TestGood::test_plugin_info_matches_registrations"] == "passed"
     assert out["test_inner.py::test_fixture_from_the_pytest11_plugin"] == "passed"

@@ -43,7 +43,7 @@ packages = ["{pkg}"]
 
 GOOD_PLUGIN = """
 from omnicore import hookimpl
-from omnicore.specs import AttentionBackendSpec, AttentionCapabilities, ModelSpec
+from omnicore.plugin import AttentionBackendSpec, AttentionCapabilities, ModelSpec
 
 
 def plugin_info():

@@ -25,6 +25,7 @@ from ..plugins._compat import api_mismatch
 from ..plugins.host import PluginHost
 from ..plugins.records import LOADED, PluginRecord
 from ..specs import SPEC_KINDS, resolve
+from .imports import internal_imports
 
 HEAVY_MODULES = ("torch", "diffusers", "transformers")
 REGISTRY_KINDS = tuple(SPEC_KINDS)  # model, platform, attention_backend, cache_method, op
@@ -158,6 +159,15 @@ class PluginConformance:
             "`omnicore plugins` and `--help` never load the GPU stack. Name implementations by lazy "
             "'module:attr' paths and import heavy packages inside them."
         )
+
+    def test_imports_only_public_omnicore_modules(self) -> None:
+        """The plugin's package imports ``omnicore.plugin`` / ``omnicore.testing`` only (internal modules change
+        between releases); the source is read, not imported, so imports inside functions count too."""
+        package = self.plugin_module.partition(":")[0].split(".")[0]
+        found = internal_imports([package])
+        assert not found, (
+            f"{package} imports internal omnicore modules (import their names from omnicore.plugin instead; "
+            "a name it lacks is a request for the public API):\n" + "\n".join(found))
 
     def test_loads_and_registers_cleanly(self, plugin_record: PluginRecord) -> None:
         assert plugin_record.status == LOADED, f"{plugin_record.name}: {plugin_record.error}\n{plugin_record.traceback}"

@@ -19,12 +19,20 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
-from omnicore.engine.request import GenerationRequest, random_seed
-from omnicore.errors import ConfigError, InvalidRequest, UnsupportedFeature
-from omnicore.outputs.output import Output
-from omnicore.plugin import fast_path_gate
-from omnicore.specs import AttentionRequirement
+from omnicore.plugin import (
+    AttentionRequirement,
+    BasePipeline,
+    ConfigError,
+    DenoiseState,
+    GenerationRequest,
+    InvalidRequest,
+    LoadOptions,
+    Output,
+    UnsupportedFeature,
+    fast_path_gate,
+    output_seeds,
+    random_seed,
+)
 
 from .config import ConfigFileError, GenerationConfig, HunyuanConfig
 from .kv_pool import PrefixKVPool, block_hashes, row_identity

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from omnicore.hookspecs import hookimpl
-from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
+from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
 
 from . import __version__
 from .detect import ARCHITECTURE

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omnicore.errors import ConfigError, InvalidRequest, UnsupportedFeature
+from omnicore.plugin import ConfigError, InvalidRequest, UnsupportedFeature
 
 from .buckets import Bucket, ResolutionGroup
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnicore.errors import InvalidRequest
+from omnicore.plugin import InvalidRequest
 from PIL import Image
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omnicore.errors import InvalidRequest
+from omnicore.plugin import InvalidRequest
 from PIL import Image
 
 

@@ -21,15 +21,25 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnicore.engine.inputs import check_inputs, resolve_roles
-from omnicore.engine.protocol import BasePipeline, DenoiseState, LoadOptions, output_seeds
-from omnicore.engine.request import GenerationRequest, MediaInput
-from omnicore.errors import ConfigError, InvalidRequest
-from omnicore.module_hooks import hook_context
-from omnicore.outputs.output import Output
-from omnicore.parallel.cfg import cfg_branches, data_parallel
-from omnicore.plugin import STAGES_KEY, read_json
-from omnicore.specs import AttentionRequirement
+from omnicore.plugin import (
+    STAGES_KEY,
+    AttentionRequirement,
+    BasePipeline,
+    ConfigError,
+    DenoiseState,
+    GenerationRequest,
+    InvalidRequest,
+    LoadOptions,
+    MediaInput,
+    Output,
+    cfg_branches,
+    check_inputs,
+    data_parallel,
+    hook_context,
+    output_seeds,
+    read_json,
+    resolve_roles,
+)
 
 from .image_condition import align_image, apply_clean_prefix, load_image
 from .loader import PLUGIN, CheckpointError, load_transformer
@@ -289,9 +299,14 @@ class LingBotPipeline(BasePipeline):
     def block_loop(self) -> Any:
         """The DiT's block loop for block-level caches (first-block cache): each block takes and returns the
         packed joint hidden stream as its first argument."""
-        from omnicore.cache import BlockLoop
+        from omnicore.plugin import BlockLoop
 
         return BlockLoop(blocks="transformer.blocks", streams=("hidden_states",))
+
+    @property
+    def compile_regions(self) -> tuple[str, ...]:
+        """Block lists compiled by ``--compile`` (the DiT's, and the refiner's when the package has one)."""
+        return ("transformer.blocks",) + (("refiner.blocks",) if self.refiner is not None else ())
 
     @property
     def offload_modules(self) -> dict[str, Any]:

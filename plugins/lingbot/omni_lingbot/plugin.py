@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from omnicore.hookspecs import hookimpl
-from omnicore.specs import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults
+from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
 
 from . import __version__
 from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
@@ -91,7 +90,7 @@ MODEL_SPEC = ModelSpec(
 
 
 def plugin_info() -> dict[str, Any]:
-    return {"kind": "model", "api": ">=1.4,<2", "version": __version__, "models": [MODEL_SPEC.name],
+    return {"kind": "model", "api": ">=1.5,<2", "version": __version__, "models": [MODEL_SPEC.name],
             "presets": [p.name for p in PRESETS]}
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from omnicore.errors import ConfigError
+from omnicore.plugin import ConfigError
 
 SYSTEM_TEXT = (
     "Enhanced prompt: read the structured description of a scene and picture its subjects, their look, "

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omnicore.engine.request import MAX_SEED
-from omnicore.plugin import StageWork
+from omnicore.plugin import MAX_SEED, StageWork
 from PIL import Image
 
 from .image_condition import apply_clean_prefix

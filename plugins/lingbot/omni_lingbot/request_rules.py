@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from omnicore.errors import InvalidRequest
+from omnicore.plugin import InvalidRequest
 
 from .prompts import compact_json, default_negative_prompt
 from .stage_options import (

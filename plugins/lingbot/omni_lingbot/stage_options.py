@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from omnicore.errors import InvalidRequest
+from omnicore.plugin import InvalidRequest
 
 #: Refiner fields (seed-contracts §8.1 and models.md §2.2); every one but ``run_refiner`` needs it to be true.
 REFINER_FIELDS = (

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.engine.cancellation import cancel_points
-from omnicore.plugin import fast_path_gate, install_fast_path
+from omnicore.plugin import cancel_points, fast_path_gate, install_fast_path
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 
 import torch
-from omnicore.attention.metadata import AttentionMetadata
+from omnicore.plugin import AttentionMetadata
 from torch import nn
 
 from .embeddings import linear

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from omnicore.errors import ConfigError
+from omnicore.plugin import ConfigError
 
 logger = logging.getLogger("omni_lingbot")
 

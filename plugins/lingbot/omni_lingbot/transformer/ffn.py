@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from omnicore.ops import reference as eager_ops
+from omnicore.plugin import ops as eager_ops
 from torch import nn
 
 from .embeddings import linear

@@ -14,9 +14,8 @@ from typing import Any
 
 import attrs
 import torch
-from omnicore.attention.metadata import AttentionMetadata
-from omnicore.attention.packed import PackedSequence
-from omnicore.ops import reference as eager_ops
+from omnicore.plugin import AttentionMetadata, PackedSequence
+from omnicore.plugin import ops as eager_ops
 
 from .rope import sample_positions
 

@@ -14,9 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import torch
-from omnicore.attention.reference import sdpa_attention
-from omnicore.parallel.ulysses import SequenceShard, UlyssesAttention, check_heads
-from omnicore.plugin import AttentionMetadata
+from omnicore.plugin import AttentionMetadata, SequenceShard, UlyssesAttention, check_heads, sdpa_attention
 from torch import nn
 
 from .attention import AttentionFn

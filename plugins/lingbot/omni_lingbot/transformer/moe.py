@@ -15,7 +15,7 @@ import math
 from typing import Any, Literal
 
 import torch
-from omnicore.ops import reference as eager_ops
+from omnicore.plugin import ops as eager_ops
 from torch import nn
 from torch.nn import functional as F
 

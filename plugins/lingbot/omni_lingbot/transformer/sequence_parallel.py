@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from omnicore.attention.metadata import AttentionMetadata
-from omnicore.ops import reference as eager_ops
-from omnicore.parallel.ulysses import SequenceShard
+from omnicore.plugin import AttentionMetadata, SequenceShard
+from omnicore.plugin import ops as eager_ops
 
 from .layout import JointLayout
 
