@@ -20,6 +20,7 @@ _COMMANDS = {
     "generate": "omnicore.cli.generate_cmd:run",
     "serve": "omnicore.cli.serve_cmd:run",
     "models": "omnicore.cli.models_cmd:run",
+    "plan": "omnicore.cli.plan_cmd:run",
 }
 
 
@@ -159,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: hidden)")
     add_flags(s, "server", title="server (flag > OMNICORE_* env > default)")
     _add_engine_flags(s)
-    parser.set_defaults(_subparsers={"models": m, "plugins": p, "generate": g, "serve": s})
+    from .plan_cmd import add_parser as add_plan_parser  # torch-free; the plan itself imports torch lazily
+
+    pl = add_plan_parser(sub)
+    parser.set_defaults(_subparsers={"models": m, "plugins": p, "generate": g, "serve": s, "plan": pl})
     return parser
 
 

@@ -182,3 +182,171 @@ def build_tiny_ref2va(target_dir: str | Path) -> Path:
 def build_tiny_combined(target_dir: str | Path) -> Path:
     """Both partitions in one repository (the "combined" deployment; used by tests)."""
     return build_tiny(target_dir, ("fl2va", "ref2va"))
+
+
+# ---------------------------------------------------------------------------------------------- real-size configs
+# ``omnicore plan real:minimax-h3`` reads these: the released FL2VA partition's configs and no weights, so a plan
+# (what fits where) is made before anything is downloaded. The DiT and the text encoder's decoder are the values
+# of models.md §1.6 / §1.3 (Qwen3-VL-32B text: 5120 hidden, 64 heads, 8 KV heads, 25600 FFN; the DiT reads 50 of
+# its 64 layers); the vision tower is Qwen3-VL's published 27-block tower, and both VAEs are diffusers' class
+# defaults (``AutoencoderKLMiniMaxH3`` / ``...Audio``), which we did not check against a downloaded checkpoint.
+
+#: Preset name -> builder of a configs-only repository (no tensors), read by ``omnicore plan``.
+REAL_PRESETS: dict[str, str] = {"real:minimax-h3": "omni_minimax_h3.presets:build_real_minimax_h3"}
+REAL_TEXT: dict[str, Any] = {
+    "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 262144,
+    "rope_theta": 5000000.0,
+    "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+}
+REAL_VISION: dict[str, Any] = {
+    "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 5120, "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [8, 16, 24],
+}
+#: Which parts of the release these configs are sure of (shown by ``omnicore plan``).
+REAL_PROVENANCE = {
+    "transformer": "release (models.md §1.6; 33,122,992,896 parameters)",
+    "text_encoder": "Qwen3-VL-32B text decoder (models.md §1.3), first 50 of 64 layers kept; vision tower: "
+                    "Qwen3-VL's published config (unverified against the checkpoint)",
+    "vae": "diffusers AutoencoderKLMiniMaxH3 defaults (unverified)",
+    "audio_vae": "diffusers AutoencoderKLMiniMaxH3Audio defaults (unverified)",
+}
+
+
+def build_real_minimax_h3(target_dir: str | Path) -> Path:
+    """Configs of the released FL2VA partition in the diffusers layout, without any weights."""
+    from transformers import Qwen3VLConfig
+
+    from .transformer.config import MiniMaxH3TransformerConfig
+
+    root = Path(target_dir)
+    dit = {"_class_name": "MiniMaxH3Transformer3DModel", **attrs_dict(MiniMaxH3TransformerConfig())}
+    _write_json(root / "transformer" / "config.json", dit)
+    text = Qwen3VLConfig(text_config=dict(REAL_TEXT), vision_config=dict(REAL_VISION), image_token_id=151655,
+                         video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653)
+    _write_json(root / "text_encoder" / "config.json", text.to_dict())
+    _write_json(root / "vae" / "config.json", {"_class_name": "AutoencoderKLMiniMaxH3"})
+    _write_json(root / "audio_vae" / "config.json", {"_class_name": "AutoencoderKLMiniMaxH3Audio"})
+    for name in ("tokenizer", "processor"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    for name, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
+        _write_json(root / name / "scheduler_config.json",
+                    {"_class_name": "MiniMaxH3Scheduler", "_diffusers_version": "0.42.1", "shift": shift})
+    _write_json(root / "model_index.json", {
+        "_class_name": "MiniMaxH3ModularPipeline", "_diffusers_version": "0.42.1",
+        "transformer": ["diffusers", "MiniMaxH3Transformer3DModel"],
+        "_minimax_h3": {"partitions": ["fl2va"], "tasks": ["t2va", "fl2va"], "weights": False,
+                        "sigma_shift_scales": {"video": 12.0, "audio": 3.0}, "provenance": REAL_PROVENANCE},
+    })
+    return root
+
+
+def attrs_dict(config: Any) -> dict[str, Any]:
+    import attrs
+
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(config).items()}
+
+
+# ---------------------------------------------------------------------------------------------- the planner's view
+#: Linears the weight-only quantizer may replace (DiT block and refiner linears, text-encoder decoder linears);
+#: never norms, embeddings, patch projections, the final layer or the AdaLN projections.
+QUANTIZABLE = {
+    "transformer": ("blocks.*.attn.qkv_proj", "blocks.*.attn.out_proj", "blocks.*.mlp.fc1", "blocks.*.mlp.fc2",
+                    "token_refiner.blocks.*.attn.*_proj", "token_refiner.blocks.*.mlp.fc*"),
+    "text_encoder": ("language_model.layers.*.self_attn.*_proj", "language_model.layers.*.mlp.*_proj"),
+}
+
+
+def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
+    """The components as :meth:`MiniMaxH3Pipeline.from_pretrained` holds them, built on the meta device (no
+    weights read) and cast with the same policies (the DiT's fp32 islands, the text encoder truncated to the
+    layer it reads, both VAEs in float32), plus the DiT shape the activation estimate needs."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from .repository import resolve_layout
+    from .transformer.model import MiniMaxH3DiT
+
+    layout = resolve_layout(root)
+    components: dict[str, torch.nn.Module] = {}
+    dit_cfg = None
+    for part, folder in sorted(layout.transformers.items()):
+        from .loader import read_transformer_config
+
+        cfg = read_transformer_config(folder)
+        dit_cfg = dit_cfg or cfg
+        with torch.device("meta"):
+            dit = MiniMaxH3DiT(cfg)
+        components["transformer" if part == "fl2va" else "transformer_ref"] = (
+            dit.float() if dtype == torch.float32 else dit.cast(dtype))
+    config = Qwen3VLConfig.from_pretrained(str(layout.text_encoder))
+    text: Any = config.text_config
+    layer = layout.settings.text_encoder_layer
+    text.num_hidden_layers = layer
+    if getattr(text, "layer_types", None):
+        text.layer_types = list(text.layer_types)[:layer]
+    with torch.device("meta"):
+        components["text_encoder"] = Qwen3VLForConditionalGeneration(config).model.to(dtype)
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+
+    for name, cls, folder in (("vae", AutoencoderKLMiniMaxH3, layout.video_vae),
+                              ("audio_vae", AutoencoderKLMiniMaxH3Audio, layout.audio_vae)):
+        with torch.device("meta"):
+            components[name] = cls.from_config(cls.load_config(str(folder))).float()
+    assert dit_cfg is not None
+    return {
+        "components": components,
+        "dit": "transformer" if "transformer" in components else "transformer_ref",
+        # what MiniMaxH3Pipeline.offload_modules moves (the DiTs; the text encoder and VAEs stay resident)
+        "offload_modules": [k for k in components if k.startswith("transformer")],
+        "shape": {"layers": dit_cfg.num_layers, "hidden": dit_cfg.hidden_size, "heads": dit_cfg.num_attention_heads,
+                  "head_dim": dit_cfg.attention_head_dim, "ffn": dit_cfg.ffn_dim, "block_prefix": "blocks."},
+        "quantizable": QUANTIZABLE,
+        "cfg_capable": False,  # CFG-distilled: one forward per step
+        "provenance": (read_json_or_empty(Path(root) / "model_index.json").get("_minimax_h3") or {}).get(
+            "provenance"),
+    }
+
+
+def read_json_or_empty(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
+    """Sequence sizes of one request under the model's own rules (frames on the 17n+5 grid, the canvas of the
+    aspect ratio, the packed rows ``text + audio + video`` padded to 64). The text length is the prompt's UTF-8
+    byte count capped at 512 when a prompt is given (a byte-level upper bound), else 256 (stated, not measured)."""
+    from omnicore.plugin import SamplingParams
+
+    from .repository import resolve_layout
+    from .request_rules import SEQ_ALIGN, Deployment, resolve_request
+
+    layout = resolve_layout(root)
+    s = layout.settings
+    deployment = Deployment(partitions=tuple(sorted(layout.transformers)), canvas_short_edge=s.canvas_short_edge,
+                            canvas_max_pixels=s.canvas_max_pixels, video_shift=s.video_shift,
+                            audio_shift=s.audio_shift)
+    fields = {k: v for k, v in request.items() if k not in ("extra", "prompt")}
+    params = SamplingParams(**fields)
+    prompt = str(request.get("prompt") or "a plan")
+    r = resolve_request(prompt=prompt, negative_prompt=None, params=params, extra=dict(request.get("extra") or {}),
+                        media=(), deployment=deployment)
+    from .loader import read_transformer_config
+
+    cfg = read_transformer_config(next(iter(layout.transformers.values())))
+    _, ph, pw = cfg.patch_size
+    text = min(len(prompt.encode()), 512) if request.get("prompt") else 256
+    video = r.num_latent_frames * (r.height // 16 // ph) * (r.width // 16 // pw)
+    audio = 2 * r.num_audio_latents
+    used = text + audio + video
+    rows = -(-used // SEQ_ALIGN) * SEQ_ALIGN
+    return {"tokens": rows * r.num_outputs, "text_tokens": text, "cfg_branches": 1, "steps": r.steps,
+            "adaln_rows_per_step": 2 * 3,  # unique timesteps per step (video t, audio t) x 3 modalities
+            "resolved": {"task": r.task, "height": r.height, "width": r.width, "num_frames": r.num_frames,
+                         "latent_frames": r.num_latent_frames, "audio_latents": r.num_audio_latents,
+                         "video_rows": video, "audio_rows": audio, "text_rows": text, "padded_rows": rows,
+                         "num_outputs": r.num_outputs}}

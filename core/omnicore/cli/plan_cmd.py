@@ -1,0 +1,129 @@
+"""``omnicore plan MODEL``: which placements fit on the devices, before any weight is loaded.
+
+Reads configs (and safetensors headers, never tensor data), builds the model on the meta device through the
+plugin's own builders and prints, per placement, the bytes each rank holds and whether they fit
+(:mod:`omnicore.planning`). ``--json`` prints the schema of ``docs/plan-json.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import InvalidRequest
+
+GIB = 1024 ** 3
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan", help="what fits where: per-rank memory of each placement, before loading", allow_abbrev=False,
+        description="Plan a model's placement from its configs and safetensors headers alone (no weights are "
+                    "read): per rank, the weight bytes of each component, an activation estimate for the request "
+                    "and whether it fits, for one device, offload, ulysses, cfg and tp (where the model declares "
+                    "a plan), each with int8/fp8 weight-only quantization; the row --parallel auto would pick is "
+                    "marked.")
+    p.add_argument("model", help="real:<model> (the released configs, no weights), tiny:<preset> or a local "
+                                 "checkpoint directory")
+    p.add_argument("--devices", type=int, default=1, metavar="N", help="devices available (default: 1)")
+    p.add_argument("--device-memory", type=float, default=80.0, metavar="GIB",
+                   help="memory of each device in GiB (default: 80)")
+    p.add_argument("--request", default="{}", metavar="JSON",
+                   help='the request to size, as JSON of sampling fields plus "extra", e.g. \'{"duration": 5, '
+                        '"extra": {"aspect_ratio": "16:9"}}\' (default: the model\'s defaults)')
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                   help="weight and activation dtype of the plan (default: bfloat16, what accelerators load)")
+    p.add_argument("--cache", action="append", default=[], metavar="METHOD",
+                   help="count a cache's memory too (adaln_schedule: the per-step AdaLN tables; default: none)")
+    p.add_argument("--all", action="store_true", help="list every placement (default: the fitting ones and the "
+                                                      "smallest that does not)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan-json.md)")
+    return p
+
+
+def parse_request(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest("request", f"--request must be a JSON object: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request", f"--request must be a JSON object, got {type(data).__name__}")
+    if "extra" in data and not isinstance(data["extra"], dict):
+        raise InvalidRequest("request.extra", "must be a JSON object")
+    return data
+
+
+def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0, request: dict[str, Any] | None = None,
+               dtype: str = "bfloat16", caches: tuple[str, ...] = (), host: Any = None, settings: Any = None) -> Any:
+    """The :class:`~omnicore.planning.Plan` of ``model`` (Python entry point of ``omnicore plan``)."""
+    import torch
+
+    from ..config import resolve_settings
+    from ..planning import make_plan, resolve_source
+    from ..planning.source import ByteCounter, header_parameters
+    from ..plugins.host import PluginHost
+
+    if devices < 1:
+        raise InvalidRequest("devices", f"must be >= 1, got {devices}")
+    if not device_memory_gib > 0:
+        raise InvalidRequest("device_memory", f"must be > 0 GiB, got {device_memory_gib}")
+    settings = settings or resolve_settings()
+    host = host or PluginHost(settings)
+    src = resolve_source(model, host, settings)
+    torch_dtype = getattr(torch, dtype)
+    counter = ByteCounter()
+    declared = header_parameters(src.root, counter)
+    profile = src.profile.plan_model(src.root, torch_dtype)
+    sized = src.profile.plan_request(src.root, dict(request or {}))
+    notes: list[str] = []
+    if profile.get("provenance"):
+        notes += [f"{k}: {v}" for k, v in dict(profile["provenance"]).items()]
+    if src.kind == "real":
+        notes.append("real: preset: configs only, no weights (built on the meta device)")
+    plan = make_plan(model=model, spec=src.spec.name, source=src.kind, profile=profile, request=sized,
+                     dtype=torch_dtype, devices=devices, device_memory_bytes=int(device_memory_gib * GIB),
+                     caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes))
+    if declared:
+        import attrs
+
+        comps = {k: {**v, "checkpoint_params": declared.get(k, {}).get("params")} for k, v in plan.components.items()}
+        plan = attrs.evolve(plan, components=comps)
+    return plan
+
+
+def format_table(plan: Any, show_all: bool = False) -> str:
+    lines = [f"plan for {plan.model} ({plan.spec}, {plan.source}; {plan.dtype}; {plan.devices} device(s) x "
+             f"{plan.device_memory_bytes / GIB:g} GiB)"]
+    req = dict(plan.request)
+    lines.append("request: " + ", ".join(f"{k}={v}" for k, v in req.items()))
+    lines.append("components (weights):")
+    for name, c in plan.components.items():
+        lines.append(f"  {name:<16} {c['params']:>16,} params  {c['bytes'] / GIB:8.2f} GiB")
+    rows = list(plan.placements)
+    if not show_all:
+        fitting = [p for p in rows if p.fits]
+        over = sorted((p for p in rows if not p.fits), key=lambda p: p.per_rank)[:3]
+        rows = fitting + [p for p in over if p not in fitting]
+    head = f"  {'placement':<30} {'dev':>3} {'weights':>9} {'caches':>8} {'activ.':>8} {'per rank':>9}  fits  step(s)"
+    lines += ["placements (GiB per rank; step = cost-model estimate):", head]
+    for p in rows:
+        mark = "  <- auto" if p.auto else ""
+        lines.append(f"  {p.name:<30} {p.devices:>3} {sum(p.weights.values()) / GIB:9.2f} "
+                     f"{sum(p.caches.values()) / GIB:8.2f} {p.activations / GIB:8.2f} {p.per_rank / GIB:9.2f}  "
+                     f"{'yes ' if p.fits else 'no  '}  {p.step_seconds:7.3f}{mark}")
+    if not show_all and len(rows) < len(plan.placements):
+        lines.append(f"  ({len(plan.placements) - len(rows)} more with --all)")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = build_plan(args.model, devices=args.devices, device_memory_gib=args.device_memory,
+                      request=parse_request(args.request), dtype=args.dtype, caches=tuple(args.cache))
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_table(plan, args.all))
+    return 0

@@ -1,0 +1,334 @@
+"""The estimator: weight bytes per rank (exact, from meta-device modules) and activation peaks (estimated).
+
+**Weights.** Each component's bytes are the sum of ``numel * element_size`` over its parameters and buffers as
+the plugin's ``plan_model`` built it on the meta device, cast as its loader casts (so a plan and a real load of
+the same dtype agree to the byte; a test checks this on every tiny preset). Tensor parallel divides the linears
+a DiT's ``tensor_parallel_plan`` names with :func:`omnicore.parallel.tensor_parallel.sharded_parameter_bytes`,
+the same rules the loader applies. Weight-only int8 / fp8 replaces each quantizable linear's weight by one byte
+per element plus one float32 scale per output channel (the bias keeps its dtype).
+
+**Activations (estimate).** For a DiT forward over ``S`` rows (per rank) in a ``b``-byte dtype, the peak inside
+a block is taken as ``S * b * (4 * H + max(6 * I, 3 * F))`` with ``H`` the hidden size, ``I`` = heads x head_dim
+and ``F`` the FFN width (four residual-stream tensors live: input, normed/modulated, branch output, gate
+product; then the wider of attention's q, k, v, their normed/rotated copies and the output, or the MLP's fused
+gate|up output and its activation). Memory-efficient attention is assumed (no S x S score matrix). Ulysses
+divides ``S`` by its degree; tensor parallel divides ``I`` and ``F``; CFG-parallel runs one branch per rank.
+A fixed reserve (``CostModel.runtime_reserve_gib``: CUDA context, allocator slack, workspace) is added to every
+rank. Text-encoder and VAE activations are not estimated (the VAE decodes tiled); this is stated in the notes.
+
+**Cost model (``--parallel auto``).** Per denoise step and rank: compute = FLOPs / ``device_tflops`` (linear
+FLOPs ``2 * S * layers * (4 * H * I + 3 * H * F)`` plus attention ``4 * S_total * S_rank * I * layers``, both
+divided by the parallel degree), plus communication / ``link_gbps`` (Ulysses: four all-to-alls of ``S * I * b``
+per layer, each moving ``(k-1)/k`` of the data; TP: two all-reduces of ``S * H * b`` per layer at ``2(k-1)/k``;
+CFG: one gather of the output), plus offload traffic / ``host_link_gbps`` (layer-wise: every DiT block each
+step; model offload: the DiT once per request, spread over the steps). Quantized weights add a
+``dequant_overhead`` factor to compute. The cheapest feasible placement that uses at most ``--devices`` wins;
+ties go to fewer devices.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+SCHEMA_VERSION = 1
+GIB = 1024 ** 3
+QUANTIZATIONS = ("none", "int8", "fp8")
+
+
+@attrs.frozen
+class CostModel:
+    """Constants of the stated cost model (defaults: an H200-class device; change them with ``--cost``)."""
+
+    device_tflops: float = 400.0  # sustained bf16 dense TFLOP/s (about 40 % of an H200's peak)
+    link_gbps: float = 300.0  # GB/s between devices (NVLink class)
+    host_link_gbps: float = 25.0  # GB/s host <-> device (PCIe 5 x16, pinned)
+    runtime_reserve_gib: float = 1.5  # per rank: CUDA context, allocator slack, workspace
+    dequant_overhead: float = 1.05  # weight-only quantized matmul vs bf16 (unmeasured here)
+
+    def to_json(self) -> dict[str, float]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Placement:
+    """One candidate: how the model is spread, what each rank holds and whether it fits."""
+
+    name: str
+    devices: int
+    ulysses: int = 1
+    tp: int = 1
+    cfg: int = 1
+    offload: str = "none"
+    quantization: str = "none"
+    weights: Mapping[str, int] = attrs.field(factory=dict)  # component -> bytes resident per rank (peak phase)
+    caches: Mapping[str, int] = attrs.field(factory=dict)
+    activations: int = 0
+    reserve: int = 0
+    host_bytes: int = 0
+    step_seconds: float = 0.0
+    fits: bool = False
+    auto: bool = False
+
+    @property
+    def per_rank(self) -> int:
+        return sum(self.weights.values()) + sum(self.caches.values()) + self.activations + self.reserve
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "devices": self.devices, "ulysses": self.ulysses, "tp": self.tp,
+                "cfg": self.cfg, "offload": self.offload, "quantization": self.quantization,
+                "weights_bytes": dict(self.weights), "cache_bytes": dict(self.caches),
+                "activation_bytes": self.activations, "reserve_bytes": self.reserve,
+                "per_rank_bytes": self.per_rank, "per_rank_gib": round(self.per_rank / GIB, 3),
+                "host_bytes": self.host_bytes, "step_seconds_estimate": round(self.step_seconds, 6),
+                "fits": self.fits, "auto": self.auto}
+
+
+@attrs.frozen
+class Plan:
+    """Everything ``omnicore plan`` prints; :meth:`to_json` is the stable schema of ``docs/plan-json.md``."""
+
+    model: str
+    spec: str
+    source: str
+    dtype: str
+    devices: int
+    device_memory_bytes: int
+    request: Mapping[str, Any]
+    components: Mapping[str, Mapping[str, Any]]
+    placements: tuple[Placement, ...]
+    cost_model: CostModel
+    notes: tuple[str, ...] = ()
+    header_bytes_read: int = 0
+
+    @property
+    def auto(self) -> Placement | None:
+        return next((p for p in self.placements if p.auto), None)
+
+    def to_json(self) -> dict[str, Any]:
+        auto = self.auto
+        return {"schema_version": SCHEMA_VERSION, "model": self.model, "spec": self.spec, "source": self.source,
+                "dtype": self.dtype, "devices": self.devices, "device_memory_bytes": self.device_memory_bytes,
+                "request": dict(self.request), "components": {k: dict(v) for k, v in self.components.items()},
+                "placements": [p.to_json() for p in self.placements], "auto": None if auto is None else auto.name,
+                "cost_model": self.cost_model.to_json(), "notes": list(self.notes),
+                "header_bytes_read": self.header_bytes_read}
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def tensor_bytes(module: Any) -> int:
+    """Bytes of a module's parameters and buffers (meta tensors report their dtype's size)."""
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+def _quantizable_linears(module: Any, patterns: tuple[str, ...]) -> list[tuple[str, Any]]:
+    import torch
+
+    return [(n, m) for n, m in module.named_modules()
+            if isinstance(m, torch.nn.Linear) and any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1) -> tuple[int, int]:
+    """``(bytes saved, linears)`` when every matching linear's weight becomes 1 byte per element plus one fp32
+    scale per output row (weights divided by ``degree`` approximate a TP shard of them)."""
+    saved = 0
+    linears = _quantizable_linears(module, patterns)
+    for _, lin in linears:
+        w = lin.weight
+        saved += (w.numel() * w.element_size() - (w.numel() + 4 * w.shape[0])) // degree
+    return saved, len(linears)
+
+
+def _tp_plan(module: Any) -> Any:
+    return getattr(module, "tensor_parallel_plan", None)
+
+
+def tp_dit_bytes(dit: Any, degree: int) -> int | None:
+    """The DiT's bytes per TP rank under its declared plan (``None``: no plan declared, or no TP in this core)."""
+    plan = _tp_plan(dit)
+    if plan is None:
+        return None
+    try:
+        from ..parallel.tensor_parallel import sharded_parameter_bytes
+    except ImportError:
+        return None
+    plan = plan() if callable(plan) else plan
+    try:
+        plan.check(degree)
+    except Exception:
+        return None
+    buffers = sum(b.numel() * b.element_size() for b in dit.buffers())
+    return int(sharded_parameter_bytes(dit, plan, degree)) + buffers
+
+
+def block_bytes(dit: Any, prefix: str) -> tuple[int, int]:
+    """``(largest block, everything outside the blocks)`` of a DiT whose blocks live under ``prefix``."""
+    blocks: dict[str, int] = {}
+    outside = 0
+    for name, t in [*dit.named_parameters(), *dit.named_buffers()]:
+        size = t.numel() * t.element_size()
+        if name.startswith(prefix):
+            key = name[len(prefix):].split(".", 1)[0]
+            blocks[key] = blocks.get(key, 0) + size
+        else:
+            outside += size
+    return (max(blocks.values()) if blocks else 0), outside
+
+
+# ---------------------------------------------------------------------------------------------- activations
+
+
+def activation_bytes(shape: Mapping[str, int], rows: int, dtype_bytes: int, tp: int = 1) -> int:
+    """The estimated peak of one DiT block over ``rows`` rows on one rank (see the module docstring)."""
+    hidden, inner, ffn = shape["hidden"], shape["heads"] * shape["head_dim"], shape["ffn"]
+    return int(rows * dtype_bytes * (4 * hidden + max(6 * inner, 3 * ffn) / tp))
+
+
+def step_seconds(shape: Mapping[str, int], rows: int, branches: int, cost: CostModel, *, ulysses: int, tp: int,
+                 cfg: int, dtype_bytes: int, host_traffic: int = 0, quantized: bool = False) -> float:
+    """The cost model's seconds per denoise step on one rank."""
+    layers, hidden = shape["layers"], shape["hidden"]
+    inner, ffn = shape["heads"] * shape["head_dim"], shape["ffn"]
+    total_rows = rows * branches
+    linear = 2 * total_rows * layers * (4 * hidden * inner + 3 * hidden * ffn)
+    attention = 4 * branches * rows * rows * inner * layers
+    degree = ulysses * tp * cfg
+    compute = (linear + attention) / degree / (cost.device_tflops * 1e12)
+    if quantized:
+        compute *= cost.dequant_overhead
+    rank_rows = total_rows / cfg / ulysses
+    comm = 0.0
+    if ulysses > 1:
+        comm += 4 * layers * rank_rows * inner / tp * dtype_bytes * (ulysses - 1) / ulysses
+    if tp > 1:
+        comm += 2 * layers * rank_rows * hidden * dtype_bytes * 2 * (tp - 1) / tp
+    if cfg > 1:
+        comm += rows * hidden * dtype_bytes
+    return compute + comm / (cost.link_gbps * 1e9) + host_traffic / (cost.host_link_gbps * 1e9)
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+
+def _divisors_up_to(n: int, limit: int) -> list[int]:
+    return [d for d in range(2, limit + 1) if n % d == 0]
+
+
+def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any], request: Mapping[str, Any],
+              dtype: Any, devices: int, device_memory_bytes: int, cost: CostModel | None = None,
+              caches: tuple[str, ...] = (), header_bytes_read: int = 0,
+              extra_notes: tuple[str, ...] = ()) -> Plan:
+    """Price every candidate placement of ``profile`` (``plan_model``'s dict) for ``request`` (``plan_request``'s)
+    on ``devices`` devices of ``device_memory_bytes`` each."""
+    import torch
+
+    cost = cost or CostModel()
+    dtype_bytes = torch.empty((), dtype=dtype, device="meta").element_size()
+    comps: Mapping[str, Any] = profile["components"]
+    dit_name: str = profile["dit"]
+    dit = comps[dit_name]
+    shape: Mapping[str, Any] = profile["shape"]
+    quantizable: Mapping[str, tuple[str, ...]] = profile.get("quantizable") or {}
+    offloadable: list[str] = list(profile.get("offload_modules") or [dit_name])
+    notes = list(extra_notes)
+
+    weights = {name: tensor_bytes(m) for name, m in comps.items()}
+    components = {name: {"params": sum(p.numel() for p in m.parameters()), "bytes": weights[name],
+                         "quantizable_linears": len(_quantizable_linears(m, tuple(quantizable.get(name, ()))))}
+                  for name, m in comps.items()}
+    savings = {q: {name: quantized_saving(m, tuple(quantizable.get(name, ())))[0] for name, m in comps.items()}
+               for q in ("int8", "fp8")}
+    rows = int(request["tokens"])
+    branches = int(request.get("cfg_branches", 1))
+    steps = int(request.get("steps", 1))
+    cache_bytes: dict[str, int] = {}
+    if "adaln_schedule" in caches and request.get("adaln_rows_per_step"):
+        # one [steps, rows, 6H] table per block, in the DiT dtype (the AdaLN schedule cache)
+        cache_bytes["adaln_tables"] = (shape["layers"] * steps * int(request["adaln_rows_per_step"])
+                                       * 6 * shape["hidden"] * dtype_bytes)
+    for name, size in dict(request.get("caches") or {}).items():
+        cache_bytes[name] = int(size)
+    biggest_block, outside_blocks = block_bytes(dit, str(shape.get("block_prefix", "blocks.")))
+    reserve = int(cost.runtime_reserve_gib * GIB)
+    host_total = sum(weights.values())
+    candidates: list[Placement] = []
+
+    def add(name: str, *, ulysses: int = 1, tp: int = 1, cfg: int = 1, offload: str = "none",
+            quant: str = "none") -> None:
+        per = dict(weights)
+        if quant != "none":
+            per = {k: v - savings[quant][k] for k, v in per.items()}
+        if tp > 1:
+            shard = tp_dit_bytes(dit, tp)
+            if shard is None:
+                return
+            saved = quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp)[0] if quant != "none" else 0
+            per[dit_name] = shard - saved
+        resident = dict(per)
+        host_traffic = 0
+        if offload == "model":  # the declared offload modules visit the device one at a time; the rest stay
+            moving = [k for k in offloadable if k in per]
+            resident = {k: v for k, v in per.items() if k not in moving}
+            if moving:
+                largest = max(moving, key=lambda k: per[k])
+                resident[largest] = per[largest]
+            host_traffic = per[dit_name] // max(steps, 1)
+        elif offload == "layerwise":  # DiT blocks stream through (two in flight); everything else stays
+            scale = per[dit_name] / max(weights[dit_name], 1)
+            resident = {k: v for k, v in per.items() if k != dit_name}
+            resident[dit_name] = int((outside_blocks + 2 * biggest_block) * scale)
+            host_traffic = per[dit_name]
+        rank_rows = -(-rows * (branches // cfg if branches % cfg == 0 else branches) // ulysses)
+        act = activation_bytes(shape, rank_rows, dtype_bytes, tp)
+        secs = step_seconds(shape, rows, branches, cost, ulysses=ulysses, tp=tp, cfg=cfg, dtype_bytes=dtype_bytes,
+                            host_traffic=host_traffic, quantized=quant != "none")
+        p = Placement(name=name, devices=ulysses * tp * cfg, ulysses=ulysses, tp=tp, cfg=cfg, offload=offload,
+                      quantization=quant, weights=resident, caches=dict(cache_bytes), activations=act,
+                      reserve=reserve, host_bytes=host_total if offload != "none" else 0, step_seconds=secs)
+        candidates.append(attrs.evolve(p, fits=p.per_rank <= device_memory_bytes))
+
+    heads = int(shape["heads"])
+    cfg_options = [1, 2] if profile.get("cfg_capable") and branches == 2 and devices >= 2 else [1]
+    tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, d) is not None]
+    if not tp_ok and devices > 1:
+        why = ("this core has no tensor-parallel module" if not _has_tp_module() else
+               f"{dit_name} declares no tensor_parallel_plan")
+        notes.append(f"tp: left out ({why})")
+    for quant in QUANTIZATIONS:
+        qs = "" if quant == "none" else f"+{quant}"
+        add(f"single{qs}", quant=quant)
+        add(f"offload=model{qs}", offload="model", quant=quant)
+        add(f"offload=layerwise{qs}", offload="layerwise", quant=quant)
+        for cfg in cfg_options:
+            for ul in [1, *_divisors_up_to(heads, devices // cfg)]:
+                for tp in [1, *tp_ok]:
+                    if (cfg, ul, tp) == (1, 1, 1) or cfg * ul * tp > devices:
+                        continue
+                    parts = [f"cfg={cfg}"] * (cfg > 1) + [f"tp={tp}"] * (tp > 1) + [f"ulysses={ul}"] * (ul > 1)
+                    add(",".join(parts) + qs, ulysses=ul, tp=tp, cfg=cfg, quant=quant)
+    feasible = [p for p in candidates if p.fits and p.devices <= devices]
+    if feasible:
+        best = min(feasible, key=lambda p: (round(p.step_seconds, 9), p.devices, p.per_rank))
+        candidates = [attrs.evolve(p, auto=True) if p is best else p for p in candidates]
+    else:
+        notes.append("no placement fits: more devices, more memory per device, or a smaller request")
+    notes.append("weights: exact bytes of the meta-built modules; activations: estimated (formula in docs/"
+                 "plan-json.md), text-encoder and VAE activations not included")
+    return Plan(model=model, spec=spec, source=source, dtype=str(dtype).replace("torch.", ""), devices=devices,
+                device_memory_bytes=device_memory_bytes, request=dict(request.get("resolved") or {}) | {
+                    "tokens": rows, "cfg_branches": branches, "steps": steps},
+                components=components, placements=tuple(candidates), cost_model=cost, notes=tuple(notes),
+                header_bytes_read=header_bytes_read)
+
+
+def _has_tp_module() -> bool:
+    try:
+        from ..parallel import tensor_parallel  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,180 @@
+"""``omnicore plan``: weight bytes of a plan equal what a real load holds (tiny presets, float32 on CPU); plans
+read headers and configs only; real-size presets give the released parameter counts; the JSON is stable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from omnicore.cli.plan_cmd import build_plan, format_table  # noqa: E402
+from omnicore.config import resolve_settings  # noqa: E402
+from omnicore.engine.protocol import LoadOptions  # noqa: E402
+from omnicore.planning import SCHEMA_VERSION  # noqa: E402
+from omnicore.planning.source import read_safetensors_header  # noqa: E402
+from omnicore.platforms.cpu import CpuPlatform  # noqa: E402
+from omnicore.plugins.host import PluginHost  # noqa: E402
+
+H3_REQUEST = {"duration": 5, "extra": {"aspect_ratio": "16:9"}}
+
+
+def _bytes(module: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+def _settings(tmp: Path) -> Any:
+    return resolve_settings({"cache_dir": str(tmp)})
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("plan-cache")
+
+
+def _loaded_components(model: str, root: Path) -> dict[str, Any]:
+    """The modules a real CPU load of ``root`` holds, named as the plan names them."""
+    opts = LoadOptions(platform=CpuPlatform())
+    if model.startswith("tiny:minimax-h3"):
+        from omni_minimax_h3.pipeline import MiniMaxH3Pipeline
+
+        p = MiniMaxH3Pipeline.from_pretrained(root, opts)
+        return {"transformer": p.transformers["fl2va"], "text_encoder": p.text_encoder.model,
+                "vae": p.video_vae.vae, "audio_vae": p.audio_vae.vae}
+    if model.startswith("tiny:lingbot"):
+        from omni_lingbot.pipeline import LingBotPipeline
+
+        lp = LingBotPipeline.from_pretrained(root, opts)
+        out = {"transformer": lp.transformer, "text_encoder": lp.text_encoder.model, "vae": lp.vae.vae}
+        if lp.refiner is not None:
+            out["refiner"] = lp.refiner
+        return out
+    from omni_hunyuan.pipeline import HunyuanImage3Pipeline
+
+    hp = HunyuanImage3Pipeline.from_pretrained(root, opts)
+    m = hp.model
+    lm = {"model", "lm_head", "timestep_emb", "time_embed", "time_embed_2", "patch_embed", "final_layer",
+          "guidance_emb", "timestep_r_emb"}
+    out = {"transformer": torch.nn.ModuleList([getattr(m, n) for n in sorted(lm) if hasattr(m, n)]),
+           "vae": m.vae}
+    if hasattr(m, "vision_model"):
+        out["vision"] = torch.nn.ModuleList([m.vision_model, m.vision_aligner])
+    return out
+
+
+TINY = ["tiny:minimax-h3", "tiny:lingbot", "tiny:lingbot-moe", "tiny:hunyuan-image3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", TINY)
+def test_plan_weight_bytes_equal_a_real_load(model: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per component, the plan's bytes (meta build, float32) == the bytes of the modules a CPU load holds; and
+    the plan read nothing of the weight files but their headers."""
+    import builtins
+
+    settings = _settings(cache)
+    host = PluginHost(settings)
+    request = H3_REQUEST if "minimax" in model else {}
+    build_plan(model, request=request, dtype="float32", host=host, settings=settings)  # builds the preset
+    opened: dict[str, int] = {}
+    real_open = builtins.open
+
+    def counting_open(file: Any, mode: str = "r", *a: Any, **k: Any) -> Any:
+        f = real_open(file, mode, *a, **k)
+        if str(file).endswith(".safetensors"):
+            opened[str(file)] = opened.get(str(file), 0) + 1
+        return f
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    plan = build_plan(model, request=request, dtype="float32", host=host, settings=settings)
+    monkeypatch.setattr(builtins, "open", real_open)
+    root = next(p for p in (cache / "presets").iterdir() if p.name == model.split(":", 1)[1])
+    files = sorted(root.rglob("*.safetensors"))
+    headers = sum(8 + int.from_bytes(f.read_bytes()[:8], "little") for f in files)
+    assert files and set(opened) == {str(f) for f in files}
+    assert plan.header_bytes_read == headers  # exactly the headers ...
+    assert headers < sum(f.stat().st_size for f in files) / 2  # ... which are far from the whole files
+    loaded = _loaded_components(model, root)
+    planned = {k: v["bytes"] for k, v in plan.components.items()}
+    assert planned == {k: _bytes(m) for k, m in loaded.items()}
+    for name, comp in plan.components.items():  # declared shapes in the checkpoint = the built modules
+        if comp.get("checkpoint_params") is not None and name != "text_encoder":
+            assert comp["checkpoint_params"] >= comp["params"] * 0.5
+
+
+def _real_counts(name: str, cache: Path) -> dict[str, int]:
+    settings = _settings(cache)
+    plan = build_plan(name, devices=4, device_memory_gib=141, request=H3_REQUEST if "minimax" in name else {},
+                      host=PluginHost(settings), settings=settings)
+    return {k: v["params"] for k, v in plan.components.items()}
+
+
+@pytest.mark.slow
+def test_real_presets_give_the_released_parameter_counts(cache: Path) -> None:
+    h3 = _real_counts("real:minimax-h3", cache)
+    assert h3["transformer"] == 33_122_992_896
+    hy = _real_counts("real:hunyuan-image3", cache)
+    assert hy["language_model"] == 80_413_470_720
+    dense = _real_counts("real:lingbot", cache)
+    assert 1.2e9 < dense["transformer"] < 1.6e9  # "1.3B": models.md's class defaults are the dense release
+
+
+@pytest.mark.slow
+def test_acceptance_table_and_json_are_deterministic(cache: Path) -> None:
+    env = {**os.environ, "OMNICORE_CACHE": str(cache)}
+    argv = [str(Path(sys.executable).parent / "omnicore"), "plan", "real:minimax-h3", "--devices", "4",
+            "--device-memory", "141", "--request", json.dumps(H3_REQUEST)]
+    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)  # first run writes the configs
+    start = time.perf_counter()
+    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, timeout=300)
+    elapsed = time.perf_counter() - start
+    assert "ulysses=4" in out.stdout and "<- auto" in out.stdout and "fits" in out.stdout
+    print(f"omnicore plan real:minimax-h3: {elapsed:.1f} s wall on this host")
+    one = json.loads(subprocess.run(argv + ["--json"], env=env, check=True, capture_output=True, text=True).stdout)
+    two = json.loads(subprocess.run(argv + ["--json"], env=env, check=True, capture_output=True, text=True).stdout)
+    assert one == two
+    assert one["schema_version"] == SCHEMA_VERSION
+    assert set(one) == {"schema_version", "model", "spec", "source", "dtype", "devices", "device_memory_bytes",
+                        "request", "components", "placements", "auto", "cost_model", "notes", "header_bytes_read"}
+    row = one["placements"][0]
+    assert set(row) == {"name", "devices", "ulysses", "tp", "cfg", "offload", "quantization", "weights_bytes",
+                        "cache_bytes", "activation_bytes", "reserve_bytes", "per_rank_bytes", "per_rank_gib",
+                        "host_bytes", "step_seconds_estimate", "fits", "auto"}
+    assert sum(p["auto"] for p in one["placements"]) == 1
+    assert one["request"]["num_frames"] == 124 and one["request"]["height"] == 768
+
+
+def test_header_reader_reads_the_header_only(tmp_path: Path) -> None:
+    from omnicore.planning.source import ByteCounter
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.zeros(256, 256), "b": torch.zeros(3, dtype=torch.bfloat16)}, str(path))
+    counter = ByteCounter()
+    header = read_safetensors_header(path, counter)
+    assert header["a"]["shape"] == [256, 256] and header["b"]["dtype"] == "BF16"
+    assert counter.read == 8 + int.from_bytes(path.read_bytes()[:8], "little") < 1000 < path.stat().st_size
+
+
+def test_quantized_rows_and_placements_follow_the_rules(cache: Path) -> None:
+    """On the tiny H3: int8/fp8 rows hold less than bf16 (quantizable linears at 1 byte + scales), ulysses keeps
+    the weights and divides the activations, an impossible memory budget fits nothing and picks no auto row."""
+    settings = _settings(cache)
+    host = PluginHost(settings)
+    plan = build_plan("tiny:minimax-h3", devices=2, device_memory_gib=1e-4, request=H3_REQUEST, host=host,
+                      settings=settings)
+    rows = {p.name: p for p in plan.placements}
+    assert not any(p.fits for p in plan.placements) and plan.auto is None
+    assert sum(rows["single+int8"].weights.values()) < sum(rows["single"].weights.values())
+    assert rows["single+int8"].weights == rows["single+fp8"].weights
+    assert rows["ulysses=2"].weights == rows["single"].weights
+    assert rows["ulysses=2"].activations * 2 == pytest.approx(rows["single"].activations, rel=0.01)
+    text = format_table(plan, show_all=True)
+    assert "single+int8" in text and "no placement fits" in text
