@@ -27,8 +27,12 @@ def check_parallel(config: ParallelConfig, spec: ModelSpec, cache_methods: Seque
     missing = [d for d in config.dims() if d not in spec.capabilities.parallel]
     if missing:
         declared = ", ".join(spec.capabilities.parallel) or "none"
+        why = ""
+        if "cfg" in missing and spec.defaults.guidance_scale <= 1.0:
+            why = ("; it runs without classifier-free guidance (guidance-distilled: one forward per step), so "
+                   "there is no second branch for a cfg rank")
         raise UnsupportedFeature("parallel", f"model {spec.name!r} does not implement {', '.join(missing)} "
-                                             f"parallelism (it declares: {declared})")
+                                             f"parallelism (it declares: {declared}){why}")
     if cache_methods:
         raise UnsupportedFeature("parallel", f"cache methods ({', '.join(cache_methods)}) cannot run over a worker "
                                              "group yet; drop --cache or --parallel")

@@ -205,9 +205,32 @@ class MiniMaxH3Pipeline(BasePipeline):
             audio_shift=settings.audio_shift, partition_shifts=dict(settings.partition_shifts),
             canvas_multiple=video_vae.spatial_ratio * int(patch[2]),  # a whole number of patches per latent row
         )
-        return cls(transformers, text_encoder, video_vae,
-                   H3AudioVAE.from_pretrained(layout.audio_vae, device=device), deployment, device=device,
-                   dtype=dtype, reference_short_edge=settings.reference_image_short_edge, path=root)
+        pipeline = cls(transformers, text_encoder, video_vae,
+                       H3AudioVAE.from_pretrained(layout.audio_vae, device=device), deployment, device=device,
+                       dtype=dtype, reference_short_edge=settings.reference_image_short_edge, path=root)
+        pipeline.enable_parallel(getattr(options, "parallel", None))
+        return pipeline
+
+    #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
+    parallel: Any = None
+
+    def enable_parallel(self, ctx: Any) -> None:
+        """Run over a worker group. ``ulysses``: every request's document is padded to a multiple of the degree
+        (pad rows are their own ``[pad]`` document, so no real row sees them) and each DiT runs its blocks on
+        this rank's rows. ``cfg`` is refused: H3 is guidance-distilled (one forward per step, guidance_scale 1),
+        so there is no second branch for a CFG rank to run."""
+        self.parallel = ctx
+        if ctx is None:
+            return
+        if ctx.cfg > 1:
+            raise ConfigError("parallel", f"cfg={ctx.cfg}: MiniMax-H3 is guidance-distilled (one DiT forward per "
+                                          "step, no unconditional branch); use ulysses or tp")
+        if ctx.ulysses > 1:
+            import math
+
+            self.seq_align = math.lcm(self.seq_align, ctx.ulysses)
+            for dit in self.transformers.values():
+                dit.enable_ulysses(ctx)
 
     def fast_path_gates(self) -> list[Any]:
         """The video VAE's request gate: the engine turns it on around ``quality="high"`` batches only."""
@@ -384,6 +407,9 @@ class MiniMaxH3Pipeline(BasePipeline):
                                              pad_seq_len=r.pad_seq_len)
             except ValueError as exc:
                 raise InvalidRequest("extra.pad_seq_len", str(exc)) from None
+            if layout.seq_len % self.seq_align and self.parallel is not None:
+                raise InvalidRequest("extra.pad_seq_len", f"{layout.seq_len} rows cannot be split over "
+                                                          f"ulysses={self.parallel.ulysses} ranks: use a multiple")
             lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
             layout = layout.with_latent_grid((r.num_latent_frames // patch[0], lh // patch[1], lw // patch[2]))
             plan = dit.prepare_request(layout, cond["embeds"])

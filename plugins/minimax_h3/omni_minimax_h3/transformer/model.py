@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from omnicore.plugin import ABSENT, AdaLNScheduleController
+from omnicore.plugin import ABSENT, AdaLNScheduleController, SequenceShard, UlyssesAttention, check_heads
 from torch import nn
 
 from .attention import AttentionFn, Documents, PackedAttention
@@ -39,6 +39,9 @@ def is_fp32_kept(name: str) -> bool:
 
 class MiniMaxH3DiT(nn.Module):
     """See the package docstring (:mod:`omni_minimax_h3.transformer`) for the calling sequence."""
+
+    #: this rank's omnicore.parallel.ParallelContext when the DiT blocks run Ulysses-sharded (enable_ulysses)
+    sequence_parallel: Any = None
 
     def __init__(self, config: MiniMaxH3TransformerConfig, *, attention: AttentionFn | None = None,
                  ops: Any = None) -> None:
@@ -76,6 +79,27 @@ class MiniMaxH3DiT(nn.Module):
             if t.is_floating_point():
                 t.data = t.data.to(torch.float32 if is_fp32_kept(name) else dtype)
         return self
+
+    # ------------------------------------------------------------------ worker group
+    def enable_ulysses(self, ctx: Any) -> None:
+        """Run the DiT blocks on this rank's rows of the packed batch (``ctx.ulysses`` ranks), attention through
+        the Ulysses all-to-all with the full batch's documents (each request's ``[real | pad]`` bounds and the
+        ``latent_grid`` are the whole sequence's, so they are right on every shard). The batch's total rows must
+        be a multiple of the degree (the pipeline pads each document to one). A head count the degree does not
+        divide (after any TP split) is a ConfigError here, at load. The token refiner runs unsharded."""
+        heads = cast(DiTBlock, self.blocks[0]).attn.heads  # this rank's heads (all of them without TP)
+        check_heads(heads, ctx.ulysses)
+        self.sequence_parallel = ctx
+
+    def _block_attention(self) -> PackedAttention:
+        """The blocks' attention: :attr:`attention` itself, or under Ulysses the same backend (and sparse
+        planner) behind the all-to-all."""
+        sp = self.sequence_parallel
+        if sp is None:
+            return self.attention
+        wrapped = PackedAttention(UlyssesAttention(self.attention.fn, sp))
+        wrapped.planner, wrapped.layers = self.attention.planner, self.attention.layers
+        return wrapped
 
     # ------------------------------------------------------------------ per request / per batch
     def time_embed(self, unique_timesteps: torch.Tensor) -> torch.Tensor:
@@ -193,8 +217,14 @@ class MiniMaxH3DiT(nn.Module):
             x_in = x
             rows = inverse_indices * MODALITY_NUM + batch.tags
             rope = (batch.cos, batch.sin)
+            sp, attention = self.sequence_parallel, self._block_attention()
+            if sp is not None:  # this rank's rows only (every per-row table is gathered by row), until the heads
+                shard = SequenceShard(batch.total, sp.sp_rank, sp.ulysses)
+                x, rows, rope = shard.take(x), shard.take(rows), (shard.take(batch.cos), shard.take(batch.sin))
             for block in self.blocks:
-                x = block(x, t_emb, rows, batch.docs, self.attention, self.ops, rope)
+                x = block(x, t_emb, rows, batch.docs, attention, self.ops, rope)
+            if sp is not None:
+                x = shard.gather(x, sp)
             if residual_out is not None:
                 residual_out["block_residual"] = x - x_in
 

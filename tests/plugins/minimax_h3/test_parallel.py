@@ -1,0 +1,80 @@
+"""MiniMax-H3 over a worker group (``--parallel``, gloo, 2 processes): the frames and the audio of a single request
+and of a batch equal the single-process engine's (same seeds) under ``ulysses=2``; ``cfg=2`` is refused before
+any process starts, with the reason (H3 is guidance-distilled); a head count the degree does not divide is refused
+at load, naming the numbers."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from omnicore.engine.api import Engine, make_request
+from omnicore.errors import ConfigError, UnsupportedFeature
+
+PARAMS = {"num_inference_steps": 2, "height": 64, "width": 64, "duration": 4.0, "extra": {"aspect_ratio": "1:1"}}
+PROMPTS = ("rain on a tin roof", "a dog barking at the sea")
+
+
+def _engine(path: Path, parallel: str | None = None) -> Engine:
+    from omnicore.plugins.host import default_host
+
+    settings = default_host().settings.evolve(request_batch_max_wait_ms=400.0)  # lets two submits form a batch
+    return Engine(str(path), settings=settings, parallel=parallel)
+
+
+def _outputs(engine: Engine, *prompts: str, seed: int = 5) -> list[Any]:
+    """One output per prompt, submitted together so they run as one batch (checked)."""
+    jobs = [engine.submit(make_request(p, seed=seed + i, **PARAMS)) for i, p in enumerate(prompts)]
+    outputs = [job.result(600)[0] for job in jobs]
+    assert {o.metrics["batch_requests"] for o in outputs} == {len(prompts)}
+    return outputs
+
+
+def _assert_same(got: list[Any], expected: list[Any]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.frames.shape == e.frames.shape and g.audio.shape == e.audio.shape
+        # uint8 frames: fp32 reassociation may move a value across a rounding boundary, never further
+        assert np.abs(g.frames.astype(int) - e.frames.astype(int)).max() <= 1
+        np.testing.assert_allclose(g.audio, e.audio, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir: Path) -> dict[str, list[Any]]:
+    with _engine(tiny_dir) as engine:
+        return {"single": _outputs(engine, PROMPTS[0]), "batch": _outputs(engine, *PROMPTS)}
+
+
+def test_cfg_parallel_is_refused_with_the_reason_before_any_process_starts(tiny_dir: Path) -> None:
+    with pytest.raises(UnsupportedFeature, match=r"does not implement cfg.*guidance-distilled") as info:
+        _engine(tiny_dir, "cfg=2")
+    assert info.value.feature == "parallel"
+    assert multiprocessing.active_children() == []
+
+
+def test_cfg_rank_is_refused_by_the_pipeline_too(pipe: Any) -> None:
+    with pytest.raises(ConfigError, match="guidance-distilled"):
+        pipe.enable_parallel(SimpleNamespace(cfg=2, ulysses=1, tp=1))
+    pipe.enable_parallel(None)
+
+
+def test_head_count_the_ulysses_degree_does_not_divide_is_refused_at_load(pipe: Any) -> None:
+    heads = pipe.transformer.config.num_attention_heads  # 2 in the tiny preset
+    with pytest.raises(ConfigError, match=rf"ulysses=3 must divide the model's attention heads \({heads}\)"):
+        pipe.transformer.enable_ulysses(SimpleNamespace(ulysses=3))
+    assert pipe.transformer.sequence_parallel is None
+
+
+@pytest.mark.slow
+def test_ulysses_frames_and_audio_match_single_process(tiny_dir: Path, reference: Any) -> None:
+    with _engine(tiny_dir, "ulysses=2") as engine:
+        assert engine.pipeline.transformer.sequence_parallel.ulysses == 2
+        assert engine.pipeline.seq_align % 2 == 0
+        _assert_same(_outputs(engine, PROMPTS[0]), reference["single"])
+        stats = engine.group.ctx.stats.snapshot()
+        assert stats["calls"]["all_to_all"] > 0 and stats["calls"]["all_gather"] > 0
+        _assert_same(_outputs(engine, *PROMPTS), reference["batch"])
