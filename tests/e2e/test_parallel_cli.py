@@ -41,7 +41,7 @@ def frames(path: Path) -> np.ndarray:
 
 
 def test_malformed_parallel_fails_naming_the_flag(cache: Path, tmp_path: Path) -> None:
-    proc = generate(cache, tmp_path / "x.mp4", "--parallel", "tp=2")
+    proc = generate(cache, tmp_path / "x.mp4", "--parallel", "pp=2")
     assert proc.returncode != 0
     assert "parallel" in proc.stderr and "DIM=N" in proc.stderr
     assert not (tmp_path / "x.mp4").exists()
