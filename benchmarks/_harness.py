@@ -1,4 +1,4 @@
-"""Shared side-by-side benchmark harness (DESIGN §10).
+"""Shared side-by-side benchmark harness.
 
 A :class:`Case` times two arms — ours vs a reference, cached vs uncached, batched vs one-by-one — *interleaved*
 (A B, then B A, ...) so drift in clock speed, caches or background load hits both arms alike. After warm-up it

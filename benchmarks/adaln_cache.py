@@ -1,6 +1,6 @@
 """Exact-schedule AdaLN cache with projection-weight offload on a DiT with MiniMax-H3 proportions.
 
-Per block (models.md §1.6, scaled by ``--hidden``): ``qkv`` H → 4H (3 × heads·128 with heads·128 = 4H/3),
+Per block: ``qkv`` H → 4H (3 × heads·128 with heads·128 = 4H/3),
 ``out`` 4H/3 → H, MLP ``fc1`` H → 2·(8H/3) [gate|up], ``fc2`` 8H/3 → H, per-head q/k RMSNorm, and an AdaLN
 projection ``time_embed_dim → 18H`` with ``time_embed_dim = H/2`` (modality_num 3, expand 6); a final layer
 with a ``H/2 → 2H`` projection; a time embedder 256 → H → H/2. Each denoise step has two distinct timesteps

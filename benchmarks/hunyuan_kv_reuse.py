@@ -1,4 +1,4 @@
-"""HunyuanImage-3 denoise step with prompt-KV reuse vs full recompute (models.md §3.6).
+"""HunyuanImage-3 denoise step with prompt-KV reuse vs full recompute.
 
 Each arm is one ``HunyuanImage3Pipeline.predict()`` of a later denoise step (both CFG rows and the guidance mix)
 on a state from the real ``encode()``. Arm A reuses the prefix K/V kept at step 0 and runs the decoder over the

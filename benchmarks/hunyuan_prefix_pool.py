@@ -1,5 +1,5 @@
 """HunyuanImage-3 paged prefix-KV pool: time to the first denoise step of a request whose prompt is in the pool
-(hit) vs one that is not (miss) — the same prompt with a new seed each time (seed-contracts §5).
+(hit) vs one that is not (miss) — the same prompt with a new seed each time (docs/contracts-status.md C5).
 
 Each arm is ``preprocess`` (tokenise, prepared layout, block hashes) + ``encode`` + ``predict`` of step 0 in the
 ``paged_scheduler`` KV mode. Arm A finds every full prefix block of both CFG rows in the pool (published by the

@@ -1,4 +1,4 @@
-"""HunyuanImage-3 attention with span metadata vs the dense-mask reference at 4k tokens (models.md §3.4, §3.6).
+"""HunyuanImage-3 attention with span metadata vs the dense-mask reference at 4k tokens.
 
 The layout is an edit request's: 600 text tokens, a 1000-token joint condition image, 50 text tokens, a
 2400-token generated image and 46 trailing tokens (4096 in all); attention is causal plus bidirectional inside

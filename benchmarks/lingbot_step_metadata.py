@@ -1,4 +1,4 @@
-"""LingBot DiT forward metadata reused across denoise steps vs rebuilt at every forward (models.md §2.7).
+"""LingBot DiT forward metadata reused across denoise steps vs rebuilt at every forward.
 
 Each arm is one whole ``LingBotPipeline.predict()`` of a denoise step (all CFG forwards and the guidance mix) on a
 state from the real ``encode()``. Arm A reuses the per-branch ``ForwardMetadata`` (packed layout, ``cu_seqlens``,

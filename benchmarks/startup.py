@@ -2,7 +2,7 @@
 
 Each arm is a fresh subprocess (the installed ``omnicore`` console script, the same interpreter for the
 reference), timed wall-clock, interleaved with the reference by the shared harness. Goal: ours <= 0.2x of the
-reference — listing plugins must never pay for the GPU stack (DESIGN §2; plugin-patterns §6). To see where
+reference — listing plugins must never pay for the GPU stack. To see where
 time goes: ``python -X importtime -m omnicore.cli.main plugins 2>&1 | sort -t'|' -k2 -n | tail``.
 
     python benchmarks/startup.py [--reps 7] [--warmup 1]

@@ -13,7 +13,7 @@ class OmnicoreError(Exception):
 class InvalidRequest(OmnicoreError, ValueError):
     """A request field broke a rule. ``field`` is the dotted name of the field, ``rule`` says what is required.
 
-    ``code`` (optional) is the stable machine-readable reason the HTTP layer reports (serving-api.md §4), e.g.
+    ``code`` (optional) is the stable machine-readable reason the HTTP layer reports, e.g.
     ``unsupported_for_model`` or ``too_many_input_images``; ``None`` means ``invalid_value``.
     """
 

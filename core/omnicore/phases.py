@@ -1,5 +1,5 @@
 """The one vocabulary of job phases, shared by the engine (:mod:`omnicore.engine.progress`) and the HTTP API
-(:mod:`omnicore.server.progress`, serving-api.md §9).
+(:mod:`omnicore.server.progress`).
 
 The engine reports :data:`ENGINE_PHASES`; the API reports :data:`API_PHASES`, which add the server's own steps
 (``preparing`` before the engine runs the job, ``encode_output`` for writing the file, ``finalize``) and
@@ -29,7 +29,7 @@ CANCELLED = "cancelled"
 ENGINE_PHASES: tuple[str, ...] = (QUEUED, PREPROCESS, ENCODE, DENOISE, DECODE, POSTPROCESS, DONE, FAILED, CANCELLED)
 TERMINAL_PHASES: frozenset[str] = frozenset({DONE, FAILED, CANCELLED})
 
-#: What a job record's ``phase`` may be over HTTP, in order (serving-api.md §9).
+#: What a job record's ``phase`` may be over HTTP, in order.
 API_PHASES: tuple[str, ...] = (QUEUED, PREPARING, PREPROCESS, ENCODE, DENOISE, DECODE, ENCODE_OUTPUT, FINALIZE)
 
 #: Running engine phase -> API phase. The engine's ``preprocess`` runs at submission (validation, before the job

@@ -118,7 +118,7 @@ _LAZY: dict[str, str] = {
     "read_sharded_state_dict": "omnicore.parallel.tensor_parallel:read_sharded_state_dict",
     "sharded_parameter_bytes": "omnicore.parallel.tensor_parallel:sharded_parameter_bytes",
     "local_parameter_bytes": "omnicore.parallel.tensor_parallel:local_parameter_bytes",
-    # -- request-gated VAE fast paths and the decode precision (seed-contracts §7) -----------------------------
+    # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
     "install_fast_path": "omnicore.vae_fast_paths:install_fast_path",

@@ -251,7 +251,7 @@ class PlatformSpec:
 
 @attrs.frozen
 class AttentionCapabilities:
-    """Declared properties of an attention kernel (see DESIGN §6). Undeclared means unsupported."""
+    """Declared properties of an attention kernel. Undeclared means unsupported."""
 
     platforms: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")

@@ -1,4 +1,4 @@
-"""Request-gated VAE fast paths and the VAE decode precision (seed-contracts §7).
+"""Request-gated VAE fast paths and the VAE decode precision (docs/contracts-status.md C7).
 
 A model plugin installs fast versions of some VAE modules (fused GroupNorm+SiLU, fused Wan RMSNorm+SiLU ...,
 usually calling ``options.platform.ops``) with :func:`install_fast_path`. Each VAE carries one

@@ -18,11 +18,11 @@ from omnicore.config import OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
-FIXED_HOOKS = {  # DESIGN §3: these names are the public contract
+FIXED_HOOKS = {  # these names are the public contract
     "omnicore_register_models", "omnicore_register_platforms", "omnicore_register_attention_backends",
     "omnicore_register_cache_methods", "omnicore_preprocess", "omnicore_denoise", "omnicore_cache",
     "omnicore_attention_backend", "omnicore_postprocess",
-    "omnicore_register_ops",  # the kernel seam (DESIGN §3.2, core-extensions issue)
+    "omnicore_register_ops",  # the kernel seam
 }
 HOOKS = sorted(n for n, f in vars(hookspecs).items()
                if inspect.isfunction(f) and hasattr(f, f"{hookspecs.PROJECT}_spec"))
@@ -180,7 +180,7 @@ def test_every_documented_flag_exists_on_the_cli():
     assert not missing, f"documented flags the CLI does not accept: {missing}"
 
 
-# ------------------------------------------------------------------------------------------- layout (DESIGN §2)
+# ------------------------------------------------------------------------------------------- layout
 
 try:
     import tomllib

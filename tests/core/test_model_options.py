@@ -89,7 +89,7 @@ def test_vae_decode_precision_is_checked_and_passed(cache):
     with pytest.raises(ConfigError) as info:
         media_engine(cache, vae_decode_precision="fp8")
     assert info.value.name == "vae_decode_precision"
-    assert info.value.rule == "must be one of {'fp32', 'fp16', 'bf16'} or None, got 'fp8'"  # seed-contracts §7.4
+    assert info.value.rule == "must be one of {'fp32', 'fp16', 'bf16'} or None, got 'fp8'"  # docs/contracts-status.md C7.4
     with media_engine(cache, vae_decode_precision="BF16") as e:
         assert e.pipeline.options.vae_decode_precision == "bf16"
 

@@ -1,4 +1,4 @@
-"""Scheduler rules: admission-wait decisions at exact boundary times (seed-contracts §6), batching, queue."""
+"""Scheduler rules: admission-wait decisions at exact boundary times (docs/contracts-status.md C6), batching, queue."""
 
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ DISTRIBUTIONS = [REPO / "core", *sorted(p.parent for p in (REPO / "plugins").glo
 
 @pytest.mark.parametrize("project", DISTRIBUTIONS, ids=lambda p: str(p.relative_to(REPO)))
 def test_each_distribution_builds_a_complete_wheel_on_its_own(project, tmp_path):
-    """DESIGN §2: every distribution builds alone (no workspace tooling), and the wheel carries what an
+    """every distribution builds alone (no workspace tooling), and the wheel carries what an
     installed copy needs: the package, ``py.typed``, the entry points and the ``omnicore`` requirement."""
     import shutil
     import zipfile

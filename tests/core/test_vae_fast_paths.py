@@ -1,4 +1,4 @@
-"""Request-gated VAE fast paths and the decode precision (seed-contracts §7.1, §7.2, §7.4): the gate's nesting, the
+"""Request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7.1, C7.2, C7.4): the gate's nesting, the
 runner turning it on only for ``quality == "high"`` batches, never for a mixed batch, installation invariants, compile
 safety, and the decoder-only precision with the core's validation."""
 

@@ -11,7 +11,7 @@ _TERMINAL = ("video.completed", "video.failed", "video.cancelled")
 
 
 def _denoise_progress(step: int, total: int) -> int:
-    # Default weights (serving-api.md §9): preparing 1 + preprocess 4 + encode 5 come before denoise (80) of 100.
+    # Default weights: preparing 1 + preprocess 4 + encode 5 come before denoise (80) of 100.
     return int(1 + 4 + 5 + 80 * step / total)
 
 

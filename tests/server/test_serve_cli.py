@@ -65,7 +65,7 @@ def test_serve_process_prints_curl_serves_and_exits_cleanly_on_sigterm(tmp_path)
 
 
 def test_serve_accepts_repeated_api_keys_and_the_storage_dir_alias(tmp_path, monkeypatch):
-    """serving-api.md §3/§12: `--api-key` is repeatable and `--storage-dir` names the state directory."""
+    """`--api-key` is repeatable and `--storage-dir` names the state directory."""
     from omnicore.cli.main import build_parser
     from omnicore.config import resolve_settings
     from omnicore.server.settings import server_settings_from

@@ -1,4 +1,4 @@
-"""Cache methods (DESIGN §7): step caches on the ``omnicore_denoise`` hook (TeaCache, first-block cache)
+"""Cache methods: step caches on the ``omnicore_denoise`` hook (TeaCache, first-block cache)
 and the exact-schedule AdaLN modulation cache. Each is enabled by ``apply_x(pipeline, config) -> handle``
 and undone by ``handle.remove()``; the built-in plugin registers them as ``CacheMethodSpec``s."""
 

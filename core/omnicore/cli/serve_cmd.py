@@ -1,4 +1,4 @@
-"""``omnicore serve MODEL|auto``: the OpenAI-style HTTP server under uvicorn (serving-api.md, DESIGN §9).
+"""``omnicore serve MODEL|auto``: the OpenAI-style HTTP server under uvicorn.
 
 Before anything binds, the model argument is resolved (an unknown one ends ``serve`` with one line and exit 2),
 the server packages are imported and the port is tried. The listener then binds and the model loads in the

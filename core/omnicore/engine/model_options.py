@@ -97,7 +97,7 @@ def check_vae_decode_precision(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or value.lower() not in VAE_DECODE_PRECISIONS:
-        # the message shape of seed-contracts §7.4: "must be one of {'fp32', 'fp16', 'bf16'} or None, got ..."
+        # the message shape of docs/contracts-status.md C7.4: "must be one of {'fp32', 'fp16', 'bf16'} or None, got ..."
         choices = ", ".join(repr(p) for p in VAE_DECODE_PRECISIONS)
         raise ConfigError("vae_decode_precision", f"must be one of {{{choices}}} or None, got {value!r}")
     return value.lower()

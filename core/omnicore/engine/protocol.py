@@ -1,4 +1,4 @@
-"""The pipeline protocol every model plugin implements (DESIGN §4) and the state it threads through steps.
+"""The pipeline protocol every model plugin implements and the state it threads through steps.
 
 The engine calls, per batch: ``encode(requests)`` once (on requests already prepared by ``preprocess``),
 then for each step the ``omnicore_denoise`` hook (whose default runs ``denoise_step`` =

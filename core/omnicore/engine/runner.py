@@ -70,7 +70,7 @@ class BatchRunner:
         members: list[Job] = []
         try:
             members = [j for j in jobs if not self._cancel_if_requested(j)]
-            if members:  # VAE fast-path gates on iff the batch asks for quality "high" (seed-contracts §7.1)
+            if members:  # VAE fast-path gates on iff the batch asks for quality "high" (docs/contracts-status.md C7.1)
                 with request_fast_paths(self.pipeline, {j.request.quality for j in members}):
                     try:
                         self._run(members)

@@ -1,4 +1,4 @@
-"""FIFO scheduler with the admission-wait policy (reference: seed-contracts §6) and batch-compatibility keys.
+"""FIFO scheduler with the admission-wait policy (reference: docs/contracts-status.md C6) and batch-compatibility keys.
 
 The scheduler is plain data + pure decisions: it is not thread-safe (the engine calls it under its lock)
 and it never reads a clock — every decision takes ``now`` so tests can probe exact boundary times.

@@ -7,7 +7,7 @@
 
 Parameters that stay resident, outside the transfer set: those named by ``pipeline.offload_excluded_prefixes``
 and, when the ``adaln_schedule`` cache method is enabled, the ``linear`` of every projection its controller
-owns (the cache may offload those weights itself; seed-contracts §1.7). Prefixes are relative to each
+owns (the cache may offload those weights itself; docs/contracts-status.md C1.7). Prefixes are relative to each
 offloaded module (a block, or a whole model).
 """
 

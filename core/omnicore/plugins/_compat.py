@@ -1,4 +1,4 @@
-"""Compatibility checks on plugin metadata (plugin-patterns §5 step 3 and §6 "Versioning").
+"""Compatibility checks on plugin metadata.
 
 Before import: the distribution's ``Requires-Dist`` on ``omnicore`` must admit the running core. After import:
 the ``plugin_info()["api"]`` range must admit :data:`omnicore.PLUGIN_API_VERSION`. ``packaging`` is imported

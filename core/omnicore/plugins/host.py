@@ -122,7 +122,7 @@ class PluginHost:
     def load_entry_points(self, entry_points: Iterable[Any] | None = None) -> None:
         """Discover, filter and import entry points of group ``omnicore``, each failure captured on its own.
 
-        Per entry point (plugin-patterns §5): a duplicate name is rejected naming both distributions; the
+        Per entry point: a duplicate name is rejected naming both distributions; the
         allow/deny lists are applied (blocked plugins are never imported); the distribution's ``Requires-Dist``
         on ``omnicore`` must admit this core (else ``incompatible``, not imported); then it is imported, with
         ``Exception`` and ``SystemExit`` captured as ``failed``, and registered.

@@ -1,4 +1,4 @@
-"""The OpenAI-style HTTP server (``omnicore serve``): see serving-api.md. Import cost: FastAPI only here."""
+"""The OpenAI-style HTTP server (``omnicore serve``). Import cost: FastAPI only here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``create_app``: the FastAPI application around one engine (serving-api.md; DESIGN §9).
+"""``create_app``: the FastAPI application around one engine.
 
 The app is a thin edge: routes validate DTOs, translate them to ``GenerationRequest`` and hand them to the
 :class:`~.jobs.JobManager`; no model logic lives here and no GPU work runs on the event loop. Tests inject
@@ -245,7 +245,7 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
             await anyio.to_thread.run_sync(_shutdown, ctx, owns_engine)
 
     app = FastAPI(title="omnicore", version="1", lifespan=lifespan,
-                  description="OpenAI-style image and video generation (see serving-api.md).")
+                  description="OpenAI-style image and video generation.")
     app.state.ctx = ctx
     install_handlers(app)
     from . import routes_images, routes_system, routes_videos
@@ -266,7 +266,7 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
 
 
 def _shutdown(ctx: ServerContext, owns_engine: bool) -> None:
-    """Graceful shutdown (§11): drain, let running work finish within the grace, stop the rest, flush the store."""
+    """Graceful shutdown: drain, let running work finish within the grace, stop the rest, flush the store."""
     ctx.begin_drain()
     try:
         if ctx.jobs is not None:

@@ -1,4 +1,4 @@
-"""Optional bearer-token authentication (serving-api.md §3): constant-time comparison, keys never logged.
+"""Optional bearer-token authentication: constant-time comparison, keys never logged.
 
 With keys set, each request is made by a :class:`Principal`: the *key id* of the key it sent (a keyed hash
 prefix, so the store, the metrics and the logs never hold the key itself) and whether it is an admin key
@@ -16,7 +16,7 @@ import attrs
 
 from .errors import ApiError
 
-#: The only routes open without a key when keys are set (§3); everything else, including ``/docs``,
+#: The only routes open without a key when keys are set; everything else, including ``/docs``,
 #: ``/openapi.json`` and any route added later, requires one. ``/metrics`` joins them unless ``metrics_auth``.
 OPEN_PATHS = ("/health", "/health/live")
 

@@ -1,9 +1,8 @@
 """The one place that maps failures to HTTP: :class:`ApiError` and the exception handlers.
 
-Every error leaves the server in the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``
-(serving-api.md §4), including framework failures: unknown routes, wrong methods and pydantic validation
-errors (reported as 400, never 422). ``omnicore.errors`` classes raised by the engine are translated here
-and nowhere else.
+Every error leaves the server in the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``,
+including framework failures: unknown routes, wrong methods and pydantic validation errors (reported as 400, never
+422). ``omnicore.errors`` classes raised by the engine are translated here and nowhere else.
 """
 
 from __future__ import annotations
@@ -162,7 +161,7 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
 
 
 def job_error_code(exc: BaseException | None) -> str:
-    """The ``error.code`` recorded on a job that failed after it was accepted (§4, last paragraph)."""
+    """The ``error.code`` recorded on a job that failed after it was accepted."""
     if exc is None:
         return "internal_error"
     if isinstance(exc, core_errors.Cancelled):

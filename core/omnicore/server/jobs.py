@@ -1,4 +1,4 @@
-"""The job manager: owns job execution between the HTTP edge and the engine (serving-api.md §9-§11).
+"""The job manager: owns job execution between the HTTP edge and the engine.
 
 Routes never run GPU work: they hand a validated ``GenerationRequest`` to :meth:`JobManager.submit` (called
 in a worker thread, because the engine runs ``preprocess`` in the caller's thread). A watcher thread per job
@@ -255,7 +255,7 @@ class JobManager:
             self.hub.forget(job_id)
 
     def _check_worker(self) -> None:
-        """A dead engine worker fails its jobs with ``worker_died`` and makes the server unhealthy (§10)."""
+        """A dead engine worker fails its jobs with ``worker_died`` and makes the server unhealthy."""
         if self.worker_error is not None or self._stopping or getattr(self.engine, "worker_alive", True):
             return  # (while draining, the engine's worker stops on purpose)
         # a parallel engine names the rank that died (Engine.worker_failure); otherwise the thread itself stopped
@@ -344,7 +344,7 @@ class JobManager:
             live.status, live.error = "failed", job.error
             live.error_code = job_error_code(job.error)
             message = f"{type(job.error).__name__}: {job.error}"
-            if live.error_code == "out_of_memory":  # §4: the message names the phase that ran out
+            if live.error_code == "out_of_memory":  # the message names the phase that ran out
                 message = f"out of memory in phase {live.phase or 'unknown'}: {message}"
             if live.persisted:
                 self._record_terminal(live, "failed", {"code": live.error_code, "message": message})
@@ -363,7 +363,7 @@ class JobManager:
                     self.metrics.device_peak.labels(device=str(device)).set(peak)
 
     def timings(self, live: LiveJob, job: Any, completed: float, save_s: float) -> dict[str, float]:
-        """The ``timings`` object of videos and images alike (§8): seconds per contract stage (``queued_s``,
+        """The ``timings`` object of videos and images alike: seconds per contract stage (``queued_s``,
         ``preprocess_s``, ``encode_s``, ``denoise_s``, ``decode_s``, ``encode_output_s``, ``finalize_s``,
         ``total_s``), from the engine's and our own clocks; ``save_s`` is the time spent encoding the result."""
         metrics = {**(job.metrics or {}), **(live.outputs[0].metrics if live.outputs else {})}
@@ -539,7 +539,7 @@ class JobManager:
     # ------------------------------------------------------------------ shutdown
     def begin_drain(self) -> None:
         """Stop admitting, and take persisted queued jobs out of the engine's queue: they stay ``queued`` in
-        the store and run after a restart (§11). Running work carries on. Idempotent; any thread."""
+        the store and run after a restart. Running work carries on. Idempotent; any thread."""
         with self._lock:
             if self._stopping:
                 return

@@ -1,4 +1,4 @@
-"""Readiness (serving-api.md §5): ``loading`` -> ``warming_up`` -> ``ok`` -> ``draining``, or ``unhealthy``.
+"""Readiness: ``loading`` -> ``warming_up`` -> ``ok`` -> ``draining``, or ``unhealthy``.
 
 The listener binds before the model loads; routes ask :meth:`Readiness.require_ready` and get a 503 in the
 contract's shape (``not_ready`` or ``draining``) with ``Retry-After`` until the server is ``ok``.
@@ -64,7 +64,7 @@ class Readiness:
 
 
 class DrainingServer(uvicorn.Server):
-    """``uvicorn.Server`` whose shutdown signal starts a visible drain (§11) before the listener closes.
+    """``uvicorn.Server`` whose shutdown signal starts a visible drain before the listener closes.
 
     On the first SIGTERM/SIGINT the app drains (``/health`` says ``draining``, new work gets 503) while the
     listener stays open, so clients can still read job status, stream events and download results; once the

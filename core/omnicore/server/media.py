@@ -1,4 +1,4 @@
-"""Conditioning media from clients: uploaded files and data URLs, decoded safely (serving-api.md §7.2).
+"""Conditioning media from clients: uploaded files and data URLs, decoded safely.
 
 Formats are recognised by magic bytes, never by file name. Decoding is capped by pixel count before any
 pixel data is read, which also stops decompression bombs.

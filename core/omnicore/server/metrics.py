@@ -1,4 +1,4 @@
-"""Prometheus metrics for one app (serving-api.md §5), on a private ``CollectorRegistry``.
+"""Prometheus metrics for one app, on a private ``CollectorRegistry``.
 
 A per-app registry (not the process-global one) lets several apps live in one process: tests build many.
 Gauges that mirror engine state (queue depth, running) are refreshed at scrape time. Stage timers use the
@@ -59,7 +59,7 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-# Engine/server timing keys -> ``omnicore_job_stage_seconds`` stages (serving-api.md §5).
+# Engine/server timing keys -> ``omnicore_job_stage_seconds`` stages.
 STAGE_KEYS = {"preprocess_s": "preprocess", "encode_s": "encode", "denoise_s": "denoise", "decode_s": "decode",
               "postprocess_s": "encode_output"}
 

@@ -1,4 +1,4 @@
-"""Job progress as the API reports it (serving-api.md §9): one closed phase enumeration and weighted progress.
+"""Job progress as the API reports it: one closed phase enumeration and weighted progress.
 
 The engine emits its own phases (``preprocess`` at admission, then ``encode``, ``denoise``, ``decode``,
 ``postprocess``); this module maps them to the API's phases (both vocabularies live in :mod:`omnicore.phases`)

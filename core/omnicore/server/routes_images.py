@@ -1,4 +1,4 @@
-"""``POST /v1/images/generations`` (JSON) and ``POST /v1/images/edits`` (multipart) — serving-api.md §7.
+"""``POST /v1/images/generations`` (JSON) and ``POST /v1/images/edits`` (multipart)
 
 Image requests are synchronous but go through the same job manager and queue as videos (429 when full),
 and a client that disconnects cancels its work.
@@ -41,7 +41,7 @@ def encode_images(outputs: list[Any], fmt: str, compression: int | None) -> list
 
 
 async def wait_or_disconnect(request: Request, jobs: Any, live: LiveJob, poll_s: float = 0.25) -> bool:
-    """Await the job; if the client goes away first, cancel it (§10 "sync requests") and return ``False``."""
+    """Await the job; if the client goes away first, cancel it and return ``False``."""
     waiter = asyncio.ensure_future(jobs.wait(live))
     try:
         while True:
@@ -102,7 +102,7 @@ async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any,
 
 
 async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, greq: Any, task: str) -> Any:
-    """``stream: true`` (§9.2): progress events, then one ``completed`` event per image."""
+    """``stream: true``: progress events, then one ``completed`` event per image."""
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     prefix = "image_edit" if task == "image.edit" else "image_generation"

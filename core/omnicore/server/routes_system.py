@@ -1,4 +1,4 @@
-"""Readiness, liveness, Prometheus metrics and the model list (serving-api.md §5)."""
+"""Readiness, liveness, Prometheus metrics and the model list."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Video jobs: create (JSON or multipart), list, retrieve, content, events, cancel, delete, sync (§8-§10)."""
+"""Video jobs: create (JSON or multipart), list, retrieve, content, events, cancel, delete, sync."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ async def create_video(request: Request) -> Any:
     except Exception as exc:  # the job is admitted and runs; the stored record keeps the requested values
         if not is_storage_full(exc):
             raise
-    # §8.1/§9: creation answers with the job as created, `queued`; the worker may already have started it,
+    # creation answers with the job as created, `queued`; the worker may already have started it,
     # which the next GET (or the event stream) reports. The status only ever moves forward from here.
     position = jobs.queue_position(job_id)
     response = dict(created, **effective, queue_position=position if position is not None else 0)
@@ -260,7 +260,7 @@ async def video_content(video_id: str, request: Request, variant: str = Query(de
 @router.get("/v1/videos/{video_id}/events", responses={**_ERRORS, 200: {"content": {"text/event-stream": {}}}},
             response_class=Response)
 async def video_events(video_id: str, request: Request) -> Any:
-    """Server-sent events (§9.1): a snapshot, then progress per step and phase, heartbeats, and a terminal event.
+    """Server-sent events: a snapshot, then progress per step and phase, heartbeats, and a terminal event.
 
     A client reconnecting with ``Last-Event-ID`` gets the events it missed when they are still buffered,
     otherwise a fresh snapshot; either way ids keep increasing.

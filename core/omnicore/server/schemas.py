@@ -1,4 +1,4 @@
-"""Request and response DTOs of the HTTP contract (serving-api.md §6-§8), as pydantic models.
+"""Request and response DTOs of the HTTP contract, as pydantic models.
 
 Requests forbid unknown fields (400 ``unknown_parameter``) and take types strictly where pydantic's lax mode
 would guess: a boolean is not a number (``"seed": true``) and ``"stream": "yes"`` is not a boolean. Ranges
@@ -50,7 +50,7 @@ class Lora(BaseModel):
 
 
 class SharedFields(BaseModel):
-    """Fields every generation route takes (§6)."""
+    """Fields every generation route takes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -69,7 +69,7 @@ class SharedFields(BaseModel):
 
 
 class ImageGenerationRequest(SharedFields):
-    """``POST /v1/images/generations`` (§7.1)."""
+    """``POST /v1/images/generations``."""
 
     n: Int = Field(default=1, ge=1, le=10)
     size: str = Field(default="auto", pattern=SIZE_PATTERN)
@@ -86,7 +86,7 @@ class ImageGenerationRequest(SharedFields):
 
 
 class ImageEditFields(ImageGenerationRequest):
-    """The non-file fields of ``POST /v1/images/edits`` (§7.2)."""
+    """The non-file fields of ``POST /v1/images/edits``."""
 
     image_url: list[str] | None = None
 
@@ -113,7 +113,7 @@ class AudioReference(BaseModel):
 
 
 class VideoCreateRequest(SharedFields):
-    """``POST /v1/videos`` and ``/v1/videos/sync`` (§8.2), JSON form (multipart has the same names, with files).
+    """``POST /v1/videos`` and ``/v1/videos/sync``, JSON form (multipart has the same names, with files).
 
     Conditioning media map to roles: ``input_reference`` -> ``first_frame``, ``last_frame`` -> ``last_frame``,
     ``reference_images``/``reference_video``/``reference_audio`` -> ``reference``; each is gated by the model.

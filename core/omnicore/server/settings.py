@@ -1,4 +1,4 @@
-"""Server limits and switches (serving-api.md §12), resolved once into one frozen record.
+"""Server limits and switches, resolved once into one frozen record.
 
 Library code never reads the environment: the CLI (``omnicore serve``) builds this from flags and
 ``OMNICORE_*`` variables via :func:`server_settings_from`, tests construct it directly.

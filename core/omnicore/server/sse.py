@@ -3,7 +3,7 @@
 Engine callbacks run on worker threads; :meth:`EventHub.publish` hands each event to every subscriber's
 event loop with ``call_soon_threadsafe``, so nothing blocks the engine and nothing touches a loop from the
 wrong thread. Event ids increase per job, and recent events are buffered, so a client that reconnects with
-``Last-Event-ID`` gets what it missed (serving-api.md §9.1).
+``Last-Event-ID`` gets what it missed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Durable job store: SQLite (WAL) for records, plain files for inputs and results (serving-api.md §11).
+"""Durable job store: SQLite (WAL) for records, plain files for inputs and results.
 
 A job record is the API Job object (a JSON document) plus a few indexed columns. Results are written to a
 temporary file, flushed, fsynced and renamed into place *before* the record says ``completed``, so a

@@ -1,4 +1,4 @@
-"""HTTP DTO -> ``GenerationRequest``: the thin edge (serving-api.md §1.2-§1.3).
+"""HTTP DTO -> ``GenerationRequest``: the thin edge.
 
 Each HTTP field maps to exactly one field of the Python API. Everything knowable at submission time is
 checked here or by the model's ``preprocess`` (which the engine runs at admission), so an accepted job
@@ -20,7 +20,7 @@ from .settings import ServerSettings
 
 NEUTRAL_FIELDS = ("style", "background", "moderation")
 
-#: Video conditioning fields (serving-api.md §8.2) -> (media kind, role in the Python API).
+#: Video conditioning fields -> (media kind, role in the Python API).
 VIDEO_MEDIA_FIELDS: dict[str, tuple[str, str]] = {
     "input_reference": ("image", "first_frame"),
     "last_frame": ("image", "last_frame"),
@@ -78,7 +78,7 @@ class ServedModel:
         return next((r for r in caps.input_roles() if r.role == name), None) if caps is not None else None
 
     def card(self, backend: str | None = None) -> dict[str, Any]:
-        """The ``/v1/models`` entry (serving-api.md §5): modes, input roles, size/fps/frame limits, options."""
+        """The ``/v1/models`` entry: modes, input roles, size/fps/frame limits, options."""
         d = self.defaults
         caps = self.spec.capabilities if self.spec is not None else None
         roles = [r.to_json() for r in caps.input_roles()] if caps is not None else []
@@ -232,7 +232,7 @@ def _roles_text(served: ServedModel) -> str:
 
 
 def video_inputs(served: ServedModel, media: Sequence[tuple[str, Any]]) -> tuple[MediaInput, ...]:
-    """``(http field, data)`` pairs -> role-tagged inputs, each field gated by the model's declared roles (§8.2):
+    """``(http field, data)`` pairs -> role-tagged inputs, each field gated by the model's declared roles:
     a role it lacks is 400 ``unsupported_for_model``, more than the role takes is 400 (``too_many_input_images``
     for images). A model that declares no roles (only ``max_reference_images``) gets ``input_reference`` in its
     default image role."""
@@ -271,7 +271,7 @@ def video_request(dto: VideoCreateRequest, served: ServedModel, settings: Server
     duration = parse_seconds(dto.seconds)
     num_frames = dto.num_frames
     if num_frames is None and duration is not None:
-        # §8.2: the frame count derived from `seconds` (the model rounds it up to its frame rule)
+        # the frame count derived from `seconds` (the model rounds it up to its frame rule)
         fps = dto.fps if dto.fps is not None else served.defaults.fps
         num_frames = max(1, math.ceil(duration * fps - 1e-9))
     modalities = None

@@ -1,4 +1,4 @@
-"""Conditioning media of ``POST /v1/videos`` (serving-api.md §8.2): collected from multipart files or JSON data
+"""Conditioning media of ``POST /v1/videos``: collected from multipart files or JSON data
 URLs, gated by the model's declared roles, decoded under caps, and persisted with the job — all before queueing.
 
 Fields and roles: ``input_reference`` (first frame), ``last_frame``, ``reference_images`` (repeatable),

@@ -16,7 +16,7 @@ from .plugin import add_loaded, isolated_host
 
 
 class PlatformConformance:
-    """Conformance checks for one registered platform (plugin-patterns §12 ``BackendPluginTests``).
+    """Conformance checks for one registered platform.
 
     Attributes to set:
       ``platform``: the registered platform name. Required.

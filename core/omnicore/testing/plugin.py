@@ -115,7 +115,7 @@ def lazy_paths(spec: Any) -> Iterator[tuple[str, str]]:
 
 
 class PluginConformance:
-    """Conformance checks for any omnicore plugin (DESIGN §3, plugin-patterns §6 and §12).
+    """Conformance checks for any omnicore plugin.
 
     Attributes to set:
       ``plugin_module``: the entry-point target (``"pkg.plugin"`` or ``"pkg.plugin:obj"``). Required.

@@ -1,12 +1,12 @@
 """Attention backends of the ``npu`` platform, each with the reference signature
 ``fn(q, k, v, *, metadata=None, attn_mask=None, scale=None, causal=False)`` (``omnicore.plugin.sdpa_attention``).
 
-Dispatch (seed-contracts §3.3, with the backend chosen by name instead of an environment variable):
+Dispatch (docs/contracts-status.md C3.3, with the backend chosen by name instead of an environment variable):
 
 1. **Packed call** (``metadata`` given — omnicore's form of the ``npu_attn_varlen`` opt-in): resolve the layout on
-   the host (:func:`omni_backends_npu.resolve.resolve_packed_sequence`, §3.4). When it resolves,
-   :func:`npu_varlen_attention` runs the TND varlen op (§3.5) and :func:`npu_laser_attention` the prefix-K/V-slice
-   laser path (§3.6); that result is returned directly.
+   the host (:func:`omni_backends_npu.resolve.resolve_packed_sequence`). When it resolves,
+   :func:`npu_varlen_attention` runs the TND varlen op and :func:`npu_laser_attention` the prefix-K/V-slice
+   laser path; that result is returned directly.
    omnicore extension: ``npu_varlen`` hands the varlen op the metadata's real documents as they are when the
    layout does not resolve but is non-causal (several real documents — the offsets are host ints), so only causal
    calls reach step 2 on that backend.
@@ -106,7 +106,7 @@ def packed_mask(metadata: Any, rows_q: int, rows_k: int, *, causal: bool, device
 # ---------------------------------------------------------------------------------------------- the paths
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
-    """§3.3 step 3: BSND tensors, one MindIE-SD ``fused_attn_score`` call, its output returned unchanged."""
+    """BSND tensors, one MindIE-SD ``fused_attn_score`` call, its output returned unchanged."""
     k, v = _expand_kv(q, k, v)
     return current_ops().attention(q, k, v, attn_mask=attn_mask, scale=scale, op_type=MASKED_OP_TYPE,
                                    layout=OP_LAYOUT)
@@ -114,7 +114,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mas
 
 def varlen_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: tuple[list[int], list[int]],
                 scale: float) -> torch.Tensor:
-    """§3.5: TND ``[T, N, D]`` tensors (batch dim already dropped) -> MindIE-SD varlen with host lists
+    """TND ``[T, N, D]`` tensors (batch dim already dropped) -> MindIE-SD varlen with host lists
     ``[0, *seq_q]``, ``[0, *seq_k]`` and the softmax scale. Never reads or builds a mask."""
     seq_q, seq_k = seqs
     cu_q, cu_k = [0, *seq_q], [0, *seq_k]
@@ -126,7 +126,7 @@ def varlen_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: tuple[l
 
 def laser_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: tuple[list[int], list[int]],
                scale: float, input_scale: Any = None) -> torch.Tensor:
-    """§3.6 on BSND ``[1, S, N, D]`` tensors: K/V become the zero-copy views ``[:, :used_k]`` (dropping a strict
+    """On BSND ``[1, S, N, D]`` tensors: K/V become the zero-copy views ``[:, :used_k]`` (dropping a strict
     suffix padding document is numerically identical to masking it), Q keeps its full length, no mask, op-internal
     layout BNSD; with a laser input scale ``f`` the inputs are divided by ``f``, the kernel scale multiplied by
     ``f**2`` and the output multiplied by ``f``."""
@@ -154,8 +154,8 @@ def real_documents(metadata: Any, rows_k: int) -> tuple[list[int], list[int]]:
 
 def documents_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any,
                      scale: float) -> torch.Tensor:
-    """omnicore's extension of §3.5 for layouts §3.4 does not resolve (several real documents: LingBot's batch
-    CFG, a MiniMax-H3 batch): the offsets are host ints, so the varlen op takes the real documents directly —
+    """omnicore's extension of the varlen path for layouts the packed resolution does not resolve (several real
+    documents: LingBot's batch CFG, a MiniMax-H3 batch): the offsets are host ints, so the varlen op takes the real documents directly —
     still no mask — instead of the quadratic masked fallback. Non-causal calls only."""
     cu_q, cu_k = real_documents(metadata, k.shape[0])
     for i in range(len(cu_q) - 1):
@@ -207,7 +207,7 @@ def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any, at
 def npu_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, metadata: Any = None,
                          attn_mask: torch.Tensor | None = None, scale: float | None = None,
                          causal: bool = False) -> torch.Tensor:
-    """``npu_varlen``: packed ``[real | pad]`` calls through the TND varlen op (§3.5), other non-causal packed
+    """``npu_varlen``: packed ``[real | pad]`` calls through the TND varlen op, other non-causal packed
     calls through the same op with their real documents, causal packed and dense calls masked."""
     if metadata is None:
         return _dense(q, k, v, attn_mask, scale, causal)
@@ -217,7 +217,7 @@ def npu_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, m
 def npu_laser_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, metadata: Any = None,
                         attn_mask: torch.Tensor | None = None, scale: float | None = None, causal: bool = False,
                         laser_input_scale: Any = None) -> torch.Tensor:
-    """``npu_laser``: packed ``[real | pad]`` calls through the prefix-K/V-slice laser path (§3.6), everything else
+    """``npu_laser``: packed ``[real | pad]`` calls through the prefix-K/V-slice laser path, everything else
     masked. ``laser_input_scale`` (or the metadata's attribute of that name, when a model publishes one) is the
     fp16-workspace pre-scaling factor ``f`` (MiniMax-H3 documents 256)."""
     if metadata is None:

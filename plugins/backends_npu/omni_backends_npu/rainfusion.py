@@ -1,4 +1,4 @@
-"""RainFusion block-sparse attention plans (seed-contracts §4): pure host logic, testable on a CPU.
+"""RainFusion block-sparse attention plans (docs/contracts-status.md C4): pure host logic, testable on a CPU.
 
 A model publishes the latent grid ``(t, h, w)`` of its video tokens through ``AttentionMetadata.latent_grid``; the
 plan covers the real rows ``[prefix | video]`` of one document:

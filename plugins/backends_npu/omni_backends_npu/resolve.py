@@ -1,6 +1,7 @@
-"""Host-side decisions of the NPU attention paths (seed-contracts §3.3-§3.6): pure Python, no torch, no device.
+"""Host-side decisions of the NPU attention paths (docs/contracts-status.md C3.3-C3.6): pure Python, no torch,
+no device.
 
-**Packed-sequence resolution** (§3.4). :func:`resolve_packed_sequence` says whether a packed call is a
+**Packed-sequence resolution**. :func:`resolve_packed_sequence` says whether a packed call is a
 ``[real | pad]`` packing the varlen and laser kernels can take without a mask, and returns ``(seq_q, seq_k)``:
 cumulative document ends without the leading 0 (``([T_q], [T_k])`` for one document, ``([used_q, T_q],
 [used_k, T_k])`` for a real document followed by a padding document), or ``None`` = take the masked path. As in the
@@ -32,8 +33,8 @@ had to assume are checked instead, which is what keeps multi-document callers co
   takes the masked path, whose mask isolates the documents. A single document whose keys stop at
   ``valid_kv_length < T`` resolves to ``None`` too (the mask drops those keys).
 
-**Mask rebuild / refusal** (§3.3 step 2): :func:`check_valid_kv_length` is the guard before a mask is rebuilt for
-a packed call that resolved to ``None``. **Laser input scale** (§3.6): :func:`laser_scale_factor`.
+**Mask rebuild / refusal**: :func:`check_valid_kv_length` is the guard before a mask is rebuilt for
+a packed call that resolved to ``None``. **Laser input scale**: :func:`laser_scale_factor`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 
 Resolved = tuple[list[int], list[int]]
 
-#: the refusal of §3.3 step 2 (``ValueError``); formatted with ``valid`` and ``seq_len``
+#: the mask-rebuild refusal (``ValueError``); formatted with ``valid`` and ``seq_len``
 UNUSABLE_PACKED_METADATA = (
     "npu packed attention metadata is unusable and no attention mask was built (valid_kv_length={valid!r}, "
     "seq_len={seq_len}); refusing to run unmasked attention over padding rows"
@@ -121,7 +122,7 @@ def check_valid_kv_length(valid_kv_length: Any, seq_len: int) -> int | None:
 
 
 def laser_scale_factor(value: Any) -> float | None:
-    """``f`` of §3.6: the value when it is an int or float greater than 1, else ``None`` (no scaling).
+    """The laser scale factor ``f``: the value when it is an int or float greater than 1, else ``None`` (no scaling).
 
     With ``f``: ``q, k, v <- q/f, k/f, v/f``, kernel scale ``<- scale * f**2``, output ``<- output * f`` — exact for
     powers of two. The laser kernel keeps the unscaled ``QK^T`` in an fp16 workspace (max 65504); pre-scaling keeps

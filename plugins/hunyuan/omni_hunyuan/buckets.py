@@ -1,4 +1,4 @@
-"""Resolution buckets (models.md §3.2): the ratio group a generated image is snapped to; bucket ``i`` is the
+"""Resolution buckets: the ratio group a generated image is snapped to; bucket ``i`` is the
 ``<img_ratio_i>`` token.
 
 From ``base x base`` the height grows and the width shrinks by ``step`` (default ``base // 16``) until

@@ -1,5 +1,5 @@
 """Checkpoint configuration: ``config.json`` (language model, nested ``vae``/``vit``/``vit_processor``/
-``vit_aligner``) and ``generation_config.json`` of the single HunyuanImage-3 repository (models.md §3.4, §3.5).
+``vit_aligner``) and ``generation_config.json`` of the single HunyuanImage-3 repository.
 
 Only the fields the diffusion path uses are typed; everything else is kept in ``raw`` so a config round-trips.
 """

@@ -1,4 +1,4 @@
-"""Paged prefix-KV block pool (seed-contracts §5; models.md §3.6), owned by the pipeline.
+"""Paged prefix-KV block pool (docs/contracts-status.md C5), owned by the pipeline.
 
 The prefix of a CFG row (positions before the generated image's ``<timestep>``) is cut into ``block_size``
 token blocks. Block ``i``'s hash chains the previous block's hash, the row's *identity* (reference-image

@@ -1,4 +1,4 @@
-"""The token layout of one request (models.md §3.3) and the paged-KV request records (seed-contracts §5).
+"""The token layout of one request and the paged-KV request records (docs/contracts-status.md C5).
 
 A :class:`SequenceLayout` holds the token rows (``[cond]`` or ``[cond, uncond]``; the ``<cfg>`` substitution
 keeps rows equally long, so they share every index) and where each section sits: the generated image's

@@ -1,4 +1,4 @@
-"""Loading and saving the single-repository checkpoint (models.md §3.5).
+"""Loading and saving the single-repository checkpoint.
 
 Files: ``config.json`` (with nested ``vae``/``vit``/``vit_processor``/``vit_aligner``), ``generation_config.json``,
 the tokenizer, and safetensors shards (``model.safetensors.index.json`` + ``model-XXXXX-of-YYYYY.safetensors``,

@@ -1,4 +1,4 @@
-"""``HunyuanImage3``: the unified MoE language model with its image heads, VAE and vision tower (models.md §3.4).
+"""``HunyuanImage3``: the unified MoE language model with its image heads, VAE and vision tower.
 
 A denoise forward embeds the token rows, scatters the generated image's patch tokens and ``<timestep>``
 embedding (and, for edits, each condition image's VAE tokens, zero-timestep embeddings and aligned ViT

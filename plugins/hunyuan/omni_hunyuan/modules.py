@@ -1,4 +1,4 @@
-"""Building blocks of the HunyuanImage-3 language model and its image heads (models.md §3.4).
+"""Building blocks of the HunyuanImage-3 language model and its image heads.
 
 Parameter names follow the checkpoint after the loader's transforms (:mod:`omni_hunyuan.loader`): ``qkv_proj``
 holds ``[Q; K; V]`` (ungrouped), every MLP holds separate ``gate_proj``/``up_proj``, and the routed experts of
@@ -21,7 +21,7 @@ from .rope import apply_rope
 
 
 class RMSNorm(nn.Module):
-    """Hunyuan RMSNorm: fp32 variance, the weight applied in fp32, then cast back (models.md §3.8)."""
+    """Hunyuan RMSNorm: fp32 variance, the weight applied in fp32, then cast back."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""``HunyuanImage3Pipeline``: the omnicore pipeline protocol for HunyuanImage-3 (models.md §3).
+"""``HunyuanImage3Pipeline``: the omnicore pipeline protocol for HunyuanImage-3.
 
 ``preprocess`` (once, at admission, outside engine locks) resolves the request (mode, bucket, steps, guidance,
 ``bot_task``, CoT, system prompt), loads condition images and — in the ``paged_scheduler`` KV mode — tokenises

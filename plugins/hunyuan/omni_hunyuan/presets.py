@@ -1,4 +1,4 @@
-"""``tiny:hunyuan-image3``: a deterministic random-weight checkpoint in the release layout (models.md §3.7).
+"""``tiny:hunyuan-image3``: a deterministic random-weight checkpoint in the release layout.
 
 Writes ``config.json`` (architectures, nested ``vae``/``vit``/``vit_processor``/``vit_aligner``),
 ``generation_config.json``, a byte-level tokenizer whose special tokens (``<boi>``, ``<img>``, ``<cfg>``,

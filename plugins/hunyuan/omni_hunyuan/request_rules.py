@@ -1,4 +1,4 @@
-"""Request rules (models.md §3.1, §3.2; seed-contracts §5.4, §5.6): ``bot_task``, CoT text, guidance, sizes,
+"""Request rules: ``bot_task``, CoT text, guidance, sizes,
 KV mode, the accepted model-specific fields. Pure functions raising typed errors that name the field.
 
 Nothing a client set is changed or dropped silently: a model-specific field this model does not know is refused

@@ -1,4 +1,4 @@
-"""2-D rotary position embedding (models.md §3.4, §3.8).
+"""2-D rotary position embedding.
 
 Text token ``p`` gets ``y = x = p`` (plain 1-D RoPE). An image span starting at ``L`` with an ``h x w`` grid gets
 ``y = L + (w*h - h)//2 + i``, ``x = L + (w*h - w)//2 + j`` (the reference truncates the half-integer offsets),

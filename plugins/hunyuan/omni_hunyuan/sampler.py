@@ -1,4 +1,4 @@
-"""Euler flow sampler, its timestep grids, the initial noise and guidance (models.md §0.1, §3.4, §3.8).
+"""Euler flow sampler, its timestep grids, the initial noise and guidance.
 
 Two grids, picked per deployment by the ``sampler_grid`` model option:
 

@@ -1,4 +1,4 @@
-"""Tokenizer wrapper (models.md §3.3): templates, special tokens and the generated/condition image sections.
+"""Tokenizer wrapper: templates, special tokens and the generated/condition image sections.
 
 Segments are tokenised independently (no merges across boundaries) and concatenated:
 

@@ -1,4 +1,4 @@
-"""``AutoencoderKLConv3D`` (models.md §3.4): the HunyuanImage-3 VAE, 16x spatial and 4x temporal.
+"""``AutoencoderKLConv3D``: the HunyuanImage-3 VAE, 16x spatial and 4x temporal.
 
 3-D convolutions throughout; GroupNorm(32)+SiLU ResNet blocks; one attention block in the middle; DC-AE style
 space-to-channel down/up-sampling whose shortcut averages (down) or repeats (up) channel groups; the encoder's

@@ -1,4 +1,4 @@
-"""Condition-image preprocessing for edits (models.md §3.4): the VAE input (resize-and-center-crop with
+"""Condition-image preprocessing for edits: the VAE input (resize-and-center-crop with
 LANCZOS to the bucket of the nearest ratio, ``[-1, 1]``) and the SigLIP2 input (transformers' image
 processor configured from ``config.json``'s ``vit_processor``).
 """

@@ -1,4 +1,4 @@
-"""Image-to-video conditioning (models.md §2.3.3, seed-contracts §8.7).
+"""Image-to-video conditioning.
 
 The reference image is fitted to the output geometry without distortion (cover-resize, then centre crop); the
 same pixels feed both the VAE (clean first latent frame) and the text encoder's vision tower (after a Qwen-VL

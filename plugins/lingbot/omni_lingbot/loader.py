@@ -1,4 +1,4 @@
-"""Loading the diffusers-style LingBot repository (models.md §2.6).
+"""Loading the diffusers-style LingBot repository.
 
 Layout: ``model_index.json``, ``transformer/`` (config.json + ``diffusion_pytorch_model*.safetensors``, single
 file or sharded with an index), ``text_encoder/`` (transformers Qwen3-VL), ``processor/`` (tokenizer + image
@@ -25,7 +25,7 @@ __all__ = ["PLUGIN", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "CheckpointError", "W
            "load_transformer", "save_transformer"]
 
 def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``dtype`` everywhere except the modules the DiT keeps in float32 (its own ``cast`` policy, §2.4)."""
+    """``dtype`` everywhere except the modules the DiT keeps in float32 (its own ``cast`` policy)."""
     if dtype == torch.float32:
         return model.float()
     return cast(Any, model).cast(dtype)  # the DiT's own policy (LingBotTransformer.cast)

@@ -1,4 +1,4 @@
-"""``LingBotPipeline``: the omnicore pipeline protocol for LingBot-Video (models.md §2.3).
+"""``LingBotPipeline``: the omnicore pipeline protocol for LingBot-Video.
 
 Per batch of requests with equal batch keys: ``encode`` builds text embeddings, the TI2V clean latents and
 the initial noise (one generator per request, seeded with the request's seed), ``predict`` runs the DiT with
@@ -337,10 +337,10 @@ class LingBotPipeline(BasePipeline):
 
     def _metadata(self, extras: dict[str, Any], name: str, model: Any, hidden: torch.Tensor, embeds: torch.Tensor,
                   mask: torch.Tensor) -> Any:
-        """The DiT's forward metadata of branch ``name``, built at its first call and reused at every later step
-        (models.md §2.7). It lives in ``extras["forward_metadata"]``, which :meth:`_set_text` empties whenever the
-        text (and so the mask) changes; a host-side shape check rebuilds it if the latents changed shape. None
-        when reuse is off or the DiT (e.g. a test double) has no ``forward_metadata``."""
+        """The DiT's forward metadata of branch ``name``, built at its first call and reused at every later step.
+        It lives in ``extras["forward_metadata"]``, which :meth:`_set_text` empties whenever the text (and so the
+        mask) changes; a host-side shape check rebuilds it if the latents changed shape. None when reuse is off
+        or the DiT (e.g. a test double) has no ``forward_metadata``."""
         build = getattr(model, "forward_metadata", None)
         if not self.reuse_forward_metadata or build is None:
             return None

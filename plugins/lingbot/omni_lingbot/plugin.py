@@ -18,7 +18,7 @@ CAPABILITIES = ModelCapabilities(
     modes=("t2i", "t2v", "ti2v"),
     outputs=("image", "video"),
     max_reference_images=1,
-    # TI2V (models.md §2.1): one image whose latent is the clip's clean first frame (and which the text encoder
+    # TI2V: one image whose latent is the clip's clean first frame (and which the text encoder
     # also sees); with no role given (``images=[...]``) an image takes this role.
     inputs=(InputRole("first_frame", ("image",), 1, "image-to-video: the clip's first frame"),),
     max_inputs=1,

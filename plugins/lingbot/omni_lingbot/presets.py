@@ -1,4 +1,4 @@
-"""Tiny random-weight LingBot checkpoints in the real repository layout (models.md §2.8).
+"""Tiny random-weight LingBot checkpoints in the real repository layout.
 
 ``build_tiny_lingbot(dir)`` / ``build_tiny_lingbot_moe(dir)`` write model_index.json, transformer/ (config +
 safetensors), text_encoder/ (a tiny Qwen3-VL saved with ``save_pretrained``), processor/ (a byte-level tokenizer
@@ -36,7 +36,7 @@ TINY_MOE: dict[str, Any] = {
     **TINY_DIT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
     "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "mlp_only_layers": [0],
 }
-#: models.md §2.8 suggests base_dim 16; 8 keeps the same structure (8x spatial, 4x temporal) and decodes a
+#: base_dim 16; 8 keeps the same structure (8x spatial, 4x temporal) and decodes a
 #: 9-frame 320x192 clip ~2.5x faster on CPU.
 TINY_VAE: dict[str, Any] = {
     "base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,

@@ -1,4 +1,4 @@
-"""Prompt texts: the chat template the text encoder sees and the default negative prompts (models.md §2.1, §2.3).
+"""Prompt texts: the chat template the text encoder sees and the default negative prompts.
 
 The template wraps the caption in a Qwen chat turn; ``crop_start`` (the token count of everything before the
 caption) is cut from the encoder output so the DiT only sees the user turn. The built-in system wording and

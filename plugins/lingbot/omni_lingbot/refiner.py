@@ -1,9 +1,9 @@
-"""The MoE package's refiner stage (models.md §2.3 step 7): from a decoded base video to the refiner's start latents.
+"""The MoE package's refiner stage: from a decoded base video to the refiner's start latents.
 
 Per request: decode the base latents → pick frames at ``sample_fps`` (at most ``max_video_frames``) → bicubic
 resize to the refiner size → VAE encode (posterior sampled) → for TI2V, the clean first latent frame from the
 original reference image → mix with noise at the refiner's starting sigma ``t``: ``x = (1 - t) * x_up + t * noise``.
-The refiner DiT then denoises along :func:`refiner_sigmas` (the low-noise schedule of §2.5).
+The refiner DiT then denoises along :func:`refiner_sigmas`.
 
 Randomness comes from a generator of its own per request, seeded with :func:`refiner_seed` of the request seed,
 and is drawn in a fixed order: the video posterior, then (TI2V) the image posterior, then the noise.

@@ -1,4 +1,4 @@
-"""LingBot request rules as pure functions (models.md §2.1–2.2, seed-contracts §8.2–8.6).
+"""LingBot request rules as pure functions.
 
 Every function takes plain values and either returns the normalised value or raises
 :class:`omnicore.errors.InvalidRequest` naming the field. :func:`resolve_request` strings them together for the
@@ -45,7 +45,7 @@ EXTRA_FIELDS = (
 )
 
 #: Resolution presets as (height, width), keyed by resolution then ratio label (read as the upstream runner
-#: stores them; seed-contracts §8.5 keeps the orientation an open point).
+#: stores them; docs/contracts-status.md C8.5 keeps the orientation an open point).
 RESOLUTION_PRESETS: dict[str, dict[str, tuple[int, int]]] = {
     "192p": {"1:1": (192, 192), "9:16": (192, 320), "16:9": (320, 192), "3:4": (192, 256), "4:3": (256, 192)},
     "480p": {"1:1": (480, 480), "9:16": (480, 832), "16:9": (832, 480), "3:4": (480, 640), "4:3": (640, 480)},

@@ -1,4 +1,4 @@
-"""The FlowUniPC sampler of models.md §2.5, on top of diffusers' ``UniPCMultistepScheduler``.
+"""The FlowUniPC sampler, on top of diffusers' ``UniPCMultistepScheduler``.
 
 diffusers' flow-sigma grid is ``linspace(1, 1/1000, N+1)[:-1]`` (and nudges a leading 1.0 by 1e-6); LingBot's
 is ``linspace(sigma_max, sigma_min=0, N+1)[:-1]`` where ``sigma_max`` is the *float32* training sigma 0.999
@@ -23,7 +23,7 @@ import numpy as np
 
 NUM_TRAIN_TIMESTEPS = 1000
 
-#: The values §2.5 fixes; a checkpoint's scheduler_config.json may not override them.
+#: The values the release's sampler fixes; a checkpoint's scheduler_config.json may not override them.
 _FORCED = {
     "use_flow_sigmas": True,
     "prediction_type": "flow_prediction",
@@ -51,7 +51,7 @@ def sigma_bounds(num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> tuple[float,
 
 
 def shift_sigmas(sigmas: np.ndarray, shift: float) -> np.ndarray:
-    """The flow shift ``s*b / (1 + (s-1)*b)`` (models.md §0.1)."""
+    """The flow shift ``s*b / (1 + (s-1)*b)``."""
     return shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
 
 
@@ -84,7 +84,7 @@ def low_noise_sigmas(
 
 
 def read_scheduler_config(path: Path | None) -> dict[str, Any]:
-    """``scheduler_config.json`` with §2.5's fixed values applied on top (unknown keys are left to diffusers)."""
+    """``scheduler_config.json`` with the sampler's fixed values applied on top (unknown keys are left to diffusers)."""
     config = dict(_DEFAULTS)
     if path is not None and path.is_file():
         raw = json.loads(path.read_text())
@@ -122,10 +122,10 @@ def make_scheduler(config: dict[str, Any], sigmas: np.ndarray) -> Any:
 
 
 def model_timestep(timestep: Any, dtype: Any = None) -> Any:
-    """The DiT input for a scheduler timestep, as the reference computes it for a DiT whose weights are ``dtype``
-    (models.md §2.3.5): ``sigma = t / 1000`` in float32; for a bf16/fp16 DiT sigma is cast to that dtype and
-    multiplied by 1000 *in that dtype* (so the product is rounded again), for any other dtype (float32) nothing
-    is rounded. Returned as float32. ``dtype=None`` means float32."""
+    """The DiT input for a scheduler timestep, as the reference computes it for a DiT whose weights are ``dtype``:
+    ``sigma = t / 1000`` in float32; for a bf16/fp16 DiT sigma is cast to that dtype and multiplied by 1000 *in that
+    dtype* (so the product is rounded again), for any other dtype (float32) nothing is rounded.
+    Returned as float32. ``dtype=None`` means float32."""
     import torch
 
     sigma = torch.as_tensor(timestep).float() / float(NUM_TRAIN_TIMESTEPS)

@@ -1,4 +1,4 @@
-"""Request options of the two optional stages: the MoE package's refiner and VAE tiling (models.md §2.2, §2.7).
+"""Request options of the two optional stages: the MoE package's refiner and VAE tiling.
 
 Pure functions over ``GenerationRequest.extra`` (no torch): each returns a frozen, hashable record or ``None``
 when the stage is off, or raises :class:`omnicore.errors.InvalidRequest` naming the field.
@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 from omnicore.plugin import InvalidRequest
 
-#: Refiner fields (seed-contracts §8.1 and models.md §2.2); every one but ``run_refiner`` needs it to be true.
+#: Refiner fields (docs/contracts-status.md C8.1); every one but ``run_refiner`` needs it to be true.
 REFINER_FIELDS = (
     "run_refiner", "refiner_height", "refiner_width", "refiner_steps", "refiner_guidance_scale", "refiner_shift",
     "refiner_t_thresh", "refiner_sigma_tail_steps", "refiner_sample_fps", "refiner_null_cond_clone_zero",
@@ -57,7 +57,7 @@ class RefinerOptions:
 
 @attrs.frozen
 class VaeTiling:
-    """Spatial VAE tiling in pixels (diffusers ``AutoencoderKLWan.enable_tiling`` arguments, §2.7 defaults)."""
+    """Spatial VAE tiling in pixels (diffusers ``AutoencoderKLWan.enable_tiling`` arguments)."""
 
     min_height: int = 256
     min_width: int = 256

@@ -1,4 +1,4 @@
-"""Prompt encoding with transformers' Qwen3-VL (models.md §2.3.1–2.3.2).
+"""Prompt encoding with transformers' Qwen3-VL.
 
 We drive the tokenizer and the image processor ourselves instead of ``Qwen3VLProcessor``: that class insists
 on a video processor, which needs torchvision, and LingBot never feeds video to the encoder. The expansion of

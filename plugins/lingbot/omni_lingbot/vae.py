@@ -1,9 +1,9 @@
-"""The Wan 2.1 VAE (diffusers ``AutoencoderKLWan``) with LingBot's latent normalisation (models.md §2.3).
+"""The Wan 2.1 VAE (diffusers ``AutoencoderKLWan``) with LingBot's latent normalisation.
 
 Latents the DiT sees are ``(z - mean) / std`` per channel; decoding undoes that. Pixels are [-1, 1] for the
 VAE and [0, 1] everywhere else in the plugin.
 
-Tiling (models.md §2.7) is a per-call setting: :meth:`LingBotVAE.tiling` switches diffusers' tiled encode/decode on
+Tiling is a per-call setting: :meth:`LingBotVAE.tiling` switches diffusers' tiled encode/decode on
 for one request and restores the previous state afterwards, so one request's choice never leaks into the next.
 
 Fast paths (``quality="high"`` requests only): :func:`install_fast_paths` puts the decoder's channel-RMSNorm+SiLU

@@ -1,5 +1,4 @@
-"""Putting conditioning media onto MiniMax-H3's canvas and rates (models.md §1.2–§1.3; what diffusers' resize and
-ref2va setup steps do, so the conditioning latents match).
+"""Putting conditioning media onto MiniMax-H3's canvas and rates.
 
 - fl2va keyframes: the first in packed order is *stretched* onto the canvas (PIL LANCZOS); a second one is
   cover-resized (``round``-ed size) and centre-cropped at ``(src - dst) // 2``.

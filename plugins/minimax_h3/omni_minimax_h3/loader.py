@@ -1,4 +1,4 @@
-"""Loading the MiniMax-H3 DiT from either checkpoint layout (models.md §1.7), strictly.
+"""Loading the MiniMax-H3 DiT from either checkpoint layout, strictly.
 
 Two layouts of a transformer folder (``config.json`` + safetensors, single file or sharded with an index):
 

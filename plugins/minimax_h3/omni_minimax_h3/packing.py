@@ -1,4 +1,4 @@
-"""The packed-sequence layout of one MiniMax-H3 request and the row (un)patchify (models.md §1.4, §1.6).
+"""The packed-sequence layout of one MiniMax-H3 request and the row (un)patchify.
 
 t2va / fl2va rows: ``[text | keyframe conditions | target audio | target video]``; ref2va rows:
 ``[text | reference blocks (a video's soundtrack rows right before its frames) | target audio | target video]``.

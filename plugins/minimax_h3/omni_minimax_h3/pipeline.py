@@ -1,4 +1,4 @@
-"""``MiniMaxH3Pipeline``: the omnicore pipeline protocol for MiniMax-H3 (models.md §1.3–§1.5).
+"""``MiniMaxH3Pipeline``: the omnicore pipeline protocol for MiniMax-H3.
 
 Steps: ``num_inference_steps`` counts DiT calls (omnicore's meaning: progress and caches count them), so a
 request's sigma grid has ``steps + 1`` points — the release's 50-point default grid is 49 steps, and diffusers'

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 PIPELINE_CLASS = "MiniMaxH3ModularPipeline"
 TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"
 
-#: TeaCache polynomial for the FL2VA DiT (models.md §1.9, seed-contracts §2.1), highest power first.
+#: TeaCache polynomial for the FL2VA DiT, highest power first.
 TEACACHE_COEFFICIENTS = (2.283704065852778e3, -7.775977277886368e2, 9.408414741359490e1, -4.232669906169421,
                          2.173782527946167e-1)
 #: The model's calibrated TeaCache threshold (the global default is 0.2).
@@ -27,7 +27,7 @@ TEACACHE_THRESHOLD = 0.17
 MODES = ("t2va", "fl2va", "ref2va")
 
 #: Conditioning roles (COORD interface A). The first role taking a kind is that kind's default role, so a bare
-#: ``images=[...]`` is a first keyframe (fl2va) and bare videos/audios are references (ref2va), as §1.1 infers.
+#: ``images=[...]`` is a first keyframe (fl2va) and bare videos/audios are references (ref2va).
 INPUT_ROLES = (
     InputRole("first_frame", ("image",), 1, "fl2va: the keyframe the video starts from", modes=("fl2va",)),
     InputRole("last_frame", ("image",), 1, "fl2va: the keyframe the video ends on", modes=("fl2va",)),
@@ -39,7 +39,7 @@ INPUT_ROLES = (
 CAPABILITIES = ModelCapabilities(
     modes=MODES,
     outputs=("video", "audio"),
-    supports_batching=True,  # requests of any size pack into one DiT forward per step (models.md §1.9)
+    supports_batching=True,  # requests of any size pack into one DiT forward per step
     max_outputs_per_request=10,
     cache_methods=("teacache", "adaln_schedule"),
     needs_packed_varlen=True,

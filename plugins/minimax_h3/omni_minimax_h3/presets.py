@@ -1,4 +1,4 @@
-"""Tiny random-weight MiniMax-H3 repositories in the diffusers layout (models.md §1.10).
+"""Tiny random-weight MiniMax-H3 repositories in the diffusers layout.
 
 ``build_tiny_fl2va(dir)`` writes the FL2VA partition (``transformer/``, tasks t2va and fl2va) and
 ``build_tiny_ref2va(dir)`` the Ref2VA one (``transformer_ref/``). Both also write ``text_encoder/`` (a Qwen3-VL
@@ -43,7 +43,7 @@ TINY_VAE: dict[str, Any] = {
     "block_out_channels": [32] * 6, "layers_per_block": 1, "norm_num_groups": 8, "decoder_num_layers": 1,
     "decoder_num_attention_heads": 2, "decoder_attention_head_dim": 16,
 }
-#: Smaller than models.md §1.10 suggests (decoder_dim 256 over 7 stages took ~10 s for 4 s of audio on CPU):
+#: Smaller than (decoder_dim 256 over 7 stages took ~10 s for 4 s of audio on CPU):
 #: a one-stage encoder and a two-stage decoder (40 x 20 = 800 samples per latent, the release's hop) decode 4 s
 #: in ~0.3 s with the same module types.
 TINY_AUDIO_VAE: dict[str, Any] = {
@@ -187,7 +187,7 @@ def build_tiny_combined(target_dir: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------- real-size configs
 # ``omnicore plan real:minimax-h3`` reads these: the released FL2VA partition's configs and no weights, so a plan
 # (what fits where) is made before anything is downloaded. The DiT and the text encoder's decoder are the values
-# of models.md §1.6 / §1.3 (Qwen3-VL-32B text: 5120 hidden, 64 heads, 8 KV heads, 25600 FFN; the DiT reads 50 of
+# (Qwen3-VL-32B text: 5120 hidden, 64 heads, 8 KV heads, 25600 FFN; the DiT reads 50 of
 # its 64 layers); the vision tower is Qwen3-VL's published 27-block tower, and both VAEs are diffusers' class
 # defaults (``AutoencoderKLMiniMaxH3`` / ``...Audio``), which we did not check against a downloaded checkpoint.
 
@@ -206,8 +206,8 @@ REAL_VISION: dict[str, Any] = {
 }
 #: Which parts of the release these configs are sure of (shown by ``omnicore plan``).
 REAL_PROVENANCE = {
-    "transformer": "release (models.md §1.6; 33,122,992,896 parameters)",
-    "text_encoder": "Qwen3-VL-32B text decoder (models.md §1.3), first 50 of 64 layers kept; vision tower: "
+    "transformer": "release",
+    "text_encoder": "Qwen3-VL-32B text decoder, first 50 of 64 layers kept; vision tower: "
                     "Qwen3-VL's published config (unverified against the checkpoint)",
     "vae": "diffusers AutoencoderKLMiniMaxH3 defaults (unverified)",
     "audio_vae": "diffusers AutoencoderKLMiniMaxH3Audio defaults (unverified)",

@@ -1,4 +1,4 @@
-"""MiniMax-H3 request rules as pure functions (models.md §1.1–§1.2, seed-contracts §2.3).
+"""MiniMax-H3 request rules as pure functions.
 
 Every function takes plain values and returns the normalised value or raises
 :class:`omnicore.errors.InvalidRequest` naming the field. :func:`resolve_request` strings them together for the
@@ -41,7 +41,7 @@ ASPECT_RATIOS: dict[str, tuple[int, int]] = {
     "21:9": (21, 9), "16:9": (16, 9), "4:3": (4, 3), "1:1": (1, 1), "3:4": (3, 4), "9:16": (9, 16),
 }
 
-#: Reference limits of ref2va (§1.2).
+#: Reference limits of ref2va.
 MAX_REFERENCES = {"image": 9, "video": 3, "audio": 3}
 MAX_REFERENCES_TOTAL = 12
 REF_IMAGE_RATIO = (0.4, 2.5)

@@ -1,4 +1,4 @@
-"""MiniMax-H3's two sigma schedules and its Euler (eta 0) update (models.md §1.5, §0.1).
+"""MiniMax-H3's two sigma schedules and its Euler (eta 0) update.
 
 Grid: ``b = linspace(1, 0, N)`` in float32 (N points, the terminal 0 included, so N - 1 model calls), shifted
 ``s·b / (1 + (s - 1)·b)``, consecutive duplicates collapsed; video uses shift 12, audio 3. The DiT sees

@@ -1,4 +1,4 @@
-"""TeaCache for MiniMax-H3 (models.md §1.9, seed-contracts §2.1–§2.2).
+"""TeaCache for MiniMax-H3.
 
 What the cache watches: the first block's modulated input ``rmsnorm1(x)·(1 + scale_msa) + shift_msa`` over the
 packed rows, ``x`` being the assembled embeddings (refined text, projected video and audio rows).

@@ -1,4 +1,4 @@
-"""The Qwen3-VL conditioner and MiniMax-H3's prompt presentation (models.md §1.3 steps 1–2).
+"""The Qwen3-VL conditioner and MiniMax-H3's prompt presentation.
 
 Presentation: no chat template and no special tokens; the prompt is tokenised verbatim. fl2va prepends, per
 keyframe, the text ``"<Picture i>: "`` and a vision block (``<|vision_start|>``, one ``<|image_pad|>`` per merged

@@ -1,5 +1,5 @@
 """MiniMax-H3's video and audio VAEs: diffusers' ``AutoencoderKLMiniMaxH3`` / ``AutoencoderKLMiniMaxH3Audio`` with
-the release's conventions around them (models.md §1.3 steps 3, 8; §1.8).
+the release's conventions around them.
 
 Video: pixels are ImageNet-normalised for the encoder; a condition's posterior is *sampled* under a fresh generator
 seeded 42 (independent of the request), rounded through float16 and normalised ``(z - mean) / std``; decoding undoes

@@ -157,7 +157,7 @@ def test_the_table_falls_back_to_the_reference_where_the_kernel_does_not_apply()
     assert torch.equal(table.rms_norm(x, None, 1e-6), ref.rms_norm(x, None, 1e-6))
 
 
-# ---------------------------------------------------------------------------------------------- seed-contracts §7.3
+# ---------------------------------------------------------------------------------------------- docs/contracts-status.md C7.3
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=atol, rtol=rtol)

@@ -1,5 +1,5 @@
 """A VAE decoder's GroupNorm+SiLU and Wan RMSNorm+SiLU pairs on the cuda platform's fused kernels behind the
-request gate (seed-contracts §7): the way a model plugin wires them (``options.platform.ops`` plus
+request gate (docs/contracts-status.md C7): the way a model plugin wires them (``options.platform.ops`` plus
 ``omnicore.plugin.install_fast_path``), gate off bit-exact, gate on within the §7.3 decode tolerance, our kernel
 actually called, the state dict unchanged."""
 

@@ -1,4 +1,4 @@
-"""KV modes, KV requests, the prepared layout and the paged prefix-KV pool (seed-contracts §5)."""
+"""KV modes, KV requests, the prepared layout and the paged prefix-KV pool (docs/contracts-status.md C5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loader transforms and strictness on the release layout (models.md §3.5)."""
+"""Loader transforms and strictness on the release layout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sequence layout, buckets and request rules (models.md §3.2, §3.3, §3.8; seed-contracts §5.6)."""
+"""Sequence layout, buckets and request rules."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _spec(**kw):
 
 
 def test_instruct_layout_matches_the_reference_example(tok):
-    """models.md §3.8: instruct template, 20-token prompt, 16x16 grid -> 305 tokens, prompt at 7..26,
+    """instruct template, 20-token prompt, 16x16 grid -> 305 tokens, prompt at 7..26,
     <timestep> at 44, image tokens 45..300 (the tiny tokenizer is byte-level: 20 characters = 20 tokens)."""
     lay = tok.layout(_spec())
     assert (lay.seq_len, lay.prompt_slice, lay.gen_timestep, lay.gen_start, lay.gen_end) == (305, (7, 27), 44, 45, 301)

@@ -1,4 +1,4 @@
-"""The DiT runs on the attention backend the engine selects (DESIGN §6), asked for with a requirement that
+"""The DiT runs on the attention backend the engine selects, asked for with a requirement that
 declares ``packed_varlen``; it calls it with ``cu_seqlens`` documents and never with a mask, and batch CFG is one
 call per block over both documents."""
 

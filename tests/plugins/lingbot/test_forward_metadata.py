@@ -1,4 +1,4 @@
-"""DiT forward metadata built once per request branch and reused every step (models.md §2.7).
+"""DiT forward metadata built once per request branch and reused every step.
 
 Model level: a reused :class:`ForwardMetadata` gives bit-identical outputs to rebuilding it, for dense and MoE,
 single and packed batch CFG, right- and interior-padded masks and padded packing; its parts agree with independent

@@ -1,4 +1,4 @@
-"""TI2V image conditioning: geometry alignment, smart resize, clean-prefix writes (seed-contracts §8.7)."""
+"""TI2V image conditioning: geometry alignment, smart resize, clean-prefix writes (docs/contracts-status.md C8.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LingBot on the core's media roles (issue 8): its TI2V image is the ``first_frame`` role (models.md §2.1), an
+"""LingBot on the core's media roles (issue 8): its TI2V image is the ``first_frame`` role, an
 image without a role takes it with identical results, other roles and kinds are refused before the model runs,
 and the tiny presets serve small fast defaults while the model keeps its own."""
 

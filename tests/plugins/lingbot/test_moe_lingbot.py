@@ -1,4 +1,4 @@
-"""LingBot MoE FFN (models.md §2.4) against a naive per-token Python loop written from the spec text."""
+"""LingBot MoE FFN against a naive per-token Python loop written from the spec text."""
 
 from __future__ import annotations
 

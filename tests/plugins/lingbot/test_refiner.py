@@ -1,4 +1,4 @@
-"""The MoE package's refiner stage on ``tiny:lingbot-moe`` (models.md §2.3 step 7, §2.5 low-noise schedule):
+"""The MoE package's refiner stage on ``tiny:lingbot-moe``:
 request options, output geometry and fps, the schedule against a hand computation, forward counts, RNG,
 cancellation inside the refiner stage, loading, and the engine's progress over both stages."""
 
@@ -161,7 +161,7 @@ def test_resample_indices_follow_the_reference_budget():
 
 
 def _hand_low_noise(steps: int, shift: float, t: float, tail: int) -> list[float]:
-    """models.md §2.5 written out with plain floats."""
+    """ written out with plain floats."""
     sigma_max, sigma_min = float(np.float32(0.999)), 0.0  # the float32 training sigma (§2.5)
     grid = [sigma_max + (sigma_min - sigma_max) * i / steps for i in range(steps)]  # linspace(max, min, N+1)[:-1]
     shifted = [shift * s / (1 + (shift - 1) * s) for s in grid]

@@ -1,4 +1,4 @@
-"""LingBot request rules: the reference's tables (seed-contracts §8.2–8.6, models.md §2.1–2.2)."""
+"""LingBot request rules: the reference's tables (docs/contracts-status.md C8.2,)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_text_to_image_frame_rules():
 
 # ---------------------------------------------------------------------------------------------- size
 
-REFERENCE_PRESETS = {  # (height, width) exactly as seed-contracts §8.5 lists them
+REFERENCE_PRESETS = {  # (height, width) exactly as docs/contracts-status.md C8.5 lists them
     ("192p", "1:1"): (192, 192), ("192p", "9:16"): (192, 320), ("192p", "16:9"): (320, 192),
     ("192p", "3:4"): (192, 256), ("192p", "4:3"): (256, 192),
     ("480p", "1:1"): (480, 480), ("480p", "9:16"): (480, 832), ("480p", "16:9"): (832, 480),

@@ -1,4 +1,4 @@
-"""FlowUniPC schedule (models.md §2.5): the sigma grid, truncated timesteps, sampler consistency, bf16 t_in."""
+"""FlowUniPC schedule: the sigma grid, truncated timesteps, sampler consistency, bf16 t_in."""
 
 from __future__ import annotations
 

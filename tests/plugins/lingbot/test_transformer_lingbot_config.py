@@ -1,4 +1,4 @@
-"""LingBot DiT config, checkpoint key names (models.md §2.6) and the fp32-kept dtype policy (§2.4)."""
+"""LingBot DiT config, checkpoint key names and the fp32-kept dtype policy (§2.4)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ TINY_DENSE = dict(patch_size=[1, 2, 2], in_channels=4, out_channels=4, hidden_si
 TINY_MOE = dict(TINY_DENSE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
                 n_group=2, topk_group=1, routed_scaling_factor=2.5, mlp_only_layers=[0])
 
-# The config.json keys and defaults as written in models.md §2.4.
+# The config.json keys and defaults
 SPEC_DEFAULTS = {
     "patch_size": (1, 2, 2), "in_channels": 16, "out_channels": 16, "hidden_size": 2048, "num_attention_heads": 16,
     "depth": 24, "intermediate_size": 6144, "text_dim": 2560, "freq_dim": 256, "norm_eps": 1e-6, "rope_theta": 256.0,

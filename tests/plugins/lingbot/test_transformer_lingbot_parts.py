@@ -47,7 +47,7 @@ def test_patchify_rejects_indivisible_shapes():
 
 # ----------------------------------------------------------------------------------------------- RoPE
 def test_positions_video_after_text():
-    # models.md §4: text_len=3, a 1x2x2 grid -> video t = 4, text (1..3, 0, 0)
+    # text_len=3, a 1x2x2 grid -> video t = 4, text (1..3, 0, 0)
     pos = sample_positions((1, 2, 2), 3)
     assert pos.tolist() == [[4, 0, 0], [4, 0, 1], [4, 1, 0], [4, 1, 1], [1, 0, 0], [2, 0, 0], [3, 0, 0]]
     pos = sample_positions((2, 1, 2), 0)

@@ -1,4 +1,4 @@
-"""VAE tiling (models.md §2.7): request options, off by default, the tiled decode against independent references,
+"""VAE tiling: request options, off by default, the tiled decode against independent references,
 and no leaking of one request's setting into another (alone, after each other, or in one batch)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MiniMax-H3 request rules (models.md §1.1–§1.2, seed-contracts §2.3): pure functions, no model."""
+"""MiniMax-H3 request rules: pure functions, no model."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_four_seconds_is_107_frames_and_178_audio_latents():
 
 
 def test_duration_beats_num_frames_and_defaults_per_task():
-    assert resolve(duration=4.0, num_frames=29).num_frames == 107  # seed-contracts: duration overrides num_frames
+    assert resolve(duration=4.0, num_frames=29).num_frames == 107  # docs/contracts-status.md: duration overrides num_frames
     assert resolve(num_frames=120).num_frames == 124
     assert resolve().num_frames == 209
     assert resolve(media=[MediaSummary("image", "reference", size=(512, 512))], deployment=REF2VA,

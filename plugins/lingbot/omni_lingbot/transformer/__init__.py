@@ -1,4 +1,4 @@
-"""The LingBot-Video DiT (models.md §2.4): config, building blocks and the packed-sequence model.
+"""The LingBot-Video DiT: config, building blocks and the packed-sequence model.
 
 Submodules are imported explicitly (``omni_lingbot.transformer.config`` stays torch-free so specs and
 loaders can read a ``config.json`` without importing torch).

@@ -1,4 +1,4 @@
-"""Self-attention of a LingBot block (models.md §2.4) on a packed ``[T, hidden]`` sequence.
+"""Self-attention of a LingBot block on a packed ``[T, hidden]`` sequence.
 
 q/k/v projections -> per-head RMSNorm -> complex RoPE -> a packed attention backend (documents described by an
 ``AttentionMetadata`` with host-int lengths, no mask) -> ``to_out``. The backend is any callable with the signature

@@ -1,4 +1,4 @@
-"""One LingBot transformer block: sandwich norms, tanh-gated residuals, learned ``scale_shift_table`` (§2.4).
+"""One LingBot transformer block: sandwich norms, tanh-gated residuals, learned ``scale_shift_table``.
 
     mod = temb6 + scale_shift_table -> (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp)
     x = x + tanh(gate_msa) * norm_post_attn(attn(norm1(x) * (1 + scale_msa) + shift_msa))

@@ -1,4 +1,4 @@
-"""``LingBotTransformerConfig``: the ``transformer/config.json`` of a LingBot-Video checkpoint (models.md §2.4).
+"""``LingBotTransformerConfig``: the ``transformer/config.json`` of a LingBot-Video checkpoint.
 
 Field names and defaults mirror the diffusers ``register_to_config`` kwargs exactly so a shipped config round-trips;
 defaults are the Dense 1.3B values. Torch-free on purpose.
@@ -87,7 +87,7 @@ class LingBotTransformerConfig:
         return self.num_experts > 0
 
     def is_moe_layer(self, index: int) -> bool:
-        """Whether block ``index`` uses the MoE FFN (the diffusers/Qwen-MoE layer rule of §2.4)."""
+        """Whether block ``index`` uses the MoE FFN."""
         return (
             self.num_experts > 0
             and index not in self.mlp_only_layers

@@ -1,6 +1,6 @@
-"""Input/output embeddings of the LingBot DiT (models.md §2.4): patchify, timestep and text embedders.
+"""Input/output embeddings of the LingBot DiT: patchify, timestep and text embedders.
 
-Module and parameter names match the diffusers checkpoint layout (§2.6): ``time_embedder.linear_{1,2}``,
+Module and parameter names match the diffusers checkpoint layout: ``time_embedder.linear_{1,2}``,
 ``text_embedder.{norm, linear_1, linear_2}``.
 """
 
@@ -15,7 +15,7 @@ from .norm import RMSNorm
 
 
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """Apply ``module`` after casting ``x`` to its weight dtype ("cast at Linear boundaries", §2.4)."""
+    """Apply ``module`` after casting ``x`` to its weight dtype ("cast at Linear boundaries")."""
     return module(x.to(module.weight.dtype))
 
 

@@ -1,4 +1,4 @@
-"""Dense SwiGLU feed-forward (``down_proj(silu(gate_proj(x)) * up_proj(x))``, no biases; models.md §2.4)."""
+"""Dense SwiGLU feed-forward (``down_proj(silu(gate_proj(x)) * up_proj(x))``, no biases)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Where each sample's rows sit in the packed joint sequence (models.md §2.4, "Batch > 1").
+"""Where each sample's rows sit in the packed joint sequence.
 
 Sample ``i`` contributes one document ``[video_i ; text_i]`` (video first, only the real text tokens), documents are
 laid end to end and optionally zero-padded to a multiple of ``pad_to_multiple`` rows. Attention sees the documents

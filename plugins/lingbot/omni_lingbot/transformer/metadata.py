@@ -1,4 +1,4 @@
-"""Per-forward metadata of the LingBot DiT, built once per request branch (models.md §2.7).
+"""Per-forward metadata of the LingBot DiT, built once per request branch.
 
 Everything a forward derives from shapes and the text mask alone — the packed layout (segments, attention metadata,
 padding rows), the RoPE positions and their complex frequencies, and where the real text tokens sit — is the same

@@ -1,4 +1,4 @@
-"""``LingBotVideoTransformer3DModel``: the LingBot-Video DiT on packed joint sequences (models.md §2.4, §2.6).
+"""``LingBotVideoTransformer3DModel``: the LingBot-Video DiT on packed joint sequences.
 
 One forward handles any batch as a single packed sequence: sample ``i`` is the document
 ``[video_i ; text_i (real tokens only)]``; attention isolates documents through ``cu_seqlens`` so batch CFG
@@ -26,8 +26,7 @@ from .norm import FP32LayerNorm, bind_ops
 from .rope import LingBotRotaryEmbedding
 from .sequence_parallel import ShardedLayout
 
-#: Name segments of parameters/buffers kept in fp32 when the model runs in bf16 (models.md §2.4; ``router``
-#: covers the MoE gate weight and ``e_score_correction_bias``).
+#: Name segments of parameters/buffers kept in fp32 when the model runs in bf16.
 KEEP_FP32_MODULES: tuple[str, ...] = (
     "time_embedder", "time_modulation", "scale_shift_table", "norm", "norm1", "norm2", "norm_q", "norm_k",
     "norm_post_attn", "norm_post_ffn", "norm_out", "norm_out_modulation", "router",
@@ -133,7 +132,7 @@ class LingBotVideoTransformer3DModel(nn.Module):
         """The packed layout, RoPE frequencies and real-text index of a forward on these inputs.
 
         Depends only on shapes, the device and the mask's contents, so a pipeline builds it once per request
-        branch and passes it as ``forward(..., metadata=...)`` at every step (models.md §2.7).
+        branch and passes it as ``forward(..., metadata=...)`` at every step.
         """
         if self.sequence_parallel is not None:  # equal row shards on every Ulysses rank
             pad_to_multiple = math.lcm(pad_to_multiple, self.sequence_parallel.ulysses)

@@ -1,4 +1,4 @@
-"""Mixture-of-experts FFN of LingBot MoE blocks (models.md §2.4).
+"""Mixture-of-experts FFN of LingBot MoE blocks.
 
 Routing (``route``): fp32 router logits -> sigmoid (or softmax) scores; experts are *selected* on
 ``scores + e_score_correction_bias`` (optionally group-limited: groups of ``E / n_group`` experts scored by the sum

@@ -1,4 +1,4 @@
-"""Normalisation layers of the LingBot DiT (models.md §0.2, §2.4), computed in fp32 whatever the input dtype.
+"""Normalisation layers of the LingBot DiT, computed in fp32 whatever the input dtype.
 
 RMSNorm runs through the platform op ``rms_norm`` (``omnicore.ops``): the eager reference by default, a backend's
 fused kernel once the model is bound to a platform's op table (:func:`bind_ops`).
@@ -24,7 +24,7 @@ def bind_ops(model: nn.Module, ops: Any) -> nn.Module:
 class RMSNorm(nn.Module):
     """RMSNorm with fp32 statistics and an fp32 weight multiply; returns the input dtype.
 
-    Kept fp32 in bf16 inference (models.md §2.4 lists every norm as fp32-kept), so the multiply is done on
+    Kept fp32 in bf16 inference, so the multiply is done on
     ``weight.float()`` before casting back.
     """
 

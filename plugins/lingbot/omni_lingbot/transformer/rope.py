@@ -1,4 +1,4 @@
-"""Complex 3-axis rotary embedding of the LingBot DiT (models.md §2.4).
+"""Complex 3-axis rotary embedding of the LingBot DiT.
 
 Each head dim is split into (t, h, w) chunks of ``axes_dims``; a chunk's interleaved pairs ``(x[2i], x[2i+1])`` are
 read as one complex number and multiplied by ``exp(i * pos * theta^(-2i/d))``. Frequencies are formed in float64,
@@ -39,7 +39,7 @@ class LingBotRotaryEmbedding(nn.Module):
     """Looks up per-token complex frequencies ``[S, head_dim // 2]`` for integer (t, h, w) positions.
 
     Tables are plain attributes, not buffers: a complex buffer would be mangled by ``model.to(bfloat16)`` and
-    would leak into the checkpoint's state dict, which has no RoPE entries (§2.6).
+    would leak into the checkpoint's state dict, which has no RoPE entries.
     """
 
     def __init__(self, axes_dims: tuple[int, ...], axes_lens: tuple[int, ...], theta: float) -> None:

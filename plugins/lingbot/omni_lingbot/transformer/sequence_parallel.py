@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism for the LingBot DiT (``--parallel ulysses=P``; models.md §2.7).
+"""Ulysses sequence parallelism for the LingBot DiT (``--parallel ulysses=P``).
 
 The packed joint sequence is padded to a multiple of ``P`` rows (padding rows attend nowhere and get no routed MoE
 output, so results do not depend on it) and each rank runs the blocks on its ``T / P`` rows. Per-sample row

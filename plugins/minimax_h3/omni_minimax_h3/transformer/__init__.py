@@ -1,4 +1,4 @@
-"""Our serving DiT for MiniMax-H3 (models.md §1.6, §1.9): interface of record for the rest of the plugin.
+"""Our serving DiT for MiniMax-H3: interface of record for the rest of the plugin.
 
 Names are exported lazily (module ``__getattr__``), so ``omni_minimax_h3.transformer.config`` and this package
 import without torch.
@@ -9,7 +9,7 @@ Config
 ``MiniMaxH3Transformer3DModel`` ``config.json`` exactly — ``num_attention_heads, attention_head_dim, hidden_size,
 num_layers, num_refiner_layers, ffn_dim, in_channels, audio_in_channels, patch_size, text_dim, freq_dim,
 time_embed_hidden_dim, time_embed_dim, rope_freq_dim, rope_theta, norm_eps, qk_norm_eps, final_norm_eps``;
-``from_dict`` (also accepts the official partition's names), ``to_dict``, ``tiny()`` (models.md §1.10), derived
+``from_dict`` (also accepts the official partition's names), ``to_dict``, ``tiny()``, derived
 ``inner_dim``, ``rotary_dim`` (= 6·rope_freq_dim), ``video_patch_dim`` (= 96).
 
 Model
@@ -19,7 +19,7 @@ Model
     packed_mask_free=True, ...))`` (reference SDPA when None); ``ops``: ``options.platform.ops`` (the eager reference
     ops when None). Built by :func:`omni_minimax_h3.loader.load_transformer`; never call diffusers from here.
 
-Per request (branch), once — ``RequestLayout`` (``.layout``) is what the pipeline packs (models.md §1.4)::
+Per request (branch), once — ``RequestLayout`` (``.layout``) is what the pipeline packs::
 
     layout = RequestLayout.build(position_ids, token_tags, video_indices, audio_indices, text_indices,
                                  num_condition_video_rows=0, num_condition_audio_rows=0, seq_align=64)

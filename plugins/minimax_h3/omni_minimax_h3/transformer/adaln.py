@@ -3,7 +3,7 @@
 The core projection offloads its weights by copying them to host memory, which frees device memory on an
 accelerator. When the model itself runs on the CPU that copy frees nothing, so here the weights are *spilled*
 to a temporary safetensors file instead (and read back by ``restore``); everything else — table path, cursor,
-byte accounting, rollback on failure — keeps the core's contract (seed-contracts §1.4). Accelerator-resident
+byte accounting, rollback on failure — keeps the core's contract (docs/contracts-status.md C1.4). Accelerator-resident
 projections use the core behaviour unchanged.
 """
 

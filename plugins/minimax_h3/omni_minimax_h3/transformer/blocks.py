@@ -1,4 +1,4 @@
-"""Building blocks of the MiniMax-H3 DiT (models.md §1.6), named as the official checkpoint names them.
+"""Building blocks of the MiniMax-H3 DiT, named as the official checkpoint names them.
 
 - :class:`SwiGLU` — ``fc1`` (hidden -> 2·ffn, rows ``[gate | up]``) -> ``silu(gate) * up`` -> ``fc2``.
 - :class:`TokenRefinerBlock` — pre-norm attention (no RoPE) + MLP, plain residuals (no AdaLN).

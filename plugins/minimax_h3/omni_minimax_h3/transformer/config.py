@@ -1,8 +1,8 @@
-"""``MiniMaxH3TransformerConfig``: the ``transformer/config.json`` of a MiniMax-H3 DiT (models.md §1.6).
+"""``MiniMaxH3TransformerConfig``: the ``transformer/config.json`` of a MiniMax-H3 DiT.
 
 Field names and defaults are exactly the keyword arguments of diffusers' ``MiniMaxH3Transformer3DModel``
 (``register_to_config``), defaults = the released model, so a diffusers ``config.json`` round-trips through
-:meth:`MiniMaxH3TransformerConfig.from_dict` / :meth:`to_dict`. The official partition layout (§1.7) names the
+:meth:`MiniMaxH3TransformerConfig.from_dict` / :meth:`to_dict`. The official partition layout names the
 same hyper-parameters differently (``token_refiner_num_layers``, ``ffn_hidden_size``, ``latents_dim``, ...);
 :meth:`from_dict` accepts those names too and checks the derived ones (``adaln_out_features`` = 18·H,
 ``final_adaln_out_features`` = 2·H). Keys starting with ``_`` (``_class_name``, ``_diffusers_version``) and a few
@@ -139,7 +139,7 @@ class MiniMaxH3TransformerConfig:
 
     @classmethod
     def tiny(cls, **overrides: Any) -> MiniMaxH3TransformerConfig:
-        """The tiny CPU config of models.md §1.10 (rot_dim 24 <= head_dim 32)."""
+        """The tiny CPU config (rot_dim 24 <= head_dim 32)."""
         base: dict[str, Any] = {
             "num_layers": 2, "num_refiner_layers": 1, "hidden_size": 64, "num_attention_heads": 2,
             "attention_head_dim": 32, "ffn_dim": 128, "in_channels": 24, "audio_in_channels": 32,

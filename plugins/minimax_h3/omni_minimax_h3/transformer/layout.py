@@ -1,9 +1,9 @@
-"""``RequestLayout``: where one request's rows sit in its packed document (models.md §1.4).
+"""``RequestLayout``: where one request's rows sit in its packed document.
 
 The pipeline builds the layout (text, conditioning/reference, audio and video rows, their ``(t, h, w)`` rotary
 positions and modality tags); the DiT only reads it. The fields are exactly what diffusers'
 ``build_packed_sequence`` / ``build_ref2va_packed_sequence`` return, so either may produce them. The document is
-padded with ``pad_rows`` rows to a multiple of ``seq_align`` (``[real | pad]``, §1.9 "Packed varlen").
+padded with ``pad_rows`` rows to a multiple of ``seq_align`` (``[real | pad]``).
 ``latent_grid`` (set with :meth:`RequestLayout.with_latent_grid`) is the ``(frames, height, width)`` token grid of
 the generated video, which both layouts put last (``[text | conditions | audio | video]``); attention planners
 (e.g. the NPU's RainFusion) read it from ``AttentionMetadata.latent_grid``.

@@ -1,4 +1,4 @@
-"""``MiniMaxH3DiT``: the MiniMax-H3 DiT built for serving (models.md §1.6, §1.9).
+"""``MiniMaxH3DiT``: the MiniMax-H3 DiT built for serving.
 
 Compared with a straight port, per request (not per step): the RoPE table and the token-refined text rows
 (:meth:`prepare_request`); per batch: several requests packed into one forward, each its own ``[real | pad]``
@@ -28,7 +28,7 @@ from .plan import BatchPlan, RequestPlan, _pad_tags
 from .rope import H3Rope
 
 #: Module name segments kept in float32 when the model runs in a lower precision (the release checkpoint's
-#: fp32 islands, models.md §1.6).
+#: fp32 islands).
 KEEP_FP32: tuple[str, ...] = ("video_patch_proj", "audio_patch_proj", "time_embedder", "video_out", "audio_out",
                               "rope")
 

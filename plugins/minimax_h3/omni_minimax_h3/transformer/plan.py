@@ -1,4 +1,4 @@
-"""Per-request and per-batch forward plans of the MiniMax-H3 DiT (models.md §1.9 "Packed varlen").
+"""Per-request and per-batch forward plans of the MiniMax-H3 DiT.
 
 :class:`RequestPlan` holds what one request's forwards share at every step: the RoPE table, the token-refined
 text rows, its row indices on the device and the timestep category of every row. :class:`BatchPlan` lays several
@@ -18,7 +18,7 @@ from omnicore.plugin import StepTimesteps, float32_bits
 from .attention import Documents
 from .layout import RequestLayout
 
-#: Row timestep categories (seed-contracts §1.2).
+#: Row timestep categories (docs/contracts-status.md C1.2).
 CAT_VIDEO, CAT_COND_VIDEO, CAT_AUDIO, CAT_REF_AUDIO = 0, 1, 2, 3
 _NCAT = 4
 

@@ -1,4 +1,4 @@
-"""3-axis rotary table of MiniMax-H3 (models.md §1.6): one ``inv_freq`` of ``rope_freq_dim`` frequencies shared by
+"""3-axis rotary table of MiniMax-H3: one ``inv_freq`` of ``rope_freq_dim`` frequencies shared by
 the (t, h, w) axes; angles ``[t·f | h·f | w·f]`` doubled for the rotate-half convention, so the leading
 ``6·rope_freq_dim`` head channels are rotated. Positions are rounded to float32 before the product, as in the
 reference. Built once per request branch (positions do not change across steps).
