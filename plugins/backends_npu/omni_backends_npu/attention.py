@@ -155,8 +155,8 @@ def real_documents(metadata: Any, rows_k: int) -> tuple[list[int], list[int]]:
 def documents_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any,
                      scale: float) -> torch.Tensor:
     """omnicore's extension of the varlen path for layouts the packed resolution does not resolve (several real
-    documents: LingBot's batch CFG, a MiniMax-H3 batch): the offsets are host ints, so the varlen op takes the real documents directly —
-    still no mask — instead of the quadratic masked fallback. Non-causal calls only."""
+    documents: LingBot's batch CFG, a MiniMax-H3 batch): the offsets are host ints, so the varlen op takes the real
+    documents directly — still no mask — instead of the quadratic masked fallback. Non-causal calls only."""
     cu_q, cu_k = real_documents(metadata, k.shape[0])
     for i in range(len(cu_q) - 1):
         if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i]:
