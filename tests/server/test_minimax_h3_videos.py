@@ -86,3 +86,20 @@ def test_all_three_tasks_over_http(srv, client_for):
     r = c.post("/v1/videos/sync", data=BASE, files=files)
     assert r.status_code == 200, r.text
     assert _probe(r.content) == (107, (64, 128), ("aac", 32000, 2))  # ref2va: 16:9 by default
+
+
+def test_a_finished_job_reports_the_length_it_wrote(srv, client_for):
+    """4 s of H3 is 107 frames at 24 fps (its 17n+5 frame rule): the finished job says 4.46, not the 4 asked for."""
+    import time
+
+    c = client_for(srv)
+    job = c.post("/v1/videos", json={**BASE, "model_params": {"aspect_ratio": "1:1"}}).json()
+    assert job["seconds"] == "4"  # as created: what was asked
+    deadline = time.monotonic() + 120
+    while job["status"] in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = c.get(f"/v1/videos/{job['id']}").json()
+    assert job["status"] == "completed", job
+    frames, _, _ = _probe(c.get(f"/v1/videos/{job['id']}/content").content)
+    assert (job["num_frames"], job["fps"]) == (frames, 24) == (107, 24)
+    assert job["seconds"] == f"{107 / 24:.3g}" == "4.46"

@@ -396,13 +396,17 @@ class JobManager:
         completed = time.time()
         ttl = self.settings.job_ttl_s
         params = job.request.params
+        fps = out.fps if out.fps is not None else params.fps
+        # the length of the video written, which the model's frame rule may make longer than the request asked
+        # (H3 at 4 s writes 107 frames at 24 fps: 4.46 s); the request's own value is kept in the stored body
+        seconds = f"{out.num_frames / fps:.3g}" if out.num_frames and fps else None
         try:
             record = self.store.update(
                 live.id, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
             completed_at=int(completed),
             updated_at=int(completed), expires_at=int(completed + ttl) if ttl > 0 else None, cancel_requested=False,
             seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
-            fps=out.fps if out.fps is not None else params.fps, size=f"{out.width}x{out.height}",
+            fps=fps, size=f"{out.width}x{out.height}", **({"seconds": seconds} if seconds else {}),
             step=live.total_steps, total_steps=live.total_steps, timings=self.timings(live, job, completed, save_s),
             usage={"denoise_steps_computed": live.total_steps or 0,
                    "denoise_steps_cached": int(out.metrics.get("denoise_steps_cached", 0) or 0),
