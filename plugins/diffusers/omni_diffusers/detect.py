@@ -75,7 +75,7 @@ def _other_specs() -> tuple[tuple[str, Any], ...]:
             module = import_module(ep.value.partition(":")[0])
             hook = getattr(module, "omnicore_register_models", None)
             if hook is not None:
-                hook(register=lambda spec, **_: found.append((ep.name, spec)))
+                hook(register=lambda spec, _name=ep.name, **_: found.append((_name, spec)))
         except Exception as exc:
             logger.debug("entry point %s could not be read: %s", ep.name, exc)
     return tuple(found)

@@ -82,7 +82,7 @@ class DiffusersPipeline(BasePipeline):
         pipe.set_progress_bar_config(disable=True)
         return cls(pipe, options.platform.device())
 
-    @property  # type: ignore[override]
+    @property
     def spec(self) -> ModelSpec:
         if self._registered is None:
             raise AttributeError("spec")
@@ -99,7 +99,8 @@ class DiffusersPipeline(BasePipeline):
         defaults = registered.defaults if own_defaults else self.card.defaults
         self._spec = attrs.evolve(registered, capabilities=self.card.capabilities, defaults=defaults,
                                   aliases=(*registered.aliases, self.card.class_name.lower()),
-                                  request_fields=self.card.request_fields, description=f"{self.card.class_name} through diffusers ({registered.description})")
+                                  request_fields=self.card.request_fields,
+                                  description=f"{self.card.class_name} through diffusers ({registered.description})")
 
     # ------------------------------------------------------------------ requests
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:
@@ -181,9 +182,8 @@ class DiffusersPipeline(BasePipeline):
         """``max_sequence_length`` capped at the longest tokenizer's ``model_max_length`` (the signature's default
         is meant for the real text encoder; a checkpoint whose tokenizers are shorter would otherwise fail)."""
         default = describe_params(self.pipe)["max_sequence_length"].default
-        lengths = [getattr(t, "model_max_length", None) for n, t in self.pipe.components.items()
-                   if n.startswith("tokenizer")]
-        lengths = [n for n in lengths if isinstance(n, int)]
+        lengths: list[int] = [t.model_max_length for n, t in self.pipe.components.items()
+                              if n.startswith("tokenizer") and isinstance(getattr(t, "model_max_length", None), int)]
         if not lengths or not isinstance(default, int):
             return None
         return min(default, max(lengths))

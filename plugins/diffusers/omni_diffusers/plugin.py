@@ -44,6 +44,8 @@ MODEL_SPEC = ModelSpec(
                 num_inference_steps=4),
         _preset("flux-inpaint", "build_flux_inpaint",
                 "random-weight FluxInpaintPipeline (roles edit_source + mask)", num_inference_steps=4),
+        _preset("sd3", "build_sd3", "random-weight StableDiffusion3Pipeline (1 layer, 3 text encoders)",
+                guidance_scale=7.0),
         _preset("wan", "build_wan", "random-weight WanPipeline (2 layers, text to video)", num_frames=5,
                 guidance_scale=5.0),
     ),

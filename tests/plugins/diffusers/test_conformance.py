@@ -29,6 +29,16 @@ class TestFluxThroughTheAdapter(ModelPluginConformance):
 
 
 @pytest.mark.slow
+class TestSD3ThroughTheAdapter(ModelPluginConformance):
+    """StableDiffusion3Pipeline (classifier-free guidance over three text encoders) end to end."""
+
+    model = "tiny:diffusers-sd3"
+    plugin_module = PLUGIN
+    params = {"height": 32, "width": 32, "num_inference_steps": 2}
+    invalid_params = {"height": 33, "num_frames": 2, "num_inference_steps": 0}
+
+
+@pytest.mark.slow
 class TestWanThroughTheAdapter(ModelPluginConformance):
     """WanPipeline (text to video, 5 frames) end to end."""
 

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from _diffusers_helpers import make_engine
+from PIL import Image
 
 PROMPT = "a red fox in the snow"
 
@@ -248,3 +247,14 @@ def test_what_the_adapter_cannot_do_is_refused_by_name(settings: Any, option: st
     with pytest.raises(OmnicoreError) as info:
         make_engine("tiny:diffusers-flux", settings, **{option: value}).close()
     assert feature in str(info.value), str(info.value)
+
+
+def test_a_modular_only_checkpoint_is_refused_clearly(settings: Any, tmp_path: Path) -> None:
+    from omnicore.errors import UnsupportedFeature
+
+    modular = tmp_path / "modular"
+    modular.mkdir()
+    (modular / "modular_model_index.json").write_text('{"_class_name": "ModularPipeline", "_diffusers_version": '
+                                                      '"0.42.1"}')
+    with pytest.raises(UnsupportedFeature, match="modular pipeline"):
+        make_engine(modular, settings).close()
