@@ -57,15 +57,14 @@ def _loaded_components(model: str, root: Path) -> dict[str, Any]:
             out["refiner"] = lp.refiner
         return out
     from omni_hunyuan.pipeline import HunyuanImage3Pipeline
+    from omni_hunyuan.presets import HEADS
 
-    hp = HunyuanImage3Pipeline.from_pretrained(root, opts)
-    m = hp.model
-    lm = {"model", "lm_head", "timestep_emb", "time_embed", "time_embed_2", "patch_embed", "final_layer",
-          "guidance_emb", "timestep_r_emb"}
-    out = {"transformer": torch.nn.ModuleList([getattr(m, n) for n in sorted(lm) if hasattr(m, n)]),
-           "vae": m.vae}
+    m = HunyuanImage3Pipeline.from_pretrained(root, opts).model
+    out = {"language_model": m.model, "vae": m.vae,
+           "heads": torch.nn.ModuleList([getattr(m, n) for n in HEADS if hasattr(m, n)])}
     if hasattr(m, "vision_model"):
         out["vision"] = torch.nn.ModuleList([m.vision_model, m.vision_aligner])
+    assert _bytes(m) == sum(_bytes(v) for v in out.values())  # the four groups cover the whole model
     return out
 
 

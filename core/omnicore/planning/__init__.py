@@ -12,11 +12,13 @@ and, optionally, real-size presets:
 
 * ``plan_model(root, dtype) -> dict``: ``components`` (name -> meta-device module, cast as the loader casts it),
   ``dit`` (the component denoised with), ``offload_modules`` (the components ``--offload model`` moves, as the
-  pipeline's ``offload_modules`` declares them),
+  pipeline's ``offload_modules`` declares them), optional ``offload_modes`` (default both ``model`` and
+  ``layerwise``),
   ``shape`` (``layers``, ``hidden``, ``heads``, ``head_dim``, ``ffn``, ``block_prefix``), ``quantizable``
   (component -> ``fnmatch`` patterns of linears), ``cfg_capable`` and optional ``provenance`` / ``caches``.
 * ``plan_request(root, request) -> dict``: ``tokens`` (DiT rows per forward and branch), ``cfg_branches``,
-  ``steps`` and ``resolved`` (the request after the model's own rules), optional ``adaln_rows_per_step``.
+  ``steps`` and ``resolved`` (the request after the model's own rules), optional ``adaln_rows_per_step`` and
+  ``cache_elements`` (cache name -> elements in the plan's dtype, e.g. a prompt K/V).
 * ``REAL_PRESETS``: ``{"real:<model>": "module:builder"}``; the builder writes a configs-only repository.
 """
 

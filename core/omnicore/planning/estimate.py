@@ -126,22 +126,32 @@ def tensor_bytes(module: Any) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
-def _quantizable_linears(module: Any, patterns: tuple[str, ...]) -> list[tuple[str, Any]]:
+def quantizable_weights(module: Any, patterns: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """The weights weight-only quantization replaces: the ``weight`` of every ``nn.Linear`` whose qualified name
+    matches a pattern, and any parameter of two or more dims whose own qualified name matches one (stacked
+    expert weights ``[experts, out, in]``)."""
     import torch
 
-    return [(n, m) for n, m in module.named_modules()
-            if isinstance(m, torch.nn.Linear) and any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    found: list[tuple[str, Any]] = []
+    for mod_name, sub in module.named_modules():
+        for leaf, p in sub.named_parameters(recurse=False):
+            full = f"{mod_name}.{leaf}" if mod_name else leaf
+            linear = isinstance(sub, torch.nn.Linear) and leaf == "weight"
+            if (linear and any(fnmatch.fnmatchcase(mod_name, pat) for pat in patterns)) or (
+                    p.dim() >= 2 and any(fnmatch.fnmatchcase(full, pat) for pat in patterns)):
+                found.append((full, p))
+    return found
 
 
 def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1) -> tuple[int, int]:
-    """``(bytes saved, linears)`` when every matching linear's weight becomes 1 byte per element plus one fp32
-    scale per output row (weights divided by ``degree`` approximate a TP shard of them)."""
+    """``(bytes saved, weights)`` when every quantizable weight becomes 1 byte per element plus one float32 scale
+    per output row (``degree`` > 1 approximates a TP shard by dividing the saving)."""
     saved = 0
-    linears = _quantizable_linears(module, patterns)
-    for _, lin in linears:
-        w = lin.weight
-        saved += (w.numel() * w.element_size() - (w.numel() + 4 * w.shape[0])) // degree
-    return saved, len(linears)
+    weights = quantizable_weights(module, patterns)
+    for _, w in weights:
+        rows = w.numel() // w.shape[-1]
+        saved += (w.numel() * w.element_size() - (w.numel() + 4 * rows)) // degree
+    return saved, len(weights)
 
 
 def _tp_plan(module: Any) -> Any:
@@ -234,12 +244,15 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     dit = comps[dit_name]
     shape: Mapping[str, Any] = profile["shape"]
     quantizable: Mapping[str, tuple[str, ...]] = profile.get("quantizable") or {}
-    offloadable: list[str] = list(profile.get("offload_modules") or [dit_name])
     notes = list(extra_notes)
+    offloadable: list[str] = list(profile.get("offload_modules") or [dit_name])
+    offload_modes: list[str] = list(profile.get("offload_modes", ("model", "layerwise")))
+    if len(offload_modes) < 2:
+        notes.append(f"offload: {dit_name} serves only {offload_modes or 'no'} offload mode(s)")
 
     weights = {name: tensor_bytes(m) for name, m in comps.items()}
     components = {name: {"params": sum(p.numel() for p in m.parameters()), "bytes": weights[name],
-                         "quantizable_linears": len(_quantizable_linears(m, tuple(quantizable.get(name, ()))))}
+                         "quantizable_weights": len(quantizable_weights(m, tuple(quantizable.get(name, ()))))}
                   for name, m in comps.items()}
     savings = {q: {name: quantized_saving(m, tuple(quantizable.get(name, ())))[0] for name, m in comps.items()}
                for q in ("int8", "fp8")}
@@ -251,8 +264,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         # one [steps, rows, 6H] table per block, in the DiT dtype (the AdaLN schedule cache)
         cache_bytes["adaln_tables"] = (shape["layers"] * steps * int(request["adaln_rows_per_step"])
                                        * 6 * shape["hidden"] * dtype_bytes)
-    for name, size in dict(request.get("caches") or {}).items():
-        cache_bytes[name] = int(size)
+    for name, elements in dict(request.get("cache_elements") or {}).items():  # e.g. a prompt K/V cache
+        cache_bytes[name] = int(elements) * dtype_bytes
     biggest_block, outside_blocks = block_bytes(dit, str(shape.get("block_prefix", "blocks.")))
     reserve = int(cost.runtime_reserve_gib * GIB)
     host_total = sum(weights.values())
@@ -302,8 +315,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     for quant in QUANTIZATIONS:
         qs = "" if quant == "none" else f"+{quant}"
         add(f"single{qs}", quant=quant)
-        add(f"offload=model{qs}", offload="model", quant=quant)
-        add(f"offload=layerwise{qs}", offload="layerwise", quant=quant)
+        for mode in offload_modes:
+            add(f"offload={mode}{qs}", offload=mode, quant=quant)
         for cfg in cfg_options:
             for ul in [1, *_divisors_up_to(heads, devices // cfg)]:
                 for tp in [1, *tp_ok]:

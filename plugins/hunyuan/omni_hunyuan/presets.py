@@ -120,3 +120,116 @@ def build_tiny_hunyuan_image3(target_dir: str | Path) -> Path:
     """``tiny:hunyuan-image3``: hidden 64, 2 MoE layers (4 experts, top-2, shared MLP), 32-channel VAE,
     one-layer SigLIP2 vision tower; instruct template, 4 steps by default."""
     return build_tiny(target_dir)
+
+
+# ---------------------------------------------------------------------------------------------- real-size configs
+# ``omnicore plan real:hunyuan-image3`` reads this: the release's config.json without weights. The language model
+# is the release config (80,413,470,720 parameters under ``model.``); the nested VAE (32 latent
+# channels, models.md uncertainty 8), SigLIP2 tower and aligner values are ours (so400m-class tower) and are not
+# checked against the checkpoint.
+
+REAL_PRESETS: dict[str, str] = {"real:hunyuan-image3": "omni_hunyuan.presets:build_real_hunyuan_image3"}
+REAL_OVERRIDES: dict[str, Any] = {
+    "vocab_size": 133120, "hidden_size": 4096, "intermediate_size": 3072, "moe_intermediate_size": 3072,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "attention_head_dim": 128,
+    "num_experts": 64, "moe_topk": 8, "num_shared_expert": 1, "patch_embed_hidden_dim": 1024,
+    "image_base_size": 1024,
+}
+REAL_PROVENANCE = {
+    "language_model": "release (80,413,470,720 parameters)",
+    "vae": "latent 32 (models.md: uncertain), block_out_channels 128..1024 x 2 layers: unverified",
+    "vision": "SigLIP2 so400m-class tower (1152 hidden, 27 layers) + mlp_gelu aligner: unverified",
+}
+
+
+def build_real_hunyuan_image3(target_dir: str | Path) -> Path:
+    """``config.json`` + ``generation_config.json`` of the release (no weights, no tokenizer)."""
+    root = Path(target_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    config = {**tiny_config(vocab_size=REAL_OVERRIDES["vocab_size"], base_size=1024), **REAL_OVERRIDES}
+    config["vae"] = {**TINY_VAE, "latent_channels": 32, "block_out_channels": [128, 256, 512, 1024, 1024],
+                     "layers_per_block": 2, "sample_size": 1024, "scaling_factor": 1.0}
+    config["vit"] = {**TINY_VIT, "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+                     "num_attention_heads": 16, "num_patches": 1024}
+    config["vit_processor"] = {**TINY_VIT_PROCESSOR, "max_num_patches": 1024}
+    config["vit_aligner"] = {"projector_type": "mlp_gelu", "input_dim": 1152, "n_embed": 4096, "depth": 2}
+    config["_omnicore_plan"] = {"weights": False, "provenance": REAL_PROVENANCE}
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = {**GENERATION_CONFIG, "diff_infer_steps": 50, "diff_guidance_scale": 2.5}
+    (root / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+    return root
+
+
+# ---------------------------------------------------------------------------------------------- the planner's view
+#: The language model's attention and MLP linears and its stacked expert weights (never the router, norms,
+#: embeddings, the timestep embedders, patch_embed / final_layer, the VAE or the vision tower).
+QUANTIZABLE = {
+    "language_model": ("layers.*.self_attn.qkv_proj", "layers.*.self_attn.o_proj", "layers.*.mlp.*_proj",
+                       "layers.*.mlp.shared_mlp.*_proj", "layers.*.mlp.experts.w_*"),
+}
+#: Top-level modules of HunyuanImage3 outside the language model, the VAE and the vision tower.
+HEADS = ("lm_head", "timestep_emb", "time_embed", "time_embed_2", "guidance_emb", "timestep_r_emb", "patch_embed",
+         "final_layer")
+
+
+def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
+    """The model as :meth:`HunyuanImage3Pipeline.from_pretrained` holds it (everything in ``dtype``, the VAE in
+    float32), built on the meta device and split into the language model, its heads, the VAE and the vision
+    tower."""
+    from .config import HunyuanConfig
+    from .model import HunyuanImage3
+
+    config = HunyuanConfig.from_file(Path(root) / "config.json")
+    with torch.device("meta"):
+        model = HunyuanImage3(config)
+    model.to(dtype=dtype)
+    model.vae.float()
+    components: dict[str, torch.nn.Module] = {
+        "language_model": model.model,
+        "heads": torch.nn.ModuleList([getattr(model, n) for n in HEADS if hasattr(model, n)]),
+        "vae": model.vae,
+    }
+    if hasattr(model, "vision_model"):
+        components["vision"] = torch.nn.ModuleList([model.vision_model, model.vision_aligner])
+    ffn = (config.moe_topk + config.num_shared_expert) * config.moe_intermediate_size
+    raw = json.loads((Path(root) / "config.json").read_text())
+    return {
+        "components": components, "dit": "language_model",
+        "offload_modes": [],  # the pipeline declares neither offload_modules nor a block loop
+        "shape": {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
+                  "heads": config.num_attention_heads, "head_dim": config.attention_head_dim, "ffn": ffn,
+                  "block_prefix": "layers."},
+        "quantizable": QUANTIZABLE, "cfg_capable": not config.cfg_distilled,
+        "provenance": (raw.get("_omnicore_plan") or {}).get("provenance"),
+    }
+
+
+def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
+    """Rows of one diffusion forward: the prompt template (estimated 320 tokens: system prompt and roles, or the
+    prompt's UTF-8 bytes + 64 when a prompt is given) + ``<timestep>`` + the bucket's (H/16)·(W/16) image
+    tokens; two batched rows with CFG. The prompt K/V of the first step is kept for later steps (counted as a
+    cache)."""
+    from omnicore.plugin import SamplingParams
+
+    from .buckets import ResolutionGroup
+    from .config import HunyuanConfig
+    from .plugin import DEFAULTS
+    from .request_rules import check_extra, resolve_guidance, snap_size
+
+    config = HunyuanConfig.from_file(Path(root) / "config.json")
+    SamplingParams(**{k: v for k, v in request.items() if k not in ("extra", "prompt")})  # names a bad field
+    check_extra(dict(request.get("extra") or {}))
+    height = int(request.get("height") or DEFAULTS.height)
+    width = int(request.get("width") or DEFAULTS.width)
+    bucket = snap_size(height, width, ResolutionGroup(config.image_base_size))
+    factor = config.vae_downsample_factor[0] * config.patch_size
+    image = (bucket.height // factor) * (bucket.width // factor)
+    prompt = request.get("prompt")
+    text = (min(len(str(prompt).encode()), 1024) + 64) if prompt else 320
+    guidance, branches = resolve_guidance(request.get("guidance_scale"), config.cfg_distilled)
+    steps = int(request.get("num_inference_steps") or DEFAULTS.num_inference_steps)
+    kv = config.num_hidden_layers * 2 * config.num_key_value_heads * config.attention_head_dim * text * branches
+    return {"tokens": text + 1 + image, "cfg_branches": branches, "steps": steps, "text_tokens": text,
+            "cache_elements": {"prompt_kv": kv},
+            "resolved": {"height": bucket.height, "width": bucket.width, "image_tokens": image,
+                         "text_tokens": text, "guidance_scale": guidance}}

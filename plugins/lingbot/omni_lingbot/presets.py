@@ -178,3 +178,151 @@ def build_tiny_lingbot_moe(target_dir: str | Path) -> Path:
     """``tiny:lingbot-moe``: block 0 dense, block 1 MoE (4 experts, top-2, grouped, one shared expert), plus a
     ``refiner/`` DiT of the same shape with its own weights (the MoE package's optional refiner stage)."""
     return build_tiny(target_dir, TINY_MOE, refiner_config=TINY_MOE)
+
+
+# ---------------------------------------------------------------------------------------------- real-size configs
+# ``omnicore plan real:lingbot`` / ``real:lingbot-moe`` read these: configs and no weights. The dense DiT is the
+# transformer class's defaults; the text encoder is Qwen3-VL-4B's
+# published config; the VAE is diffusers'
+# Wan2.1 ``AutoencoderKLWan`` defaults. The MoE 30B-A3B DiT's values are NOT published in our references
+#: the MoE config below is a same-scale stand-in (about 30B parameters), marked
+# unverified everywhere it is shown — replace it with the checkpoint's transformer/config.json when known.
+
+REAL_PRESETS: dict[str, str] = {"real:lingbot": "omni_lingbot.presets:build_real_lingbot",
+                                "real:lingbot-moe": "omni_lingbot.presets:build_real_lingbot_moe"}
+REAL_TEXT_ENCODER: dict[str, Any] = {
+    "text_config": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                    "max_position_embeddings": 262144, "rope_theta": 5000000.0, "tie_word_embeddings": True,
+                    "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20],
+                                     "mrope_interleaved": True}},
+    "vision_config": {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
+                      "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 2560,
+                      "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17]},
+}
+#: UNVERIFIED stand-in for the 30B-A3B MoE DiT (same family of routing fields as the class supports).
+REAL_MOE_STANDIN: dict[str, Any] = {
+    "hidden_size": 2048, "num_attention_heads": 16, "depth": 48, "intermediate_size": 6144, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 768, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "mlp_only_layers": [0], "score_func": "sigmoid",
+}
+REAL_PROVENANCE: dict[str, dict[str, str]] = {
+    "real:lingbot": {"transformer": "class defaults = Dense 1.3B",
+                     "text_encoder": "Qwen3-VL-4B published config (dims; unverified)",
+                     "vae": "diffusers AutoencoderKLWan defaults = Wan2.1"},
+    "real:lingbot-moe": {"transformer": "UNVERIFIED stand-in: the 30B-A3B config is not in our references",
+                         "refiner": "UNVERIFIED: same stand-in as the transformer",
+                         "text_encoder": "Qwen3-VL-4B published config (unverified)",
+                         "vae": "diffusers AutoencoderKLWan defaults = Wan2.1"},
+}
+
+
+def _build_real(root: Path, dit: dict[str, Any], preset: str, refiner: bool) -> Path:
+    from transformers import Qwen3VLConfig
+
+    from .transformer.config import LingBotTransformerConfig
+
+    cfg = {"_class_name": TRANSFORMER_CLASS, **LingBotTransformerConfig.from_dict(dit).to_dict()}
+    _write_json(root / "transformer" / "config.json", cfg)
+    if refiner:
+        _write_json(root / "refiner" / "config.json", cfg)
+    text = Qwen3VLConfig(**REAL_TEXT_ENCODER, image_token_id=151655, video_token_id=151656,
+                         vision_start_token_id=151652, vision_end_token_id=151653)
+    _write_json(root / "text_encoder" / "config.json", text.to_dict())
+    _write_json(root / "vae" / "config.json", {"_class_name": "AutoencoderKLWan"})
+    (root / "processor").mkdir(parents=True, exist_ok=True)
+    _write_json(root / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
+    _write_json(root / "model_index.json", {"_class_name": PIPELINE_CLASS, "_diffusers_version": "0.42.1",
+                                            "transformer": ["omni_lingbot", TRANSFORMER_CLASS],
+                                            "_omnicore_plan": {"weights": False,
+                                                               "provenance": REAL_PROVENANCE[preset]}})
+    return root
+
+
+def build_real_lingbot(target_dir: str | Path) -> Path:
+    """Configs of the Dense 1.3B release, no weights."""
+    return _build_real(Path(target_dir), {}, "real:lingbot", refiner=False)
+
+
+def build_real_lingbot_moe(target_dir: str | Path) -> Path:
+    """Configs of a 30B-A3B-sized MoE (an unverified stand-in) with its refiner, no weights."""
+    return _build_real(Path(target_dir), REAL_MOE_STANDIN, "real:lingbot-moe", refiner=True)
+
+
+# ---------------------------------------------------------------------------------------------- the planner's view
+QUANTIZABLE = {
+    "transformer": ("blocks.*.attn.to_q", "blocks.*.attn.to_k", "blocks.*.attn.to_v", "blocks.*.attn.to_out",
+                    "blocks.*.ffn.*_proj", "blocks.*.ffn.shared_experts.*_proj"),
+    "refiner": ("blocks.*.attn.to_q", "blocks.*.attn.to_k", "blocks.*.attn.to_v", "blocks.*.attn.to_out",
+                "blocks.*.ffn.*_proj", "blocks.*.ffn.shared_experts.*_proj"),
+    "text_encoder": ("language_model.layers.*.self_attn.*_proj", "language_model.layers.*.mlp.*_proj"),
+}
+
+
+def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
+    """The components as :meth:`LingBotPipeline.from_pretrained` holds them, built on the meta device and cast
+    with the loader's policies (the DiT's fp32 modules, the text encoder's ``.model`` in ``dtype``, the VAE in
+    float32)."""
+    from diffusers import AutoencoderKLWan
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from .loader import cast_for_inference
+    from .transformer.config import LingBotTransformerConfig
+    from .transformer.model import LingBotVideoTransformer3DModel
+
+    root = Path(root)
+    components: dict[str, torch.nn.Module] = {}
+    configs = {}
+    for part in ("transformer", "refiner"):
+        if (root / part / "config.json").is_file():
+            configs[part] = LingBotTransformerConfig.from_dict(json.loads((root / part / "config.json").read_text()))
+            with torch.device("meta"):
+                components[part] = cast_for_inference(LingBotVideoTransformer3DModel(configs[part]), dtype)
+    with torch.device("meta"):
+        te: Any = Qwen3VLForConditionalGeneration(Qwen3VLConfig.from_pretrained(str(root / "text_encoder")))
+        components["text_encoder"] = te.model.to(dtype)
+        components["vae"] = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(root / "vae"))).float()
+    cfg = configs["transformer"]
+    moe = cfg.num_experts > 0
+    ffn = ((cfg.num_experts_per_tok + (cfg.n_shared_experts or 0)) * cfg.moe_intermediate_size if moe
+           else cfg.intermediate_size)
+    index = json.loads((root / "model_index.json").read_text()) if (root / "model_index.json").is_file() else {}
+    return {
+        "components": components, "dit": "transformer",
+        "offload_modules": [k for k in ("transformer", "text_encoder", "refiner") if k in components],
+        "shape": {"layers": cfg.depth, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
+                  "head_dim": cfg.hidden_size // cfg.num_attention_heads, "ffn": ffn, "block_prefix": "blocks."},
+        "quantizable": QUANTIZABLE, "cfg_capable": True,
+        "provenance": (index.get("_omnicore_plan") or {}).get("provenance"),
+    }
+
+
+def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
+    """Sequence sizes under LingBot's rules (4n+1 frames, sizes on the 16 grid, video tokens then text). The
+    text length is the prompt's UTF-8 byte count capped at 512 when given, else 256 (stated, not measured). CFG
+    (guidance > 1) runs two branches; both are counted as one packed batch on an accelerator."""
+    from omnicore.plugin import SamplingParams
+
+    from .plugin import DEFAULTS
+    from .request_rules import resolve_request
+
+    root = Path(root)
+    cfg = json.loads((root / "transformer" / "config.json").read_text())
+    fields = {k: v for k, v in request.items() if k not in ("extra", "prompt", "modalities")}
+    params = SamplingParams(**fields)
+    modalities = request.get("modalities") or (["image"] if params.num_frames == 1 else ["video"])
+    prompt = str(request.get("prompt") or "a plan")
+    r = resolve_request(prompt=prompt, negative_prompt=None, modalities=modalities, num_images=0, num_videos=0,
+                        num_audios=0, params=params, extra=dict(request.get("extra") or {}), defaults=DEFAULTS,
+                        device_type="cuda")
+    pt, ph, pw = cfg.get("patch_size", [1, 2, 2])
+    latent_t = (r.num_frames - 1) // 4 + 1
+    video = (latent_t // pt) * (r.height // 8 // ph) * (r.width // 8 // pw)
+    text = min(len(prompt.encode()), 512) if request.get("prompt") else 256
+    guidance = DEFAULTS.guidance_scale if params.guidance_scale is None else params.guidance_scale
+    steps = params.num_inference_steps or DEFAULTS.num_inference_steps
+    return {"tokens": (video + text) * params.num_outputs, "cfg_branches": 2 if guidance > 1 else 1,
+            "steps": steps, "text_tokens": text,
+            "resolved": {"mode": r.mode, "height": r.height, "width": r.width, "num_frames": r.num_frames,
+                         "latent_frames": latent_t, "video_tokens": video, "text_tokens": text,
+                         "guidance_scale": guidance}}
