@@ -166,10 +166,11 @@ def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degr
     return module
 
 
-def parallelize(module: nn.Module, plan: TensorParallelPlan, mesh: Any) -> nn.Module:
+def parallelize(module: nn.Module, plan: TensorParallelPlan, mesh: Any, stats: Any = None) -> nn.Module:
     """Run ``module``'s sharded linears (after :func:`shard_module`) through DTensor's tensor parallelism over
     ``mesh`` (the TP group's 1-D ``DeviceMesh``): ``ColwiseParallel`` / ``RowwiseParallel`` via
-    ``parallelize_module``, local tensors in and out. Returns ``module``."""
+    ``parallelize_module``, local tensors in and out. ``stats`` (a :class:`~.context.CommStats`) counts each row
+    layer's all-reduce as a ring all-reduce sends it: ``2 (P - 1) / P`` of the output's bytes. Returns ``module``."""
     import torch
     from torch import nn
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -190,9 +191,17 @@ def parallelize(module: nn.Module, plan: TensorParallelPlan, mesh: Any) -> nn.Mo
             dt = DTensor.from_local(p.data, mesh, [placement], run_check=False, shape=shape, stride=stride)
             setattr(sub, p_name, nn.Parameter(dt, requires_grad=False))
         styles[name] = ColwiseParallel() if rule.style == "column" else RowwiseParallel()
+        if stats is not None and rule.style == "row":
+            sub.register_forward_hook(_count_all_reduce(stats, mesh.size()))
     if styles:
         parallelize_module(module, mesh, styles)
     return module
+
+
+def _count_all_reduce(stats: Any, degree: int) -> Callable[..., None]:
+    def hook(_module: Any, _inputs: Any, output: Any) -> None:
+        stats.record("all_reduce", output.numel() * output.element_size() * 2 * (degree - 1) // degree)
+    return hook
 
 
 def read_sharded_state_dict(folder: Path | str, plan: TensorParallelPlan, *, rank: int, degree: int, plugin: str,

@@ -187,9 +187,10 @@ def _regroup(w: torch.Tensor, heads: int, head_dim: int, *, to_grouped: bool) ->
 
 
 def official_to_ours(state: Mapping[str, torch.Tensor], config: MiniMaxH3TransformerConfig, *,
-                     qkv_layout: str = "head_grouped") -> dict[str, torch.Tensor]:
+                     qkv_layout: str = "head_grouped", heads: int | None = None) -> dict[str, torch.Tensor]:
     """Official names are ours; reorder the head-grouped fused qkv to ``[Q; K; V]`` and drop ``rope.inv_freq``
-    (checked against the config's frequencies). ``qkv_layout``: ``"head_grouped"`` (the release) or ``"qkv"``."""
+    (checked against the config's frequencies). ``qkv_layout``: ``"head_grouped"`` (the release) or ``"qkv"``.
+    ``heads``: the heads the tensors hold (a tensor-parallel rank's share; default all of them)."""
     if qkv_layout not in ("head_grouped", "qkv"):
         raise ValueError(f"qkv_layout must be 'head_grouped' or 'qkv', got {qkv_layout!r}")
     out: dict[str, torch.Tensor] = {}
@@ -203,7 +204,8 @@ def official_to_ours(state: Mapping[str, torch.Tensor], config: MiniMaxH3Transfo
                                       f"{config.rope_freq_dim}, rope_theta={config.rope_theta}")
             continue
         if name.endswith("attn.qkv_proj.weight") and qkv_layout == "head_grouped":
-            tensor = _regroup(tensor, config.num_attention_heads, config.attention_head_dim, to_grouped=False)
+            tensor = _regroup(tensor, heads or config.num_attention_heads, config.attention_head_dim,
+                              to_grouped=False)
         out[name] = tensor
     return out
 
@@ -217,8 +219,13 @@ def ours_to_official(state: Mapping[str, torch.Tensor], config: MiniMaxH3Transfo
 # ---------------------------------------------------------------------------------------------- load / save
 def load_transformer(model_dir: Path | str, *, device: Any = "cpu", dtype: torch.dtype = torch.float32,
                      attention: Any = None, ops: Any = None, format: str | None = None,
-                     qkv_layout: str = "head_grouped") -> Any:
-    """Our DiT from a transformer folder of either layout (``format`` detected when None), strictly."""
+                     qkv_layout: str = "head_grouped", tp: tuple[int, int] | None = None) -> Any:
+    """Our DiT from a transformer folder of either layout (``format`` detected when None), strictly.
+
+    ``tp = (rank, degree)``: only that tensor-parallel rank's shard is read (safetensors slices; the other rows
+    never leave the file) into a DiT whose sharded linears have their local shapes
+    (:mod:`.transformer.tensor_parallel`); ``model.tp_bytes_read`` records the bytes read. The model's
+    :meth:`~.transformer.model.MiniMaxH3DiT.enable_tensor_parallel` then joins the shards up."""
     from .transformer.model import MiniMaxH3DiT
 
     model_dir = Path(model_dir)
@@ -230,10 +237,29 @@ def load_transformer(model_dir: Path | str, *, device: Any = "cpu", dtype: torch
     fmt = format or detect_transformer_format(model_dir)
     if fmt not in FORMATS:
         raise CheckpointError(PLUGIN, model_dir, f"format must be one of {FORMATS}, got {fmt!r}", component=part)
-    state = read_state_dict(model_dir, plugin=PLUGIN, component=part)
-    state = diffusers_to_ours(state) if fmt == "diffusers" else official_to_ours(state, config, qkv_layout=qkv_layout)
+    heads = None
+    if tp is None:
+        state = read_state_dict(model_dir, plugin=PLUGIN, component=part)
+    else:
+        from omnicore.plugin import read_sharded_state_dict
+
+        from .transformer.tensor_parallel import checkpoint_plan
+
+        rank, degree = tp
+        state, read = read_sharded_state_dict(model_dir, checkpoint_plan(config, fmt, qkv_layout), rank=rank,
+                                              degree=degree, plugin=PLUGIN, component=part)
+        heads = config.num_attention_heads // degree
+    state = diffusers_to_ours(state) if fmt == "diffusers" else official_to_ours(state, config, qkv_layout=qkv_layout,
+                                                                                 heads=heads)
     with torch.device("meta"):
         model = MiniMaxH3DiT(config, attention=attention, ops=ops)
+    if tp is not None:
+        from omnicore.plugin import shard_module
+
+        from .transformer.tensor_parallel import module_plan
+
+        shard_module(model, module_plan(config), rank=tp[0], degree=tp[1])
+        model.tp_bytes_read = read
     load_strict(model, state, plugin=PLUGIN, path=model_dir, component=part, assign=True)  # no second copy
     del state
     model.rope.reset_parameters()

@@ -182,6 +182,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         device = options.platform.device()
         dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
         ops = getattr(options.platform, "ops", None)
+        parallel = getattr(options, "parallel", None)
+        tp = (parallel.tp_rank, parallel.tp) if parallel is not None and parallel.tp > 1 else None
         transformers = {}
         for part, folder in sorted(dirs.items()):
             attention = None
@@ -190,7 +192,8 @@ class MiniMaxH3Pipeline(BasePipeline):
                 attention = options.attention(AttentionRequirement(
                     platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=cfg.attention_head_dim,
                     packed_varlen=True, packed_mask_free=True))
-            transformers[part] = load_transformer(folder, device=device, dtype=dtype, attention=attention, ops=ops)
+            transformers[part] = load_transformer(folder, device=device, dtype=dtype, attention=attention, ops=ops,
+                                                 tp=tp)
             enable_sparse_attention(transformers[part], sparse_attention_options(options.model_options))
         settings = layout.settings
         text_encoder = H3TextEncoder.from_pretrained(
@@ -208,23 +211,28 @@ class MiniMaxH3Pipeline(BasePipeline):
         pipeline = cls(transformers, text_encoder, video_vae,
                        H3AudioVAE.from_pretrained(layout.audio_vae, device=device), deployment, device=device,
                        dtype=dtype, reference_short_edge=settings.reference_image_short_edge, path=root)
-        pipeline.enable_parallel(getattr(options, "parallel", None))
+        pipeline.enable_parallel(parallel)
         return pipeline
 
     #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
     parallel: Any = None
 
     def enable_parallel(self, ctx: Any) -> None:
-        """Run over a worker group. ``ulysses``: every request's document is padded to a multiple of the degree
-        (pad rows are their own ``[pad]`` document, so no real row sees them) and each DiT runs its blocks on
-        this rank's rows. ``cfg`` is refused: H3 is guidance-distilled (one forward per step, guidance_scale 1),
-        so there is no second branch for a CFG rank to run."""
+        """Run over a worker group. ``tp``: each DiT's attention and MLP linears are split over the TP ranks (a
+        DiT loaded with ``tp=`` read only its shard). ``ulysses``: every request's document is padded to a
+        multiple of the degree (pad rows are their own ``[pad]`` document, so no real row sees them) and each DiT
+        runs its blocks on this rank's rows (of this rank's TP heads). ``cfg`` is refused: H3 is
+        guidance-distilled (one forward per step, guidance_scale 1), so there is no second branch for a CFG rank
+        to run. The text encoder and the VAEs stay replicated."""
         self.parallel = ctx
         if ctx is None:
             return
         if ctx.cfg > 1:
             raise ConfigError("parallel", f"cfg={ctx.cfg}: MiniMax-H3 is guidance-distilled (one DiT forward per "
                                           "step, no unconditional branch); use ulysses or tp")
+        if getattr(ctx, "tp", 1) > 1:
+            for dit in self.transformers.values():
+                dit.enable_tensor_parallel(ctx)
         if ctx.ulysses > 1:
             import math
 

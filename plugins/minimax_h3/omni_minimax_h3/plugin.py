@@ -49,8 +49,9 @@ CAPABILITIES = ModelCapabilities(
     fps_range=(24.0, 24.0),
     frame_rule="17n+5",
     max_frames=frame_limits()[1],  # what the 15 s cap generates on the 17n+5 grid: 362
-    # --parallel: the packed batch's rows sharded over Ulysses ranks; no cfg (guidance-distilled: one branch)
-    parallel=("ulysses",),
+    # --parallel: the packed batch's rows sharded over Ulysses ranks, the DiT's linears split over TP ranks;
+    # no cfg (guidance-distilled: one branch)
+    parallel=("ulysses", "tp"),
 )
 
 DEFAULTS = RequestDefaults(

@@ -78,3 +78,56 @@ def test_ulysses_frames_and_audio_match_single_process(tiny_dir: Path, reference
         stats = engine.group.ctx.stats.snapshot()
         assert stats["calls"]["all_to_all"] > 0 and stats["calls"]["all_gather"] > 0
         _assert_same(_outputs(engine, *PROMPTS), reference["batch"])
+
+
+def test_head_count_the_tp_degree_does_not_divide_is_refused_at_load(tiny_dir: Path) -> None:
+    from omni_minimax_h3.loader import load_transformer
+
+    with pytest.raises(ConfigError, match=r"tp=3 must divide the model's attention heads \(2\)"):
+        load_transformer(tiny_dir / "transformer", tp=(0, 3))
+
+
+def _file_bytes(folder: Path, plan: Any) -> tuple[int, int]:
+    """(bytes of every stored tensor, bytes of those the plan splits), read from the safetensors headers."""
+    from safetensors import safe_open
+
+    total = split = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                t = f.get_slice(name)
+                n = int(np.prod(t.get_shape())) * {"F32": 4, "BF16": 2, "F16": 2}[t.get_dtype()]
+                total += n
+                module, _, param = name.rpartition(".")
+                split += n if plan.param_split(module, param) is not None else 0
+    return total, split
+
+
+@pytest.mark.slow
+def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(tiny_dir: Path,
+                                                                                  reference: Any) -> None:
+    import torch
+    from omni_minimax_h3.loader import detect_transformer_format, read_transformer_config
+    from omni_minimax_h3.transformer.model import MiniMaxH3DiT
+    from omni_minimax_h3.transformer.tensor_parallel import checkpoint_plan, module_plan
+    from omnicore.plugin import local_parameter_bytes, sharded_parameter_bytes
+
+    folder = tiny_dir / "transformer"
+    config = read_transformer_config(folder)
+    with _engine(tiny_dir, "tp=2") as engine:
+        dit = engine.pipeline.transformer
+        assert dit.tensor_parallel.tp == 2 and dit.blocks[0].attn.heads == config.num_attention_heads // 2
+        _assert_same(_outputs(engine, PROMPTS[0]), reference["single"])
+        calls = engine.group.ctx.stats.snapshot()["calls"]
+        # one all-reduce per attention and per MLP, in every DiT block and refiner block, at every step
+        blocks = config.num_layers * PARAMS["num_inference_steps"] + config.num_refiner_layers
+        assert calls["all_reduce"] == 2 * blocks, calls
+        _assert_same(_outputs(engine, *PROMPTS), reference["batch"])
+        # resident parameter bytes of rank 0 = the analytic share; bytes read = the file less half the split rows
+        with torch.device("meta"):
+            meta = MiniMaxH3DiT(config)
+        full = local_parameter_bytes(meta)
+        analytic = sharded_parameter_bytes(meta, module_plan(config), 2)
+        assert local_parameter_bytes(dit) == analytic < full
+        total, split = _file_bytes(folder, checkpoint_plan(config, detect_transformer_format(folder)))
+        assert split > 0 and dit.tp_bytes_read == total - split // 2

@@ -42,6 +42,8 @@ class MiniMaxH3DiT(nn.Module):
 
     #: this rank's omnicore.parallel.ParallelContext when the DiT blocks run Ulysses-sharded (enable_ulysses)
     sequence_parallel: Any = None
+    #: this rank's omnicore.parallel.ParallelContext when the DiT's linears are split (enable_tensor_parallel)
+    tensor_parallel: Any = None
 
     def __init__(self, config: MiniMaxH3TransformerConfig, *, attention: AttentionFn | None = None,
                  ops: Any = None) -> None:
@@ -90,6 +92,28 @@ class MiniMaxH3DiT(nn.Module):
         heads = cast(DiTBlock, self.blocks[0]).attn.heads  # this rank's heads (all of them without TP)
         check_heads(heads, ctx.ulysses)
         self.sequence_parallel = ctx
+
+    def enable_tensor_parallel(self, ctx: Any) -> None:
+        """Split the attention and MLP linears of every block (and of the token refiner) over ``ctx.tp`` ranks
+        (:mod:`.tensor_parallel`'s plan; a head or FFN count the degree does not divide is a ConfigError naming
+        them): a DiT loaded with ``tp=`` already holds its shard, a whole one is narrowed here. Each rank then
+        computes its heads and FFN columns; DTensor's row-parallel linears all-reduce the block outputs."""
+        from omnicore.plugin import parallelize, shard_module
+
+        from .attention import H3Attention
+        from .blocks import SwiGLU
+        from .tensor_parallel import module_plan
+
+        plan = module_plan(self.config)
+        plan.check(ctx.tp)
+        shard_module(self, plan, rank=ctx.tp_rank, degree=ctx.tp)  # no-op for the linears a sharded load made
+        for module in self.modules():
+            if isinstance(module, H3Attention):
+                module.heads, module.inner = module.heads // ctx.tp, module.inner // ctx.tp
+            elif isinstance(module, SwiGLU):
+                module.ffn //= ctx.tp
+        parallelize(self, plan, ctx.tp_mesh, stats=ctx.stats)
+        self.tensor_parallel = ctx
 
     def _block_attention(self) -> PackedAttention:
         """The blocks' attention: :attr:`attention` itself, or under Ulysses the same backend (and sparse
