@@ -1,7 +1,8 @@
 """``omnicore plugins``: what is installed, its status and what it registered — without importing torch.
 
 Also lists every platform with its availability (and the reason when it cannot run here) and the platform ops
-each backend provides (fast kernels registered through ``omnicore_register_ops``).
+each backend provides (fast kernels registered through ``omnicore_register_ops``). ``--check`` also imports every
+registered implementation in a child process (:mod:`omnicore.cli.plugin_check`) and exits 1 when one cannot import.
 
 Every problem (a failed or incompatible plugin, an unknown name in ``OMNICORE_PLUGINS`` /
 ``OMNICORE_DISABLE_PLUGINS``, a duplicate) is printed exactly once, as one ``error:`` line on stderr; stdout
@@ -38,6 +39,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     overrides = _overrides(host)
     platforms = host.platform_availability()
+    checks = None
+    if getattr(args, "check", False):
+        from .plugin_check import check_paths, registered_paths
+
+        checks = check_paths(registered_paths(host))
+        for c in checks:
+            if not c.ok:
+                print(f"error: plugin {c.plugin}: {c.kind} {c.name!r}: cannot import {c.path}: {c.error}",
+                      file=sys.stderr)
+    failed_plugins = {c.plugin for c in checks or () if not c.ok}
     if args.json:
         payload = {
             "plugins": [r.to_json() for r in records],
@@ -47,14 +58,20 @@ def run(args: argparse.Namespace) -> int:
             "overrides": overrides,
             "problems": host.problems,
         }
+        if checks is not None:
+            payload["checks"] = [c.to_json() for c in checks]
         print(json.dumps(payload, indent=2, sort_keys=True))
-        return 0
+        return 1 if failed_plugins else 0
     header = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "IMPORT", "REGISTERS")
     rows = [header]
     for rec in records:
         registers = "; ".join(f"{k}: {', '.join(_labels(host, k, v))}"
                               for k, v in sorted(rec.registered.items())) or "-"
         status = rec.status.upper() if rec.status != LOADED else rec.status
+        if rec.name in failed_plugins:
+            status = "FAILED (--check)"
+        elif checks is not None and rec.status == LOADED:
+            status = "loaded, checked"
         rows.append((rec.name, rec.dist or "-", rec.version or "-", status,
                      f"{rec.import_s * 1000:.1f} ms", registers))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
@@ -64,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"override: {o['kind']} {o['name']!r} from {o['replaced']!r} replaced by {o['by']!r}")
     print()
     _platform_table(platforms)
-    return 0
+    return 1 if failed_plugins else 0
 
 
 def _presets(host: PluginHost) -> list[dict[str, Any]]:
