@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list installed plugins and what they register", allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--requirements", action="store_true", help="print name==version lines to reinstall plugins")
+    p.add_argument("--check", action="store_true",
+                   help="also import every registered implementation (pipelines, platforms, backends, preset "
+                        "builders) in a child process, with torch; a plugin whose code cannot import is reported "
+                        "as FAILED and the exit status is 1 (default: off, nothing heavy is imported)")
 
     g = sub.add_parser("generate", help="generate an image or a video from a prompt", allow_abbrev=False,
                        description="Generate one image or video. Unset sampling flags take the model's defaults "
