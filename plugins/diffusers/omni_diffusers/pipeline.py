@@ -114,12 +114,10 @@ class DiffusersPipeline(BasePipeline):
             raise InvalidRequest("params.num_frames", f"{card.class_name} makes images: num_frames must be 1")
         if card.frame_multiple and (params.num_frames - 1) % card.frame_multiple:
             raise InvalidRequest("params.num_frames", f"must be {card.frame_multiple}n+1 for {card.class_name}")
-        for name in ("num_inference_steps", "guidance_scale"):
-            value = getattr(params, name)
-            if name not in card.parameters:
-                continue
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise InvalidRequest(f"params.{name}", "must be a finite number > 0")
+        guidance = params.guidance_scale  # 0 is legitimate (distilled / turbo pipelines run without guidance)
+        if "guidance_scale" in card.parameters and not (isinstance(guidance, (int, float))
+                                                         and math.isfinite(guidance) and guidance >= 0):
+            raise InvalidRequest("params.guidance_scale", "must be a finite number >= 0")
         if params.flow_shift is not None:
             raise InvalidRequest("params.flow_shift", "diffusers pipelines take their shift from the scheduler "
                                                       "config; flow_shift is not supported")

@@ -232,6 +232,11 @@ def test_unknown_extra_keywords_are_refused_naming_them(engines: Any) -> None:
     with pytest.raises(InvalidRequest) as info:
         engine.generate(PROMPT, seed=1, flow_shift=3.0, **TINY)
     assert info.value.field == "params.flow_shift"
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(InvalidRequest) as info:
+            engine.generate(PROMPT, seed=1, guidance_scale=bad, **TINY)
+        assert info.value.field == "params.guidance_scale"
+    assert engine.generate(PROMPT, seed=1, guidance_scale=0.0, **TINY)  # no guidance is a valid request
 
 
 def test_a_passed_through_keyword_reaches_the_pipeline(engines: Any, direct: Any) -> None:
