@@ -168,3 +168,14 @@ def test_minimax_h3_compiled_with_the_adaln_cache_equals_eager(settings):
         out = eng.generate("rain on a tin roof", **kw)[0]
     assert np.abs(_frames(out) - _frames(ref)).max() <= FRAME_LEVELS
     assert np.abs(np.asarray(out.audio) - np.asarray(ref.audio)).max() <= AUDIO_TOL
+
+
+@pytest.mark.slow
+def test_hunyuan_compiled_equals_eager_within_tolerance(settings):
+    kw = dict(num_inference_steps=2, seed=1)
+    with engine(settings, "tiny:hunyuan-image3") as eng:
+        ref = eng.generate("a cat", **kw)[0]
+    with engine(settings, "tiny:hunyuan-image3", compile=True) as eng:
+        assert eng.compile_handle is not None and eng.compile_handle.classes == ("DecoderLayer",)
+        out = eng.generate("a cat", **kw)[0]
+    assert np.abs(_frames(out) - _frames(ref)).max() <= FRAME_LEVELS

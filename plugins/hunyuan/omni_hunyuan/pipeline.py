@@ -147,6 +147,10 @@ class HunyuanImage3Pipeline(BasePipeline):
         """The VAE's request gate: the engine turns it on around ``quality="high"`` batches only."""
         return [fast_path_gate(self.model.vae)]
 
+    #: The decoder layers ``--compile`` compiles one by one (one graph family for every layer; the span attention
+    #: runs outside the graphs).
+    compile_regions = ("model.model.layers",)
+
     @property
     def vit_processor(self) -> Any:
         if self._vit_processor is None:
