@@ -21,7 +21,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python core/pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e "core[serve,test]" $(addprefix -e ,$(PLUGIN_DIRS))
+	$(BIN)/python -m pip install -q -e "core[serve,test,quantization]" $(addprefix -e ,$(PLUGIN_DIRS))
 	@# the playground's browser tests drive Debian's chromium (never a browser Playwright downloads); as root with
 	@# apt-get it is installed here, elsewhere those tests skip with one line
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \

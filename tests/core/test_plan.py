@@ -172,7 +172,8 @@ def test_quantized_rows_and_placements_follow_the_rules(cache: Path) -> None:
     rows = {p.name: p for p in plan.placements}
     assert not any(p.fits for p in plan.placements) and plan.auto is None
     assert sum(rows["single+int8"].weights.values()) < sum(rows["single"].weights.values())
-    assert rows["single+int8"].weights == rows["single+fp8"].weights
+    int8, fp8 = sum(rows["single+int8"].weights.values()), sum(rows["single+fp8"].weights.values())
+    assert fp8 <= int8  # the same bytes, less torchao's int8 zero point (one byte per row) when it is installed
     assert rows["ulysses=2"].weights == rows["single"].weights
     assert rows["ulysses=2"].activations * 2 == pytest.approx(rows["single"].activations, rel=0.01)
     text = format_table(plan, show_all=True)

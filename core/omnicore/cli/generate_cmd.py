@@ -79,7 +79,7 @@ def input_flags(args: argparse.Namespace) -> list[str]:
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The Engine keywords shared by ``generate`` and ``serve`` (caches, offload, model options, VAE precision,
-    parallel layout, compilation)."""
+    parallel layout, compilation, quantization)."""
     from ..engine.model_options import parse_option_args
     from ..parallel.config import ParallelConfig
 
@@ -88,7 +88,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "model_options": parse_option_args(getattr(args, "model_option", None) or ()),
             "vae_decode_precision": getattr(args, "vae_decode_precision", None),
             "parallel": ParallelConfig.parse(getattr(args, "parallel", None)),  # malformed: fails here
-            "compile": getattr(args, "compile", "none") or "none"}
+            "compile": getattr(args, "compile", "none") or "none",
+            # only when asked for, so an engine without quantization sees the keywords it always did
+            **({"quantization": args.quantization} if getattr(args, "quantization", None) not in (None, "none")
+               else {})}
 
 
 def output_type_for(path: str) -> str:

@@ -78,6 +78,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "on NPU): cfg=2 puts the two guidance branches on two ranks, ulysses=N shards the sequence "
                         "over N ranks; e.g. cfg=2,ulysses=2 (4 processes). Under torchrun, attaches to its ranks "
                         "(default: one process)")
+    g.add_argument("--quantization", choices=("none", "int8", "fp8"), default="none",
+                   help="weight-only quantization of the model's DiT-block and text-encoder linears (per output "
+                        "channel, float32 scales; torchao when installed, else a reference implementation); "
+                        "`omnicore plan` shows what it saves (default: none)")
     g.add_argument("--compile", nargs="?", const="blocks", default="none",
                    choices=("none", "blocks", "blocks-cudagraphs"),
                    help="regional torch.compile of the model's repeated transformer blocks (one compiled graph per "

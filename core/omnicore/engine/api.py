@@ -93,6 +93,8 @@ class Engine:
         worker processes on ``torch.distributed`` (see :mod:`omnicore.parallel`); this process is rank 0. Under
         ``torchrun`` the other ranks serve the group from inside ``Engine(...)`` and exit when it closes. Workers
         are spawned, so they import the caller's main module: scripts guard it with ``if __name__ == "__main__"``.
+    :param quantization: ``"int8"`` or ``"fp8"``: weight-only per-output-channel quantization of the linears the
+        model declares (its DiT blocks and text encoder; see :mod:`omnicore.quantization`), after loading.
     :param compile: ``True``/``"blocks"``: regional ``torch.compile`` of the model's repeated blocks (one compiled
         graph per block class, see :mod:`omnicore.regional_compile`); ``"blocks-cudagraphs"`` adds CUDA graphs (cuda
         platform only). Refused with offload and ``parallel``, before anything loads.
@@ -104,7 +106,10 @@ class Engine:
                  settings: Settings | None = None, platform: str | Platform | None = None,
                  cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
                  model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None,
-                 parallel: Any = None, compile: bool | str = False) -> None:
+                 parallel: Any = None, compile: bool | str = False, quantization: str | None = None) -> None:
+        from ..quantization import check_mode
+
+        self.quantization = check_mode(quantization)  # a bad mode fails before anything loads
         if host is None:
             from ..plugins.host import default_host
 
@@ -114,6 +119,9 @@ class Engine:
         if offload not in OFFLOAD_MODES:
             raise InvalidRequest("offload", f"must be one of {list(OFFLOAD_MODES)}, got {offload!r}")
         self.parallel = ParallelConfig.parse(parallel)  # a malformed layout fails before anything loads
+        if self.quantization is not None and self.parallel.enabled:
+            raise InvalidRequest("quantization", "not supported with parallel yet (the worker ranks load "
+                                                 "unquantized weights); drop one of them")
         self.compile_mode = normalize_compile(compile)
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
         host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
@@ -147,6 +155,11 @@ class Engine:
                                          or host.settings.attention_backend, self._attention_requests)
         if getattr(self.pipeline, "host", None) is None:
             self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
+        self.quantization_report: dict[str, Any] = {}
+        if self.quantization is not None:  # before offload and caches, which then move the quantized weights
+            from ..quantization import apply_to_pipeline
+
+            self.quantization_report = apply_to_pipeline(self.pipeline, self.resolved.spec, self.quantization)
         self.offload_handles: list[Any] = []
         self.cache_handles: list[Any] = []
         self.compile_handle: RegionalCompile | None = None

@@ -5,7 +5,8 @@ the plugin's ``plan_model`` built it on the meta device, cast as its loader cast
 the same dtype agree to the byte; a test checks this on every tiny preset). Tensor parallel divides the linears
 a DiT's ``tensor_parallel_plan`` names with :func:`omnicore.parallel.tensor_parallel.sharded_parameter_bytes`,
 the same rules the loader applies. Weight-only int8 / fp8 replaces each quantizable linear's weight by one byte
-per element plus one float32 scale per output channel (the bias keeps its dtype).
+per element plus one float32 scale per output channel (torchao's int8 adds a one-byte zero point per channel;
+the bias keeps its dtype).
 
 **Activations (estimate).** For a DiT forward over ``S`` rows (per rank) in a ``b``-byte dtype, the peak inside
 a block is taken as ``S * b * (4 * H + max(6 * I, 3 * F))`` with ``H`` the hidden size, ``I`` = heads x head_dim
@@ -143,14 +144,21 @@ def quantizable_weights(module: Any, patterns: tuple[str, ...]) -> list[tuple[st
     return found
 
 
-def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1) -> tuple[int, int]:
-    """``(bytes saved, weights)`` when every quantizable weight becomes 1 byte per element plus one float32 scale
-    per output row (``degree`` > 1 approximates a TP shard by dividing the saving)."""
+def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1, mode: str = "int8") -> tuple[int, int]:
+    """``(bytes saved, weights)`` when every quantizable weight becomes 1 byte per element plus its per-row
+    overhead (a float32 scale; torchao's int8 adds a zero point: :func:`omnicore.quantization.row_overhead`);
+    ``degree`` > 1 approximates a TP shard by dividing the saving."""
+    import torch
+
+    from ..quantization import row_overhead
+
     saved = 0
     weights = quantizable_weights(module, patterns)
+    linear_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
     for _, w in weights:
         rows = w.numel() // w.shape[-1]
-        saved += (w.numel() * w.element_size() - (w.numel() + 4 * rows)) // degree
+        extra = row_overhead(mode, stacked=id(w) not in linear_weights)
+        saved += (w.numel() * w.element_size() - (w.numel() + extra * rows)) // degree
     return saved, len(weights)
 
 
@@ -254,8 +262,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     components = {name: {"params": sum(p.numel() for p in m.parameters()), "bytes": weights[name],
                          "quantizable_weights": len(quantizable_weights(m, tuple(quantizable.get(name, ()))))}
                   for name, m in comps.items()}
-    savings = {q: {name: quantized_saving(m, tuple(quantizable.get(name, ())))[0] for name, m in comps.items()}
-               for q in ("int8", "fp8")}
+    savings = {q: {name: quantized_saving(m, tuple(quantizable.get(name, ())), mode=q)[0]
+                   for name, m in comps.items()} for q in ("int8", "fp8")}
     rows = int(request["tokens"])
     branches = int(request.get("cfg_branches", 1))
     steps = int(request.get("steps", 1))
@@ -280,7 +288,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             shard = tp_dit_bytes(dit, tp)
             if shard is None:
                 return
-            saved = quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp)[0] if quant != "none" else 0
+            saved = (quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp, mode=quant)[0]
+                     if quant != "none" else 0)
             per[dit_name] = shard - saved
         resident = dict(per)
         host_traffic = 0

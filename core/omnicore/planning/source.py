@@ -81,7 +81,7 @@ def header_parameters(root: Path, counter: ByteCounter | None = None) -> dict[st
     return out
 
 
-def _profile_module(spec: ModelSpec) -> Any:
+def profile_module(spec: ModelSpec) -> Any:
     """The module of the spec's tiny presets, which holds its planning functions (``None`` if it has none)."""
     for preset in spec.presets:
         module = importlib.import_module(preset.builder.partition(":")[0])
@@ -95,7 +95,7 @@ def real_presets(host: PluginHost) -> dict[str, tuple[ModelSpec, str]]:
     found: dict[str, tuple[ModelSpec, str]] = {}
     for spec in host.models:
         try:
-            module = _profile_module(spec)
+            module = profile_module(spec)
         except ImportError:
             continue
         for name, builder in dict(getattr(module, "REAL_PRESETS", {}) or {}).items():
@@ -126,7 +126,7 @@ def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSour
                                           "checkpoint directory (plan reads local configs only)")
         spec = detect_spec(host, root)
         kind = "local"
-    profile = _profile_module(spec)
+    profile = profile_module(spec)
     if profile is None:
         raise InvalidRequest("model", f"model {spec.name} ({spec.provider}) does not describe itself to the planner "
                                       "(its presets module has no plan_model / plan_request)")

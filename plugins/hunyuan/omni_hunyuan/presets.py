@@ -233,3 +233,8 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
             "cache_elements": {"prompt_kv": kv},
             "resolved": {"height": bucket.height, "width": bucket.width, "image_tokens": image,
                          "text_tokens": text, "guidance_scale": guidance}}
+
+
+def quantization_targets(pipeline: Any) -> dict[str, tuple[torch.nn.Module, tuple[str, ...]]]:
+    """The language model (attention and MLP linears, stacked experts) for ``--quantization``."""
+    return {"language_model": (pipeline.model.model, QUANTIZABLE["language_model"])}

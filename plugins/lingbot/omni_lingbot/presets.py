@@ -326,3 +326,13 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
             "resolved": {"mode": r.mode, "height": r.height, "width": r.width, "num_frames": r.num_frames,
                          "latent_frames": latent_t, "video_tokens": video, "text_tokens": text,
                          "guidance_scale": guidance}}
+
+
+def quantization_targets(pipeline: Any) -> dict[str, tuple[torch.nn.Module, tuple[str, ...]]]:
+    """The loaded pipeline's modules under the names and patterns of :data:`QUANTIZABLE` (``--quantization``);
+    the routed experts (``experts.w1/w2/w3``, grouped matmuls) are not quantized."""
+    out = {"transformer": (pipeline.transformer, QUANTIZABLE["transformer"]),
+           "text_encoder": (pipeline.text_encoder.model, QUANTIZABLE["text_encoder"])}
+    if pipeline.refiner is not None:
+        out["refiner"] = (pipeline.refiner, QUANTIZABLE["refiner"])
+    return out

@@ -350,3 +350,12 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
                          "latent_frames": r.num_latent_frames, "audio_latents": r.num_audio_latents,
                          "video_rows": video, "audio_rows": audio, "text_rows": text, "padded_rows": rows,
                          "num_outputs": r.num_outputs}}
+
+
+def quantization_targets(pipeline: Any) -> dict[str, tuple[torch.nn.Module, tuple[str, ...]]]:
+    """The loaded pipeline's modules under the names and patterns of :data:`QUANTIZABLE` (``--quantization``)."""
+    out: dict[str, tuple[torch.nn.Module, tuple[str, ...]]] = {}
+    for part, dit in pipeline.transformers.items():
+        out["transformer" if part == "fl2va" else "transformer_ref"] = (dit, QUANTIZABLE["transformer"])
+    out["text_encoder"] = (pipeline.text_encoder.model, QUANTIZABLE["text_encoder"])
+    return out

@@ -1,0 +1,249 @@
+"""Weight-only quantization (``--quantization int8|fp8``, ``Engine(quantization=...)``).
+
+Each selected weight ``W [out, in]`` is stored as one byte per element plus one float32 scale per output row
+(per-output-channel, symmetric): ``s = max|W_row| / qmax`` with ``qmax`` = 127 (int8) or 448 (fp8 e4m3), ``Q =
+round(W / s)`` (int8, clamped to ±127) or ``(W / s).to(float8_e4m3fn)``; the forward uses ``Q * s`` cast to the
+activation dtype. Only the weights a model names are touched (the linears of its DiT blocks and text encoder,
+and stacked expert tensors ``[E, out, in]``); norms, embeddings, final layers and AdaLN projections never are, so
+the AdaLN schedule cache builds its tables from the exact projection.
+
+Two implementations of the same math:
+
+* ``torchao`` (preferred for ``nn.Linear`` when installed: ``quantize_`` with ``Int8WeightOnlyConfig`` /
+  ``Float8WeightOnlyConfig``, which have CPU paths);
+* ``reference`` (:class:`WeightOnlyLinear`, :func:`quantize_stacked_`): plain torch, used for stacked expert
+  tensors always and for linears when torchao is absent or ``backend="reference"``. On CUDA devices with FP8
+  support its fp8 linears may use ``torch._scaled_mm`` with a dynamic per-row activation scale
+  (``fast_fp8=True``) — **unverified here** (no GPU measured).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import InvalidRequest
+
+MODES = ("int8", "fp8")
+BACKENDS = ("auto", "torchao", "reference")
+_QMAX = {"int8": 127.0, "fp8": 448.0}
+
+
+def check_mode(mode: str | None) -> str | None:
+    """``None``/``"none"`` -> ``None``; else one of :data:`MODES` (a clear error naming ``quantization``)."""
+    if mode in (None, "none"):
+        return None
+    if mode not in MODES:
+        raise InvalidRequest("quantization", f"must be one of {['none', *MODES]}, got {mode!r}")
+    return mode
+
+
+def quantize_tensor(w: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Q, scale)`` of ``w [..., out, in]``: per-output-row symmetric scales (float32, shape ``[..., out]``)."""
+    wf = w.detach().float()
+    scale = wf.abs().amax(dim=-1).clamp(min=1e-12) / _QMAX[mode]
+    scaled = wf / scale[..., None]
+    if mode == "int8":
+        return scaled.round().clamp(-127, 127).to(torch.int8), scale
+    return scaled.to(torch.float8_e4m3fn), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale[..., None]).to(dtype)
+
+
+class WeightOnlyLinear(nn.Module):
+    """An ``nn.Linear`` whose weight is int8 or fp8 with float32 per-row scales, dequantized in ``forward``."""
+
+    def __init__(self, linear: nn.Linear, mode: str, *, fast_fp8: bool = False) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.mode = linear.in_features, linear.out_features, mode
+        q, scale = quantize_tensor(linear.weight, mode)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
+        self.bias = linear.bias
+        self.compute_dtype = linear.weight.dtype
+        self.fast_fp8 = fast_fp8
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (what the forward multiplies by; for code that reads ``.weight``)."""
+        return dequantize(self.qweight, self.scale, self.compute_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast_fp8 and self.mode == "fp8" and x.is_cuda:  # pragma: no cover - unverified, needs an FP8 GPU
+            return _scaled_mm_fp8(x, self.qweight, self.scale, self.bias)
+        return F.linear(x, dequantize(self.qweight, self.scale, x.dtype), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}"
+
+
+def _scaled_mm_fp8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:  # pragma: no cover - unverified on GPU
+    """Dynamic-activation FP8 matmul: per-row activation scales, the weight's per-row scales (cuBLASLt)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    xs = x2.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448.0
+    xq = (x2.float() / xs).to(torch.float8_e4m3fn)
+    out = torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=scale[None, :].float(), out_dtype=x.dtype,
+                           bias=bias.to(x.dtype) if bias is not None else None)
+    return out.reshape(*shape[:-1], q.shape[0])
+
+
+class _StackView:
+    """Stands in for a stacked ``[E, out, in]`` parameter: ``view[e]`` is expert ``e``'s dequantized weight. The
+    int8/fp8 data and scales are buffers of the owning module (so ``.to()`` and state dicts see them)."""
+
+    def __init__(self, module: nn.Module, name: str, dtype: torch.dtype) -> None:
+        self._module = weakref.ref(module)
+        self._name, self.dtype = name, dtype
+
+    def _parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        module = self._module()
+        assert module is not None
+        return getattr(module, f"{self._name}_q"), getattr(module, f"{self._name}_scale")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._parts()[0].shape
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        q, s = self._parts()
+        return dequantize(q[index], s[index], self.dtype)
+
+
+def quantize_stacked_(module: nn.Module, name: str, mode: str) -> None:
+    """Replace ``module.<name>`` (a parameter ``[E, out, in]``) by int8/fp8 buffers and a dequantizing view."""
+    param = getattr(module, name)
+    q, scale = quantize_tensor(param, mode)
+    dtype = param.dtype
+    del module._parameters[name]
+    module.register_buffer(f"{name}_q", q)
+    module.register_buffer(f"{name}_scale", scale)
+    object.__setattr__(module, name, _StackView(module, name, dtype))
+
+
+@attrs.frozen
+class QuantReport:
+    """What :func:`quantize_module` did: the mode, the backend per weight kind and the weights replaced."""
+
+    mode: str
+    linear_backend: str
+    linears: tuple[str, ...]
+    stacked: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "linear_backend": self.linear_backend, "linears": len(self.linears),
+                "stacked": len(self.stacked)}
+
+
+def _torchao_config(mode: str) -> Any:
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig
+
+    return Int8WeightOnlyConfig() if mode == "int8" else Float8WeightOnlyConfig()
+
+
+def torchao_available() -> bool:
+    try:
+        import torchao.quantization  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def select(module: nn.Module, patterns: Iterable[str]) -> tuple[list[str], list[tuple[nn.Module, str, str]]]:
+    """Names of the matching ``nn.Linear`` modules, and ``(owner, leaf, full name)`` of matching stacked
+    parameters (two or more dims, not a Linear's weight)."""
+    pats = tuple(patterns)
+    linears, stacked = [], []
+    for mod_name, sub in module.named_modules():
+        if isinstance(sub, nn.Linear):
+            if any(fnmatch.fnmatchcase(mod_name, p) for p in pats):
+                linears.append(mod_name)
+            continue
+        for leaf, p in sub.named_parameters(recurse=False):
+            full = f"{mod_name}.{leaf}" if mod_name else leaf
+            if p.dim() >= 2 and any(fnmatch.fnmatchcase(full, pat) for pat in pats):
+                stacked.append((sub, leaf, full))
+    return linears, stacked
+
+
+def quantize_module(module: nn.Module, mode: str, patterns: Iterable[str], *, backend: str = "auto",
+                    fast_fp8: bool = False) -> QuantReport:
+    """Quantize, in place, the linears and stacked weights of ``module`` that ``patterns`` name."""
+    mode = check_mode(mode) or ""
+    if not mode:
+        raise InvalidRequest("quantization", "quantize_module needs int8 or fp8")
+    if backend not in BACKENDS:
+        raise InvalidRequest("quantization_backend", f"must be one of {list(BACKENDS)}, got {backend!r}")
+    linears, stacked = select(module, patterns)
+    use_torchao = backend == "torchao" or (backend == "auto" and torchao_available() and not fast_fp8)
+    if backend == "torchao" and not torchao_available():
+        raise InvalidRequest("quantization_backend", "torchao is not installed (pip install torchao)")
+    if linears and use_torchao:
+        from torchao.quantization import quantize_
+
+        chosen = set(linears)
+        quantize_(module, _torchao_config(mode), filter_fn=lambda m, fqn: fqn in chosen)
+    elif linears:
+        for name in linears:
+            parent_name, _, leaf = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, leaf, WeightOnlyLinear(getattr(parent, leaf), mode, fast_fp8=fast_fp8))
+    for owner, leaf, _ in stacked:
+        quantize_stacked_(owner, leaf, mode)
+    return QuantReport(mode=mode, linear_backend="torchao" if use_torchao else "reference",
+                       linears=tuple(linears), stacked=tuple(full for _, _, full in stacked))
+
+
+def resident_bytes(module: nn.Module) -> int:
+    """Bytes the module's parameters and buffers occupy, looking inside tensor subclasses (torchao's quantized
+    tensors hold their int8/fp8 data and scales as inner tensors)."""
+    seen: set[int] = set()
+
+    def size(t: torch.Tensor) -> int:
+        flatten = getattr(type(t), "__tensor_flatten__", None)
+        if flatten is not None and type(t) not in (torch.Tensor, nn.Parameter):
+            names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+            return sum(size(getattr(t, n)) for n in names)
+        if id(t) in seen:
+            return 0
+        seen.add(id(t))
+        return t.numel() * t.element_size()
+
+    return sum(size(t) for t in [*module.parameters(), *module.buffers()])
+
+
+def quantize_pipeline(pipeline: Any, targets: Mapping[str, tuple[nn.Module, tuple[str, ...]]], mode: str, *,
+                      backend: str = "auto") -> dict[str, QuantReport]:
+    """Quantize each ``targets`` entry (component name -> (module, patterns)) of a loaded pipeline."""
+    return {name: quantize_module(module, mode, patterns, backend=backend)
+            for name, (module, patterns) in targets.items()}
+
+
+def apply_to_pipeline(pipeline: Any, spec: Any, mode: str, *, backend: str = "auto") -> dict[str, QuantReport]:
+    """Quantize a loaded pipeline with the targets its model plugin declares (``quantization_targets(pipeline)``
+    in the module of its presets, next to the planner's ``QUANTIZABLE``); a model declaring none is refused."""
+    from ..errors import UnsupportedFeature
+    from ..planning.source import profile_module
+
+    profile = profile_module(spec)
+    targets_fn = getattr(profile, "quantization_targets", None) if profile is not None else None
+    if targets_fn is None:
+        raise UnsupportedFeature("quantization", f"model {spec.name!r} declares no quantizable modules")
+    return quantize_pipeline(pipeline, targets_fn(pipeline), mode, backend=backend)
+
+
+def row_overhead(mode: str, *, stacked: bool = False, backend: str = "auto") -> int:
+    """Bytes per output row beyond the 1-byte elements, as the chosen backend stores them: a float32 scale
+    (ours, torchao's fp8), plus torchao's int8 zero point (one byte) for int8 linears."""
+    linear_torchao = backend == "torchao" or (backend == "auto" and torchao_available())
+    return 5 if (mode == "int8" and linear_torchao and not stacked) else 4
