@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,17 @@ def is_diffusers_class(name: str) -> bool:
     return name in getattr(diffusers, "_import_structure", {}).get("pipelines", ()) or name in dir(diffusers)
 
 
+def _names(variable: str) -> frozenset[str] | None:
+    value = os.environ.get(variable)
+    return None if value is None else frozenset(n.strip().lower() for n in value.split(",") if n.strip())
+
+
 def dedicated_claimant(path: str | Path, class_name: str) -> str | None:
-    """The name of another installed plugin's model that claims ``path`` (alias or detector), or ``None``."""
-    for entry, spec in _other_specs():
+    """The name of another installed plugin's model that claims ``path`` (alias or detector), or ``None``.
+
+    Plugins the user's ``OMNICORE_PLUGINS`` / ``OMNICORE_DISABLE_PLUGINS`` lists keep from loading are not asked:
+    the adapter must not step aside for a plugin that will not be there to serve the checkpoint."""
+    for entry, spec in _other_specs(_names("OMNICORE_PLUGINS"), _names("OMNICORE_DISABLE_PLUGINS") or frozenset()):
         if class_name.lower() in (spec.name, *(a.lower() for a in spec.aliases)):
             return f"{spec.name} ({entry})"
         if spec.detect is not None:
@@ -62,14 +71,16 @@ def dedicated_claimant(path: str | Path, class_name: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=1)
-def _other_specs() -> tuple[tuple[str, Any], ...]:
+@lru_cache(maxsize=8)
+def _other_specs(allow: frozenset[str] | None, deny: frozenset[str]) -> tuple[tuple[str, Any], ...]:
     from importlib import import_module
     from importlib.metadata import entry_points
 
     found: list[tuple[str, Any]] = []
     for ep in entry_points(group="omnicore"):
-        if ep.name == OWN_ENTRY_POINT:
+        dist = (ep.dist.name if ep.dist is not None else "").lower()
+        names = {ep.name.lower(), dist}
+        if ep.name == OWN_ENTRY_POINT or "*" in deny or names & deny or (allow is not None and not names & allow):
             continue
         try:
             module = import_module(ep.value.partition(":")[0])

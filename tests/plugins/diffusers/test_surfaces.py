@@ -107,16 +107,17 @@ def test_dedicated_plugins_win_over_the_adapter(flux_dir: Path, wan_dir: Path, t
                                                                     "Version: 0.1\n")
     (site / "fake_dedicated-0.1.dist-info" / "entry_points.txt").write_text(
         "[omnicore]\nfake_dedicated = fake_dedicated\n")
-    script = ("import sys; from omnicore.config import Settings; from omnicore.plugins import PluginHost; "
-              "from omnicore.engine.loading import resolve_model; s = Settings(); h = PluginHost(s); "
+    script = ("import sys; from omnicore.plugins import PluginHost; "  # settings from the environment
+              "from omnicore.engine.loading import resolve_model; h = PluginHost(); s = h.settings; "
               "print([resolve_model(p, h, s).spec.name for p in sys.argv[1:]])")
     args = [sys.executable, "-c", script, str(flux_dir), str(wan_dir)]
     with_it = subprocess.run(args, env=_env(tmp_path, site), capture_output=True, text=True, timeout=300)
     assert with_it.returncode == 0, with_it.stderr
     assert with_it.stdout.strip().splitlines()[-1] == "['dedicated-flux', 'dedicated-wan']", with_it.stdout
-    without = subprocess.run(args, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
-    assert without.returncode == 0, without.stderr
-    assert without.stdout.strip().splitlines()[-1] == "['diffusers', 'diffusers']", without.stdout
+    for env in (_env(tmp_path), {**_env(tmp_path, site), "OMNICORE_DISABLE_PLUGINS": "fake_dedicated"}):
+        without = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        assert without.returncode == 0, without.stderr  # not installed, or disabled: the adapter claims both
+        assert without.stdout.strip().splitlines()[-1] == "['diffusers', 'diffusers']", without.stdout
 
 
 def test_plugins_and_models_commands_list_the_adapter(tmp_path: Path) -> None:
