@@ -118,6 +118,7 @@ _LAZY: dict[str, str] = {
     "read_sharded_state_dict": "omnicore.parallel.tensor_parallel:read_sharded_state_dict",
     "sharded_parameter_bytes": "omnicore.parallel.tensor_parallel:sharded_parameter_bytes",
     "local_parameter_bytes": "omnicore.parallel.tensor_parallel:local_parameter_bytes",
+    "all_reduce_sum": "omnicore.parallel.collectives:all_reduce_sum",
     # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
@@ -204,6 +205,7 @@ if TYPE_CHECKING:
     from .outputs.readers import read_image as read_image
     from .parallel.cfg import cfg_branches as cfg_branches
     from .parallel.cfg import data_parallel as data_parallel
+    from .parallel.collectives import all_reduce_sum as all_reduce_sum
     from .parallel.tensor_parallel import ShardRule as ShardRule
     from .parallel.tensor_parallel import TensorParallelPlan as TensorParallelPlan
     from .parallel.tensor_parallel import local_parameter_bytes as local_parameter_bytes

@@ -39,6 +39,10 @@ def test_fused_chunks_split_each_part_and_bad_degrees_name_the_numbers() -> None
         PLAN.check(4)
     with pytest.raises(ValueError, match="style"):
         ShardRule("x", "diagonal")
+    # grouped-query [Q; K; V] of 4 query and 2 key/value heads (head_dim 3): rank 1's heads of each part
+    assert local_ranges(24, (4, 2, 2), 1, 2) == [(6, 12), (15, 18), (21, 24)]
+    with pytest.raises(ConfigError, match=r"tp=4 does not divide"):
+        local_ranges(24, (4, 2, 2), 0, 4)  # a key/value part of 6 rows does not split 4 ways
 
 
 def test_meta_module_shards_to_the_analytic_per_rank_bytes() -> None:

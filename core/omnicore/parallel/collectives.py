@@ -2,7 +2,8 @@
 
 ``all_to_all_4d`` is Ulysses' exchange (a ``[P, ...]`` tensor whose chunk ``j`` goes to rank ``j`` of the group);
 ``all_gather_rows`` concatenates equal-shaped tensors of every rank of a group (CFG branches, sequence shards,
-data-parallel batch slices). Bytes counted are those that leave the rank (the chunk kept locally is not sent).
+data-parallel batch slices); ``all_reduce_sum`` sums partial results (tensor-parallel layers a model reduces
+itself, such as stacked MoE experts). Bytes counted are those that leave the rank (the chunk kept locally is not sent).
 """
 
 from __future__ import annotations
@@ -46,4 +47,17 @@ def all_gather_rows(local: torch.Tensor, group: Any, stats: CommStats | None = N
     return torch.cat(parts, dim=dim)
 
 
-__all__ = ["all_gather_rows", "all_to_all_chunks"]
+def all_reduce_sum(local: torch.Tensor, group: Any, stats: CommStats | None = None) -> torch.Tensor:
+    """The sum of every group member's ``local`` (equal shapes), on every member; counted as a ring all-reduce
+    sends it (``2 (P - 1) / P`` of the tensor's bytes)."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    out = local.contiguous().clone()
+    dist.all_reduce(out, group=group)
+    if stats is not None:
+        stats.record("all_reduce", _bytes(out) * 2 * (size - 1) // size)
+    return out
+
+
+__all__ = ["all_gather_rows", "all_reduce_sum", "all_to_all_chunks"]

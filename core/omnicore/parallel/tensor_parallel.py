@@ -3,10 +3,13 @@
 A model declares a :class:`TensorParallelPlan`: module-name patterns, each ``column`` (the ``nn.Linear``'s output
 features split across the TP ranks: weight rows and bias), ``row`` (its input features split: weight columns; the
 bias, if any, is added once after the reduction) or ``replicated`` (every rank keeps it whole; the default for any
-module no rule names). ``chunks`` says how many fused outputs a column layer stacks (``[Q; K; V]`` = 3,
-``[gate | up]`` = 2): each chunk is split on its own, so rank ``r`` holds ``[Q_r; K_r; V_r]`` and its heads stay
-whole. ``divisors`` lists the counts the degree must divide (heads, key/value heads, FFN width); :meth:`check`
-refuses any other degree at load, naming the numbers.
+module no rule names). ``chunks`` says how many equal fused outputs a column layer stacks (``[Q; K; V]`` = 3,
+``[gate | up]`` = 2), ``parts`` their relative sizes when unequal (grouped-query ``[Q; K; V]``: ``(heads,
+kv_heads, kv_heads)``): each part is split on its own, so rank ``r`` holds ``[Q_r; K_r; V_r]`` and its heads stay
+whole. A module that is not an ``nn.Linear`` (stacked MoE experts) names its parameters' split dimensions in
+``params``; the model reduces its outputs itself (:func:`parallelize` only wires ``nn.Linear``). ``divisors``
+lists the counts the degree must divide (heads, key/value heads, FFN width); :meth:`check` refuses any other
+degree at load, naming the numbers.
 
 Applying a plan has two halves, usable separately:
 
@@ -49,13 +52,22 @@ class ShardRule:
 
     pattern: str
     style: str
-    chunks: int = 1  # fused outputs stacked along the split dimension, each split on its own
+    chunks: int = 1  # equal fused outputs stacked along the split dimension, each split on its own
+    parts: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # unequal fused parts' relative sizes
+    params: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=tuple)  # non-Linear: (name, dim)
 
     def __attrs_post_init__(self) -> None:
         if self.style not in STYLES:
             raise ValueError(f"ShardRule style must be one of {STYLES}, got {self.style!r}")
         if type(self.chunks) is not int or self.chunks < 1:
             raise ValueError(f"ShardRule chunks must be a positive integer, got {self.chunks!r}")
+        if any(type(n) is not int or n < 1 for n in self.parts):
+            raise ValueError(f"ShardRule parts must be positive integers, got {self.parts!r}")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Relative sizes of the fused parts."""
+        return self.parts or (1,) * self.chunks
 
 
 @attrs.frozen
@@ -79,25 +91,34 @@ class TensorParallelPlan:
                 raise ConfigError("parallel", f"tp={degree} must divide the model's {what} ({count}); choose a "
                                               f"degree among the divisors of {count}")
 
-    def param_split(self, module_name: str, param_name: str) -> tuple[int, int] | None:
-        """``(dim, chunks)`` along which ``module_name.param_name`` is split, or ``None`` (kept whole)."""
+    def param_split(self, module_name: str, param_name: str) -> tuple[int, tuple[int, ...]] | None:
+        """``(dim, part sizes)`` along which ``module_name.param_name`` is split, or ``None`` (kept whole)."""
         rule = self.rule_for(module_name)
         if rule is None:
             return None
+        if rule.params:
+            dims = dict(rule.params)
+            return (dims[param_name], rule.sizes) if param_name in dims else None
         if rule.style == "column":
-            return 0, rule.chunks  # weight [out, in] rows, bias [out]
+            return 0, rule.sizes  # weight [out, in] rows, bias [out]
         if param_name == "weight":
-            return 1, rule.chunks  # row: weight [out, in] columns
+            return 1, rule.sizes  # row: weight [out, in] columns
         return None  # a row layer's bias is added once, after the reduction
 
 
-def local_ranges(size: int, chunks: int, rank: int, degree: int) -> list[tuple[int, int]]:
-    """The ``[start, stop)`` ranges of a dimension of ``size`` (``chunks`` fused parts) that ``rank`` holds."""
-    if size % (chunks * degree):
-        raise ConfigError("parallel", f"tp={degree} does not divide a dimension of {size} in {chunks} part(s)")
-    part = size // chunks
-    per = part // degree
-    return [(c * part + rank * per, c * part + (rank + 1) * per) for c in range(chunks)]
+def local_ranges(size: int, chunks: int | Sequence[int], rank: int, degree: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` ranges of a dimension of ``size`` that ``rank`` holds: ``chunks`` equal fused parts,
+    or parts of these relative sizes, each split in ``degree`` equal shares."""
+    sizes = (1,) * chunks if isinstance(chunks, int) else tuple(chunks)
+    unit, rest = divmod(size, sum(sizes))
+    if rest or any((n * unit) % degree for n in sizes):
+        raise ConfigError("parallel", f"tp={degree} does not divide a dimension of {size} in parts {sizes}")
+    out, start = [], 0
+    for n in sizes:
+        per = n * unit // degree
+        out.append((start + rank * per, start + (rank + 1) * per))
+        start += n * unit
+    return out
 
 
 def take_shard(tensor: torch.Tensor, dim: int, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
@@ -149,9 +170,10 @@ def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degr
     plan.check(degree)
     if not 0 <= rank < degree:
         raise ValueError(f"rank {rank} outside a TP group of {degree}")
-    for name, sub, _rule in _linears(module, plan):
-        if not isinstance(sub, nn.Linear):
-            raise TypeError(f"tensor-parallel plan names {name!r}, a {type(sub).__name__}; only nn.Linear shards")
+    for name, sub, rule in _linears(module, plan):
+        if not isinstance(sub, nn.Linear) and not rule.params:
+            raise TypeError(f"tensor-parallel plan names {name!r}, a {type(sub).__name__}: a module that is not "
+                            "an nn.Linear needs the rule's params (its parameters' split dimensions)")
         if getattr(sub, "_omnicore_tp_full", None) is not None:
             continue  # already sharded (e.g. built from a sharded checkpoint read)
         sub._omnicore_tp_full = {p_name: tuple(p.shape) for p_name, p in sub.named_parameters(recurse=False)}
@@ -159,10 +181,11 @@ def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degr
             split = plan.param_split(name, p_name)
             if split is None:
                 continue
-            dim, chunks = split
-            local = take_shard(p.data, dim, local_ranges(p.shape[dim], chunks, rank, degree)).contiguous()
+            dim, sizes = split
+            local = take_shard(p.data, dim, local_ranges(p.shape[dim], sizes, rank, degree)).contiguous()
             setattr(sub, p_name, nn.Parameter(local, requires_grad=p.requires_grad))
-        sub.in_features, sub.out_features = sub.weight.shape[1], sub.weight.shape[0]
+        if isinstance(sub, nn.Linear):
+            sub.in_features, sub.out_features = sub.weight.shape[1], sub.weight.shape[0]
     return module
 
 
@@ -178,6 +201,8 @@ def parallelize(module: nn.Module, plan: TensorParallelPlan, mesh: Any, stats: A
 
     styles: dict[str, Any] = {}
     for name, sub, rule in _linears(module, plan):
+        if not isinstance(sub, nn.Linear):
+            continue  # sharded by shard_module; the model reduces its output
         full = getattr(sub, "_omnicore_tp_full", None)
         if full is None:
             raise RuntimeError(f"{name!r} is not sharded yet: call shard_module() first")
@@ -232,9 +257,9 @@ def read_sharded_state_dict(folder: Path | str, plan: TensorParallelPlan, *, ran
                 if split is None:
                     tensor = handle.get_tensor(stored)
                 else:
-                    dim, chunks = split
+                    dim, sizes = split
                     parts = []
-                    for a, b in local_ranges(shape[dim], chunks, rank, degree):
+                    for a, b in local_ranges(shape[dim], sizes, rank, degree):
                         index = tuple(slice(a, b) if d == dim else slice(None) for d in range(len(shape)))
                         parts.append(view[index])
                     tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
