@@ -259,3 +259,16 @@ def test_a_modular_only_checkpoint_is_refused_clearly(settings: Any, tmp_path: P
                                                       '"0.42.1"}')
     with pytest.raises(UnsupportedFeature, match="modular pipeline"):
         make_engine(modular, settings).close()
+
+
+def test_a_pipeline_without_step_callbacks_is_refused_at_load(settings: Any, tmp_path: Path) -> None:
+    """DDPMPipeline's ``__call__`` takes no ``callback_on_step_end``: it could be neither stepped nor cancelled."""
+    import diffusers
+    from omnicore.errors import UnsupportedFeature
+
+    unet = diffusers.UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(4, 8),
+                                 layers_per_block=1, norm_num_groups=4, down_block_types=("DownBlock2D",) * 2,
+                                 up_block_types=("UpBlock2D",) * 2)
+    diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler()).save_pretrained(str(tmp_path / "ddpm"))
+    with pytest.raises(UnsupportedFeature, match="callback_on_step_end"):
+        make_engine(tmp_path / "ddpm", settings).close()
