@@ -145,8 +145,11 @@ def test_acceptance_table_and_json_are_deterministic(cache: Path) -> None:
     row = one["placements"][0]
     assert set(row) == {"name", "devices", "ulysses", "tp", "cfg", "offload", "quantization", "weights_bytes",
                         "cache_bytes", "activation_bytes", "reserve_bytes", "per_rank_bytes", "per_rank_gib",
-                        "host_bytes", "step_seconds_estimate", "fits", "auto"}
+                        "host_bytes", "step_seconds_estimate", "fits", "runnable", "auto"}
     assert sum(p["auto"] for p in one["placements"]) == 1
+    auto = next(p for p in one["placements"] if p["auto"])
+    assert auto["runnable"] and auto["fits"] and auto["name"] == one["auto"]
+    assert {p["name"] for p in one["placements"]} >= {"tp=2", "tp=4", "ulysses=4", "tp=2,ulysses=2"}
     assert one["request"]["num_frames"] == 124 and one["request"]["height"] == 768
 
 
@@ -178,3 +181,21 @@ def test_quantized_rows_and_placements_follow_the_rules(cache: Path) -> None:
     assert rows["ulysses=2"].activations * 2 == pytest.approx(rows["single"].activations, rel=0.01)
     text = format_table(plan, show_all=True)
     assert "single+int8" in text and "no placement fits" in text
+
+
+@pytest.mark.slow
+def test_plan_tp_bytes_equal_a_two_rank_tp_load(cache: Path) -> None:
+    """tiny:minimax-h3 with --parallel tp=2 (gloo, 2 ranks): rank 0's DiT holds exactly the plan's tp=2 bytes
+    (the plan shards with the plan the loader uses)."""
+    import omnicore
+    from omnicore.parallel.tensor_parallel import local_parameter_bytes
+
+    settings = _settings(cache)
+    host = PluginHost(settings)
+    plan = build_plan("tiny:minimax-h3", devices=2, request=H3_REQUEST, dtype="float32", host=host, settings=settings)
+    row = next(p for p in plan.placements if p.name == "tp=2")
+    assert row.runnable and row.weights["transformer"] < plan.components["transformer"]["bytes"]
+    with omnicore.Engine("tiny:minimax-h3", parallel="tp=2", host=host, settings=settings) as engine:
+        dit = engine.pipeline.transformers["fl2va"]
+        held = local_parameter_bytes(dit) + sum(b.numel() * b.element_size() for b in dit.buffers())
+    assert held == row.weights["transformer"]

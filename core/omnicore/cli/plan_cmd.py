@@ -39,7 +39,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="count a cache's memory too (adaln_schedule: the per-step AdaLN tables; default: none)")
     p.add_argument("--all", action="store_true", help="list every placement (default: the fitting ones and the "
                                                       "smallest that does not)")
-    p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan-json.md)")
+    p.add_argument("--what-if", action="store_true",
+                   help="also list placements this build cannot run (parallel dims the model does not implement, "
+                        "quantization combined with parallelism), marked; never picked by auto (default: hidden)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan-json.md; every row, "
+                                                       "with its runnable flag)")
     return p
 
 
@@ -84,7 +88,8 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
         notes.append("real: preset: configs only, no weights (built on the meta device)")
     plan = make_plan(model=model, spec=src.spec.name, source=src.kind, profile=profile, request=sized,
                      dtype=torch_dtype, devices=devices, device_memory_bytes=int(device_memory_gib * GIB),
-                     caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes))
+                     caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes),
+                     parallel_dims=tuple(src.spec.capabilities.parallel))
     if declared:
         import attrs
 
@@ -93,7 +98,7 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
     return plan
 
 
-def format_table(plan: Any, show_all: bool = False) -> str:
+def format_table(plan: Any, show_all: bool = False, what_if: bool = False) -> str:
     lines = [f"plan for {plan.model} ({plan.spec}, {plan.source}; {plan.dtype}; {plan.devices} device(s) x "
              f"{plan.device_memory_bytes / GIB:g} GiB)"]
     req = dict(plan.request)
@@ -101,7 +106,8 @@ def format_table(plan: Any, show_all: bool = False) -> str:
     lines.append("components (weights):")
     for name, c in plan.components.items():
         lines.append(f"  {name:<16} {c['params']:>16,} params  {c['bytes'] / GIB:8.2f} GiB")
-    rows = list(plan.placements)
+    rows = [p for p in plan.placements if what_if or p.runnable]
+    listed = len(rows)
     if not show_all:
         fitting = [p for p in rows if p.fits]
         over = sorted((p for p in rows if not p.fits), key=lambda p: p.per_rank)[:3]
@@ -109,12 +115,14 @@ def format_table(plan: Any, show_all: bool = False) -> str:
     head = f"  {'placement':<30} {'dev':>3} {'weights':>9} {'caches':>8} {'activ.':>8} {'per rank':>9}  fits  step(s)"
     lines += ["placements (GiB per rank; step = cost-model estimate):", head]
     for p in rows:
-        mark = "  <- auto" if p.auto else ""
+        mark = "  <- auto" if p.auto else ("  (what-if: not runnable here)" if not p.runnable else "")
         lines.append(f"  {p.name:<30} {p.devices:>3} {sum(p.weights.values()) / GIB:9.2f} "
                      f"{sum(p.caches.values()) / GIB:8.2f} {p.activations / GIB:8.2f} {p.per_rank / GIB:9.2f}  "
                      f"{'yes ' if p.fits else 'no  '}  {p.step_seconds:7.3f}{mark}")
-    if not show_all and len(rows) < len(plan.placements):
-        lines.append(f"  ({len(plan.placements) - len(rows)} more with --all)")
+    if len(rows) < listed:
+        lines.append(f"  ({listed - len(rows)} more with --all)")
+    if not what_if and listed < len(plan.placements):
+        lines.append(f"  ({len(plan.placements) - listed} what-if rows the model cannot run here: --what-if)")
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines) + "\n"
 
@@ -125,5 +133,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
     else:
-        sys.stdout.write(format_table(plan, args.all))
+        sys.stdout.write(format_table(plan, args.all, args.what_if))
     return 0

@@ -15,7 +15,9 @@ and, optionally, real-size presets:
   pipeline's ``offload_modules`` declares them), optional ``offload_modes`` (default both ``model`` and
   ``layerwise``),
   ``shape`` (``layers``, ``hidden``, ``heads``, ``head_dim``, ``ffn``, ``block_prefix``), ``quantizable``
-  (component -> ``fnmatch`` patterns of linears), ``cfg_capable`` and optional ``provenance`` / ``caches``.
+  (component -> ``fnmatch`` patterns of linears), ``cfg_capable``, optional ``tp_plans`` (component ->
+  the :class:`~omnicore.parallel.tensor_parallel.TensorParallelPlan` its loader shards with) and
+  ``provenance``. The quantizer reads ``quantization_targets(pipeline)`` from the same module.
 * ``plan_request(root, request) -> dict``: ``tokens`` (DiT rows per forward and branch), ``cfg_branches``,
   ``steps`` and ``resolved`` (the request after the model's own rules), optional ``adaln_rows_per_step`` and
   ``cache_elements`` (cache name -> elements in the plan's dtype, e.g. a prompt K/V).

@@ -23,8 +23,9 @@ divided by the parallel degree), plus communication / ``link_gbps`` (Ulysses: fo
 per layer, each moving ``(k-1)/k`` of the data; TP: two all-reduces of ``S * H * b`` per layer at ``2(k-1)/k``;
 CFG: one gather of the output), plus offload traffic / ``host_link_gbps`` (layer-wise: every DiT block each
 step; model offload: the DiT once per request, spread over the steps). Quantized weights add a
-``dequant_overhead`` factor to compute. The cheapest feasible placement that uses at most ``--devices`` wins;
-ties go to fewer devices.
+``dequant_overhead`` factor to compute. The cheapest feasible *runnable* placement (the model implements its
+parallel dims; quantization is not combined with parallelism yet) that uses at most ``--devices`` wins; ties go
+to fewer devices.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Placement:
     step_seconds: float = 0.0
     fits: bool = False
     auto: bool = False
+    runnable: bool = True  # this build can run it (the model implements its dims; no quantization with parallel)
 
     @property
     def per_rank(self) -> int:
@@ -85,7 +87,7 @@ class Placement:
                 "activation_bytes": self.activations, "reserve_bytes": self.reserve,
                 "per_rank_bytes": self.per_rank, "per_rank_gib": round(self.per_rank / GIB, 3),
                 "host_bytes": self.host_bytes, "step_seconds_estimate": round(self.step_seconds, 6),
-                "fits": self.fits, "auto": self.auto}
+                "fits": self.fits, "runnable": self.runnable, "auto": self.auto}
 
 
 @attrs.frozen
@@ -162,20 +164,15 @@ def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1, mo
     return saved, len(weights)
 
 
-def _tp_plan(module: Any) -> Any:
-    return getattr(module, "tensor_parallel_plan", None)
-
-
-def tp_dit_bytes(dit: Any, degree: int) -> int | None:
-    """The DiT's bytes per TP rank under its declared plan (``None``: no plan declared, or no TP in this core)."""
-    plan = _tp_plan(dit)
+def tp_dit_bytes(dit: Any, plan: Any, degree: int) -> int | None:
+    """The DiT's bytes per TP rank under the plan its model declares (the same :class:`TensorParallelPlan` its
+    loader shards with); ``None`` without a plan or for a degree the plan refuses."""
     if plan is None:
         return None
     try:
         from ..parallel.tensor_parallel import sharded_parameter_bytes
-    except ImportError:
+    except ImportError:  # pragma: no cover - a core without tensor parallelism
         return None
-    plan = plan() if callable(plan) else plan
     try:
         plan.check(degree)
     except Exception:
@@ -239,8 +236,8 @@ def _divisors_up_to(n: int, limit: int) -> list[int]:
 
 def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any], request: Mapping[str, Any],
               dtype: Any, devices: int, device_memory_bytes: int, cost: CostModel | None = None,
-              caches: tuple[str, ...] = (), header_bytes_read: int = 0,
-              extra_notes: tuple[str, ...] = ()) -> Plan:
+              caches: tuple[str, ...] = (), header_bytes_read: int = 0, extra_notes: tuple[str, ...] = (),
+              parallel_dims: tuple[str, ...] = ("cfg", "ulysses", "tp")) -> Plan:
     """Price every candidate placement of ``profile`` (``plan_model``'s dict) for ``request`` (``plan_request``'s)
     on ``devices`` devices of ``device_memory_bytes`` each."""
     import torch
@@ -285,7 +282,7 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         if quant != "none":
             per = {k: v - savings[quant][k] for k, v in per.items()}
         if tp > 1:
-            shard = tp_dit_bytes(dit, tp)
+            shard = tp_dit_bytes(dit, tp_plan, tp)
             if shard is None:
                 return
             saved = (quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp, mode=quant)[0]
@@ -309,18 +306,27 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         act = activation_bytes(shape, rank_rows, dtype_bytes, tp)
         secs = step_seconds(shape, rows, branches, cost, ulysses=ulysses, tp=tp, cfg=cfg, dtype_bytes=dtype_bytes,
                             host_traffic=host_traffic, quantized=quant != "none")
+        dims = [d for d, n in (("cfg", cfg), ("ulysses", ulysses), ("tp", tp)) if n > 1]
+        runnable = all(d in parallel_dims for d in dims) and not (dims and quant != "none")
         p = Placement(name=name, devices=ulysses * tp * cfg, ulysses=ulysses, tp=tp, cfg=cfg, offload=offload,
                       quantization=quant, weights=resident, caches=dict(cache_bytes), activations=act,
-                      reserve=reserve, host_bytes=host_total if offload != "none" else 0, step_seconds=secs)
+                      reserve=reserve, host_bytes=host_total if offload != "none" else 0, step_seconds=secs,
+                      runnable=runnable)
         candidates.append(attrs.evolve(p, fits=p.per_rank <= device_memory_bytes))
 
     heads = int(shape["heads"])
     cfg_options = [1, 2] if profile.get("cfg_capable") and branches == 2 and devices >= 2 else [1]
-    tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, d) is not None]
+    tp_plan = (profile.get("tp_plans") or {}).get(dit_name)
+    tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, tp_plan, d) is not None]
     if not tp_ok and devices > 1:
-        why = ("this core has no tensor-parallel module" if not _has_tp_module() else
-               f"{dit_name} declares no tensor_parallel_plan")
-        notes.append(f"tp: left out ({why})")
+        notes.append(f"tp: left out ({dit_name} declares no tensor-parallel plan)" if tp_plan is None else
+                     f"tp: no degree up to {devices} divides the plan's counts")
+    missing = sorted({"cfg", "ulysses", "tp"} - set(parallel_dims))
+    if devices > 1 and missing:
+        notes.append(f"{', '.join(missing)}: not implemented by {spec} here; such rows are what-if estimates "
+                     "(runnable: false; shown with --what-if), never picked by auto")
+    if devices > 1:
+        notes.append("quantization with --parallel is not supported yet: quantized parallel rows are what-if")
     for quant in QUANTIZATIONS:
         qs = "" if quant == "none" else f"+{quant}"
         add(f"single{qs}", quant=quant)
@@ -329,11 +335,11 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         for cfg in cfg_options:
             for ul in [1, *_divisors_up_to(heads, devices // cfg)]:
                 for tp in [1, *tp_ok]:
-                    if (cfg, ul, tp) == (1, 1, 1) or cfg * ul * tp > devices:
+                    if (cfg, ul, tp) == (1, 1, 1) or cfg * ul * tp > devices or heads % (ul * tp):
                         continue
                     parts = [f"cfg={cfg}"] * (cfg > 1) + [f"tp={tp}"] * (tp > 1) + [f"ulysses={ul}"] * (ul > 1)
                     add(",".join(parts) + qs, ulysses=ul, tp=tp, cfg=cfg, quant=quant)
-    feasible = [p for p in candidates if p.fits and p.devices <= devices]
+    feasible = [p for p in candidates if p.fits and p.runnable and p.devices <= devices]
     if feasible:
         best = min(feasible, key=lambda p: (round(p.step_seconds, 9), p.devices, p.per_rank))
         candidates = [attrs.evolve(p, auto=True) if p is best else p for p in candidates]
@@ -347,10 +353,3 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
                 components=components, placements=tuple(candidates), cost_model=cost, notes=tuple(notes),
                 header_bytes_read=header_bytes_read)
 
-
-def _has_tp_module() -> bool:
-    try:
-        from ..parallel import tensor_parallel  # noqa: F401
-    except ImportError:
-        return False
-    return True

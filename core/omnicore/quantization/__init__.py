@@ -145,18 +145,36 @@ class QuantReport:
                 "stacked": len(self.stacked)}
 
 
-def _torchao_config(mode: str) -> Any:
-    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig
+def _import_torchao() -> Any:
+    """``torchao.quantization``, imported with its load-time chatter (missing CUDA extension libraries on a CPU
+    build, torch's pytree deprecation notices) kept out of the CLI's output unless ``--verbose`` logging asks."""
+    import logging
+    import warnings
 
-    return Int8WeightOnlyConfig() if mode == "int8" else Float8WeightOnlyConfig()
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(logging.ERROR, lg.level))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao.quantization as tq
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+    return tq
+
+
+def _torchao_config(mode: str) -> Any:
+    tq = _import_torchao()
+    return tq.Int8WeightOnlyConfig() if mode == "int8" else tq.Float8WeightOnlyConfig()
 
 
 def torchao_available() -> bool:
-    try:
-        import torchao.quantization  # noqa: F401
-    except Exception:
-        return False
-    return True
+    """Whether torchao is installed (found without importing it: its import is slow and chatty)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
 
 
 def select(module: nn.Module, patterns: Iterable[str]) -> tuple[list[str], list[tuple[nn.Module, str, str]]]:
@@ -189,10 +207,8 @@ def quantize_module(module: nn.Module, mode: str, patterns: Iterable[str], *, ba
     if backend == "torchao" and not torchao_available():
         raise InvalidRequest("quantization_backend", "torchao is not installed (pip install torchao)")
     if linears and use_torchao:
-        from torchao.quantization import quantize_
-
         chosen = set(linears)
-        quantize_(module, _torchao_config(mode), filter_fn=lambda m, fqn: fqn in chosen)
+        _import_torchao().quantize_(module, _torchao_config(mode), filter_fn=lambda m, fqn: fqn in chosen)
     elif linears:
         for name in linears:
             parent_name, _, leaf = name.rpartition(".")

@@ -266,6 +266,7 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
 
     from .repository import resolve_layout
     from .transformer.model import MiniMaxH3DiT
+    from .transformer.tensor_parallel import module_plan
 
     layout = resolve_layout(root)
     components: dict[str, torch.nn.Module] = {}
@@ -302,6 +303,8 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
         "shape": {"layers": dit_cfg.num_layers, "hidden": dit_cfg.hidden_size, "heads": dit_cfg.num_attention_heads,
                   "head_dim": dit_cfg.attention_head_dim, "ffn": dit_cfg.ffn_dim, "block_prefix": "blocks."},
         "quantizable": QUANTIZABLE,
+        # the plans the loader shards with (--parallel tp=N), so a plan's TP bytes are the load's
+        "tp_plans": {name: module_plan(dit_cfg) for name in components if name.startswith("transformer")},
         "cfg_capable": False,  # CFG-distilled: one forward per step
         "provenance": (read_json_or_empty(Path(root) / "model_index.json").get("_minimax_h3") or {}).get(
             "provenance"),
