@@ -59,6 +59,9 @@ class SequenceLayout:
     timestep_r_pos: int | None = None
     cond: tuple[CondSection, ...] = ()
     prompt_slice: tuple[int, int] = (0, 0)
+    #: where the CoT segment (think / recaption text) sits; ``(p, p)`` when there is none: ``p`` is where the
+    #: text stage starts writing (after ``"Assistant: "`` in the instruct template)
+    cot_slice: tuple[int, int] = (0, 0)
 
     def __attrs_post_init__(self) -> None:
         lengths = {len(r) for r in self.tokens}

@@ -50,14 +50,30 @@ from .request_rules import (
     resolve_guidance,
     resolve_system_prompt,
     snap_size,
+    text_sampling,
+    text_task,
+    wants_ratio,
 )
 from .sampler import GRIDS, euler_step, guide, initial_noise, model_timesteps, sigmas
+from .text_stage import TextPlan, TextStage
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
 from .vae import install_fast_paths as install_vae_fast_paths
 from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
 
 MODES = ("t2i", "edit")
 __all__ = ["PROMPT_FIELDS", "HunyuanImage3Pipeline", "Resolved"]
+
+
+def _text_defaults(path: Path) -> dict[str, Any]:
+    """The text stage's sampling keys of ``generation_config.json`` (absent keys: greedy, the server's cap)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    keys = ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")
+    return {k: data[k] for k in keys if k in data and data[k] is not None}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -76,6 +92,7 @@ class Resolved:
     bot_task: str | None
     images: tuple[Any, ...] = ()  # PIL images (edits)
     identity: str = ""  # prefix identity beyond the tokens (edits: reference content, grids, VAE seed)
+    text: TextPlan | None = None  # the text stage (think / recaption / the ratio token), None: none
 
 
 class HunyuanImage3Pipeline(BasePipeline):
@@ -86,7 +103,8 @@ class HunyuanImage3Pipeline(BasePipeline):
     def __init__(self, model: HunyuanImage3, tokenizer: HunyuanTokenizer, gen_config: GenerationConfig, *,
                  device: torch.device, dtype: torch.dtype, path: Path | None = None, kv_mode: str = "dense_legacy",
                  kv_block_size: int = 16, kv_pool_blocks: int = 512, kv_reuse: bool = True,
-                 vae_decode_precision: str | None = None, sampler_grid: str = "release") -> None:
+                 vae_decode_precision: str | None = None, sampler_grid: str = "release",
+                 text_defaults: Mapping[str, Any] | None = None, text_max_new_tokens: int = 2048) -> None:
         self.model = model
         self.config: HunyuanConfig = model.config
         self.tokenizer = tokenizer
@@ -103,6 +121,13 @@ class HunyuanImage3Pipeline(BasePipeline):
         #: None/"fp32": decode in float32; "fp16"/"bf16": under autocast to that dtype (the release decodes
         #: under fp16 autocast on GPUs)
         self.vae_decode_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(vae_decode_precision or "fp32")
+        #: the text stage's sampling defaults (generation_config.json: do_sample, temperature, top_k, top_p,
+        #: max_new_tokens) and the cap on a request's budget (model option text_max_new_tokens)
+        self.text_defaults = dict(text_defaults or {})
+        if isinstance(text_max_new_tokens, bool) or not isinstance(text_max_new_tokens, int) or text_max_new_tokens < 1:
+            raise ConfigError("text_max_new_tokens", f"must be a positive integer, got {text_max_new_tokens!r}")
+        self.text_max_new_tokens = text_max_new_tokens
+        self._text_stage: TextStage | None = None
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -140,6 +165,8 @@ class HunyuanImage3Pipeline(BasePipeline):
                    kv_pool_blocks=int(opts.get("kv_pool_blocks") or 512),
                    kv_reuse=bool(opts.get("kv_reuse", True)),
                    sampler_grid=str(opts.get("sampler_grid") or "release"),
+                   text_defaults=_text_defaults(root / "generation_config.json"),
+                   text_max_new_tokens=int(opts.get("text_max_new_tokens") or 2048),
                    vae_decode_precision=getattr(options, "vae_decode_precision", None))
 
     # ------------------------------------------------------------------------------------------ admission
@@ -230,12 +257,30 @@ class HunyuanImage3Pipeline(BasePipeline):
             cot_text=normalize_cot(ex.get("ar_generated_text")), cond_images=tuple(cond), cfg_factor=cfg_factor,
             guidance_token=self.config.cfg_distilled, timestep_r_token=self.config.use_meanflow, drop_think=drop_think)
         identity = row_identity(tuple(digests), tuple(cond), seed) if images else ""
-        resolved = Resolved(mode, spec, guidance, cfg_factor, float(rescale), bot_task, images, identity)
+        text = self.text_plan(ex, bot_task, spec, explicit, bool(images))
+        resolved = Resolved(mode, spec, guidance, cfg_factor, float(rescale), bot_task, images, identity, text)
         params = attrs.evolve(
             p, height=bucket.height, width=bucket.width, num_frames=1, guidance_scale=guidance, seed=seed,
             num_inference_steps=p.num_inference_steps or self.gen_config.diff_infer_steps,
             flow_shift=p.flow_shift if p.flow_shift is not None else self.gen_config.flow_shift, output_type="image")
         return resolved, {"params": params}
+
+    def text_plan(self, ex: Mapping[str, Any], bot_task: str | None, spec: LayoutSpec, size_given: bool,
+                  edit: bool) -> TextPlan | None:
+        """The text stage of a request: a think / recaption task (unless the client supplied the CoT text) and
+        whether the ratio token picks the bucket; ``None`` when there is nothing to generate."""
+        task = text_task(ex.get("bot_task", self.gen_config.bot_task)) if bot_task is not None else None
+        if spec.cot_text:
+            task = None  # the client's CoT is used as given
+        ratio = wants_ratio(bot_task, ex.get("image_size"), size_given)
+        budget, temperature, top_k, top_p = text_sampling(ex, self.text_defaults, self.text_max_new_tokens)
+        if task is None and not ratio:
+            return None
+        if edit:
+            raise UnsupportedFeature("bot_task", "the text stage (think / recaption / the ratio token) is not "
+                                                 "implemented for image edits yet; pass the CoT as "
+                                                 "ar_generated_text and an explicit size")
+        return TextPlan(task, ratio, budget, temperature, top_k, top_p)
 
     def prepare_layout(self, request_id: str, resolved: Resolved) -> PreparedLayout:
         """Tokenise once and attach the KV requests (one per CFG row) with their prefix block hashes."""
@@ -258,6 +303,8 @@ class HunyuanImage3Pipeline(BasePipeline):
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
         r = request.extra.get("hunyuan")
+        if r is not None and r.text is not None and r.text.ratio:
+            return (request.batch_key(), request.request_id)  # its bucket is known only after the text stage
         return (request.batch_key(), None if r is None else (r.mode, r.cfg_factor, r.guidance_rescale))
 
     # ------------------------------------------------------------------------------------------ encode
@@ -313,19 +360,45 @@ class HunyuanImage3Pipeline(BasePipeline):
         if steps is None or shift is None:
             raise ValueError("encode() takes preprocessed requests (steps and shift are filled by preprocess)")
         grid = sigmas(steps, shift, self.sampler_grid)
+        texts = self.run_text_stage(reqs)
         items, latents = [], []
-        for r in reqs:
-            layout = self.layout_of(r)
+        for i, r in enumerate(reqs):
+            result = texts.get(i)
+            layout = self.layout_of(r) if result is None else result.layout
             gen = torch.Generator(device="cpu").manual_seed(output_seeds(r)[0])
             # drawn in bf16 as the reference does (same seed, same image), kept in fp32 between steps (exact)
             latents.append(initial_noise((1, self.config.latent_channels, layout.gen_h, layout.gen_w), gen,
                                          torch.float32))
             items.append({"request": r, "layout": layout, "tokens": layout.token_tensor(self.device),
-                          "rope": self.model.rope(layout, self.device), "past": None, "cond": None,
-                          "cond_ready": False, "pool_hit_tokens": 0})
+                          "rope": self.model.rope(layout, self.device),
+                          "past": None if result is None else result.past, "cond": None,
+                          "cond_ready": False, "pool_hit_tokens": 0,
+                          "text": None if result is None else result.text,
+                          "text_metrics": {} if result is None else {
+                              **result.metrics, "text_reused_tokens": float(result.reused_tokens)}})
         return DenoiseState(requests=reqs, num_steps=steps,
                             latents=torch.cat(latents).to(self.device), timesteps=model_timesteps(grid),
                             extras={"items": items, "sigmas": grid.tolist()})
+
+    @property
+    def text_stage(self) -> TextStage:
+        if self._text_stage is None:
+            self._text_stage = TextStage(self.model, self.tokenizer, self.device)
+        return self._text_stage
+
+    def run_text_stage(self, reqs: Sequence[GenerationRequest]) -> dict[int, Any]:
+        """The text stage of the requests that have one (batched where their prompts are equally long); by
+        request index. Its results carry the image layout and every CFG row's prefix K/V (the paged prefix pool
+        is not consulted for these requests)."""
+        jobs, where = [], []
+        for i, r in enumerate(reqs):
+            resolved: Resolved = r.extra["hunyuan"]
+            if resolved.text is not None and resolved.text.active:
+                jobs.append((resolved.spec, resolved.text, output_seeds(r)[0]))
+                where.append(i)
+        if not jobs:
+            return {}
+        return dict(zip(where, self.text_stage.run(jobs)))
 
     def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
         idx = list(keep)
@@ -416,9 +489,10 @@ class HunyuanImage3Pipeline(BasePipeline):
                 with torch.autocast(self.device.type, dtype=self.vae_decode_dtype):
                     image = self.model.vae.decode(latents)[0].float()
             pixels = (image.permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
-            metrics = {"kv_pool_hit_tokens": float(item["pool_hit_tokens"])}
+            metrics = {"kv_pool_hit_tokens": float(item["pool_hit_tokens"]), **item.get("text_metrics", {})}
             outputs.append(Output(kind="image", frames=np.ascontiguousarray(pixels[None]),
-                                  request_id=request.request_id, index=0, seed=request.params.seed, metrics=metrics))
+                                  request_id=request.request_id, index=0, seed=request.params.seed, metrics=metrics,
+                                  text=item.get("text")))
         return outputs
 
     def kv_pool_stats(self) -> dict[str, int]:

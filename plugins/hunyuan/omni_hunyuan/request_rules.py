@@ -23,8 +23,13 @@ DEFAULT_GUIDANCE = 5.0
 #: Fields a prompt mapping may carry besides ``prompt`` (the request's ``extra`` wins when both set one).
 PROMPT_FIELDS = ("bot_task", "use_system_prompt", "system_prompt", "ar_generated_text", "sequence_template",
                  "drop_think", "guidance_rescale")
+#: The text stage's fields (``extra`` only): its token budget and sampling, and ``image_size="auto"``.
+TEXT_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "image_size")
 #: Model-specific request fields (``GenerationRequest.extra``, HTTP ``model_params``); anything else is refused.
-EXTRA_FIELDS = ("mode", *PROMPT_FIELDS)
+EXTRA_FIELDS = ("mode", *PROMPT_FIELDS, *TEXT_FIELDS)
+#: What the text stage writes for each raw ``bot_task`` (``None``: no text); ``think_recaption`` keeps its own
+#: meaning here (think, then a forced ``<recaption>``) although the single-stage rules alias it to ``think``.
+TEXT_TASKS = {"think": "think", "recaption": "recaption", "think_recaption": "think_recaption"}
 UNKNOWN = "unknown_parameter"  # the HTTP error code of a field this model does not take
 
 KV_MODES = ("dense_legacy", "paged_worker_local", "paged_scheduler")
@@ -151,3 +156,53 @@ def parse_kv_mode(value: Any) -> str:
         raise UnsupportedFeature("kv_mode", f"{KV_MODE_RESERVED!r} is reserved but not implemented; use "
                                             "'dense_legacy' or 'paged_scheduler'")
     return text
+
+
+def text_task(value: Any) -> str | None:
+    """The text stage's task for a raw ``bot_task`` (validated by :func:`normalize_bot_task` first):
+    ``think``, ``recaption``, ``think_recaption`` or ``None`` (``auto``, ``image``, ``img_ratio``: no text)."""
+    if not isinstance(value, str):
+        return None
+    return TEXT_TASKS.get(value.strip())
+
+
+def wants_ratio(bot_task: str | None, image_size: Any, size_given: bool) -> bool:
+    """Whether the model's ratio token chooses the bucket: ``bot_task="img_ratio"`` or ``image_size="auto"``.
+    ``image_size`` takes only ``"auto"`` (an explicit size goes in ``params.height/width``), and a size the
+    client set cannot be combined with it."""
+    if image_size is not None and image_size != "auto":
+        raise InvalidRequest("extra.image_size", f"takes only 'auto' (the model picks the ratio); set an explicit "
+                                                 f"size with height/width, got {image_size!r}")
+    auto = image_size == "auto" or bot_task == "img_ratio"
+    if auto and size_given:
+        raise InvalidRequest("params.height", "a size was set but the model is asked to choose the ratio "
+                                              "(image_size='auto' or bot_task='img_ratio'); drop one of them")
+    return auto
+
+
+def _number(extra: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise InvalidRequest(f"extra.{key}", f"must be a number in [{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def text_sampling(extra: Mapping[str, Any], defaults: Mapping[str, Any], cap: int) -> tuple[int, float, int, float]:
+    """``(max_new_tokens, temperature, top_k, top_p)`` of the text stage: the request's values, else the
+    checkpoint's generation config, else greedy with the cap as the budget. ``temperature`` 0 is greedy; a
+    budget over the server's cap is refused (never shortened silently)."""
+    budget = extra.get("max_new_tokens", defaults.get("max_new_tokens") or cap)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise InvalidRequest("extra.max_new_tokens", f"must be a positive integer, got {budget!r}")
+    if budget > cap:
+        raise InvalidRequest("extra.max_new_tokens", f"{budget} is over this server's text budget cap {cap} "
+                                                     "(model option text_max_new_tokens)")
+    sample = bool(defaults.get("do_sample", False))
+    temperature = _number(extra, "temperature", float(defaults.get("temperature", 1.0)) if sample else 0.0, 0.0, 100.0)
+    top_k = extra.get("top_k", int(defaults.get("top_k") or 0))
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise InvalidRequest("extra.top_k", f"must be a non-negative integer (0: off), got {top_k!r}")
+    top_p = _number(extra, "top_p", float(defaults.get("top_p") or 1.0), 0.0, 1.0)
+    if top_p == 0.0:
+        raise InvalidRequest("extra.top_p", "must be in (0, 1]; use temperature 0 for greedy decoding")
+    return int(budget), temperature, int(top_k), top_p

@@ -56,6 +56,9 @@ class LayoutSpec:
     template: str = "pretrain"
     system_prompt: str | None = None
     cot_text: str | None = None
+    #: the CoT as token ids (the text stage's own tokens, tags included): used instead of ``cot_text`` so the
+    #: image stage sees exactly the sequence whose K/V the text stage computed
+    cot_ids: tuple[int, ...] | None = None
     cond_images: tuple[CondImageInfo, ...] = ()
     cfg_factor: int = 1
     guidance_token: bool = False
@@ -117,6 +120,23 @@ class HunyuanTokenizer:
                 return self._cot(before, uncond, drop_think) + inner + self._cot(after, uncond, drop_think)
         return self._maybe_cfg(self.encode_text(text), uncond)
 
+    def _cot_ids(self, ids: Sequence[int], uncond: bool, drop_think: bool) -> list[int]:
+        """:meth:`_cot` over token ids: tag pairs are the special tokens; bodies become ``<cfg>`` in the CFG row,
+        a think section is dropped with ``drop_think``; ids outside a complete pair are treated as plain text."""
+        ids = list(ids)
+        for open_key, close_key in (("think", "end_think"), ("recaption", "end_recaption")):
+            o, c = self.ids.get(open_key), self.ids.get(close_key)
+            if o is None or c is None or o not in ids:
+                continue
+            i = ids.index(o)
+            if c not in ids[i + 1:]:
+                continue
+            j = ids.index(c, i + 1)
+            inner = [] if drop_think and open_key == "think" else [o] + self._maybe_cfg(ids[i + 1:j], uncond) + [c]
+            return (self._cot_ids(ids[:i], uncond, drop_think) + inner
+                    + self._cot_ids(ids[j + 1:], uncond, drop_think))
+        return self._maybe_cfg(ids, uncond)
+
     def _maybe_cfg(self, ids: list[int], uncond: bool) -> list[int]:
         return [self.ids["cfg"]] * len(ids) if uncond else ids
 
@@ -142,8 +162,12 @@ class HunyuanTokenizer:
         marks["prompt"] = (prompt_start, len(seq))
         if instruct:
             seq += self.encode_text("\n\n") + self.encode_text("Assistant: ")
-        if spec.cot_text:
+        cot_start = len(seq)
+        if spec.cot_ids:
+            seq += self._cot_ids(spec.cot_ids, uncond, spec.drop_think)
+        elif spec.cot_text:
             seq += self._cot(spec.cot_text, uncond, spec.drop_think)
+        marks["cot"] = (cot_start, len(seq))
         if instruct:
             seq += self.encode_text("<answer>")
         seq += self._image_head(spec.ratio_index)
@@ -179,7 +203,7 @@ class HunyuanTokenizer:
             tokens=tuple(rows), template=spec.template, image_base_size=self.image_base_size,
             ratio_index=spec.ratio_index, gen_h=spec.gen_h, gen_w=spec.gen_w, gen_timestep=marks["timestep"],
             gen_start=marks["gen_start"], guidance_pos=marks.get("guidance"), timestep_r_pos=marks.get("timestep_r"),
-            cond=tuple(marks["cond"]), prompt_slice=marks["prompt"],
+            cond=tuple(marks["cond"]), prompt_slice=marks["prompt"], cot_slice=marks["cot"],
         )
 
     def decode(self, ids: Sequence[int]) -> str:

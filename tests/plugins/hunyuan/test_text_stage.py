@@ -1,0 +1,241 @@
+"""HunyuanImage-3's text stage (think / recaption / the ratio token) on the micro checkpoint (random weights: the
+text is noise, so these tests check the mechanics): cached decode against a full recompute, seeded sampling,
+budget and stop tags, the splice into the image layout, K/V reuse against a full forward, the ratio choice, the
+text on the output and over real HTTP."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import torch
+from _hunyuan_helpers import request, run, square_image
+from omnicore.errors import InvalidRequest, UnsupportedFeature
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))  # _server_helpers
+
+
+def _resolved(pipe, **extra):
+    kw = {}
+    if extra.pop("auto_size", False):
+        kw = {"height": None, "width": None}
+    return pipe.preprocess(request(extra=extra, **kw)).extra["hunyuan"]
+
+
+def _prompt(pipe, resolved):
+    """The text stage's prompt: the image layout up to the CoT slot, then the trigger tag."""
+    base = pipe.tokenizer.layout(attrs.evolve(resolved.spec, cfg_factor=1))
+    trigger = pipe.tokenizer.ids["recaption" if resolved.text.task == "recaption" else "think"]
+    return list(base.tokens[0][:base.cot_slice[0]]) + [trigger]
+
+
+def test_greedy_decode_equals_a_full_recompute_at_every_step(pipe):
+    from omni_hunyuan.text_stage import reference_greedy
+
+    res = _resolved(pipe, bot_task="think", max_new_tokens=10)
+    assert res.text.task == "think" and res.text.temperature == 0.0
+    (out,) = pipe.text_stage.run([(res.spec, res.text, 7)])
+    ref = reference_greedy(pipe.model, _prompt(pipe, res), 10, pipe.text_stage.vocab_limit)
+    got = list(out.token_ids)
+    assert got == ref[:len(got)]
+    assert len(got) == 10 or got[-1] in pipe.text_stage.stops("think")
+    assert out.text == pipe.tokenizer.decode([pipe.tokenizer.ids["think"]] + got[:len(got)])
+    (again,) = pipe.text_stage.run([(res.spec, res.text, 99)])  # greedy: the seed does not matter
+    assert again.token_ids == out.token_ids
+
+
+def test_sampling_is_seeded(pipe):
+    res = _resolved(pipe, bot_task="recaption", max_new_tokens=12, temperature=1.0, top_k=64, top_p=0.95)
+    a, b, c = pipe.text_stage.run([(res.spec, res.text, 1), (res.spec, res.text, 1), (res.spec, res.text, 2)])
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+    assert a.metrics["text_batch"] == 3.0  # equally long prompts decode as one batch
+    (alone,) = pipe.text_stage.run([(res.spec, res.text, 2)])
+    assert alone.token_ids == c.token_ids  # batching does not change a request's tokens
+
+
+def test_pick_token_filters():
+    from omni_hunyuan.text_stage import pick_token
+
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0, float("-inf")])
+    gen = torch.Generator().manual_seed(0)
+    assert pick_token(logits, 0.0, 0, 1.0, None) == 1
+    assert {pick_token(logits, 1.0, 1, 1.0, gen) for _ in range(20)} == {1}  # top-k 1
+    assert {pick_token(logits, 1.0, 0, 0.01, gen) for _ in range(20)} == {1}  # nucleus keeps the top token
+    assert {pick_token(logits, 1.0, 2, 1.0, gen) for _ in range(200)} == {1, 2}
+    assert 4 not in {pick_token(logits, 5.0, 0, 1.0, gen) for _ in range(200)}
+
+
+def _biased_stage(pipe, token: int, after: int):
+    """The pipeline's stage whose logits favour ``token`` from the ``after``-th call on (drives the stop tag)."""
+    from omni_hunyuan.text_stage import TextStage
+
+    class Biased(TextStage):
+        calls = 0
+
+        def logits(self, hidden):
+            out = super().logits(hidden)
+            Biased.calls += 1
+            if Biased.calls > after:
+                out[:, token] += 1e4
+            return out
+
+    return Biased(pipe.model, pipe.tokenizer, pipe.device)
+
+
+def test_the_stop_tag_and_the_budget_end_the_text(pipe):
+    ids = pipe.tokenizer.ids
+    res = _resolved(pipe, bot_task="think", max_new_tokens=30)
+    (out,) = _biased_stage(pipe, ids["end_think"], 3).run([(res.spec, res.text, 7)])
+    assert len(out.token_ids) == 4 and out.token_ids[-1] == ids["end_think"]
+    assert out.text.startswith("<think>") and out.text.endswith("</think>")
+    res = _resolved(pipe, bot_task="think", max_new_tokens=5)
+    (out,) = _biased_stage(pipe, ids["img"], 0).run([(res.spec, res.text, 7)])  # never a stop: the budget ends it
+    assert len(out.token_ids) == 5
+
+
+def test_think_recaption_forces_recaption_and_splices_the_text_into_the_layout(pipe):
+    ids = pipe.tokenizer.ids
+    res = _resolved(pipe, bot_task="think_recaption", max_new_tokens=30)
+    assert res.bot_task == "think" and res.text.task == "think_recaption"
+    stage = _biased_stage(pipe, ids["end_think"], 2)
+    (out,) = stage.run([(res.spec, res.text, 7)])
+    toks = list(out.token_ids)
+    assert toks[2] == ids["end_think"] and toks[3] == ids["recaption"]  # the transition is forced once
+    assert ids["end_recaption"] not in toks and len(toks) == 30  # </think> again is not a stop here
+    layout = out.layout
+    a, b = layout.cot_slice
+    assert list(layout.tokens[0][a:b]) == [ids["think"]] + toks  # no closing tag: everything generated
+    uncond = layout.tokens[1][a:b]
+    # the closed think section keeps its tags in the CFG row; the unclosed recaption is plain text, like user text
+    assert uncond[0] == ids["think"] and uncond[3] == ids["end_think"]
+    assert set(uncond[1:3]) == {ids["cfg"]} and set(uncond[4:]) == {ids["cfg"]}
+
+
+def test_cot_ids_build_the_layout_user_text_builds(pipe):
+    """The splice of generated ids equals the layout the same text supplied by the client gets."""
+    tok = pipe.tokenizer
+    text = "<think>a fox in snow</think><recaption>a red fox, snow, dusk</recaption>"
+    res = _resolved(pipe)
+    for drop in (False, True):
+        spec = attrs.evolve(res.spec, drop_think=drop)
+        from_text = tok.layout(attrs.evolve(spec, cot_text=text))
+        from_ids = tok.layout(attrs.evolve(spec, cot_ids=tuple(tok.encode_text(text))))
+        assert from_ids == from_text
+    user = _resolved(pipe, bot_task="think", ar_generated_text=text)
+    assert user.text is None  # a client-supplied CoT is used as given: nothing is generated
+
+
+def test_image_mode_generates_nothing(pipe):
+    res = _resolved(pipe, bot_task="image")
+    assert res.text is None
+    state, (out,) = run(pipe, request(extra={"bot_task": "image"}, num_inference_steps=1))
+    assert out.text is None and "text_tokens" not in out.metrics
+    assert state.extras["items"][0]["layout"].cot_slice[0] == state.extras["items"][0]["layout"].cot_slice[1]
+
+
+@pytest.mark.slow
+def test_reused_text_kv_equals_a_full_recompute_and_the_text_is_returned(pipe):
+    from omni_hunyuan.sampler import guide
+
+    req = pipe.preprocess(request(extra={"bot_task": "think_recaption", "max_new_tokens": 8},
+                                  num_inference_steps=2))
+    state = pipe.encode([req])
+    item = state.extras["items"][0]
+    layout = item["layout"]
+    assert layout.cot_slice[1] - layout.cot_slice[0] == 9  # <think> + 8 tokens
+    assert item["past"].length == layout.prefix_len  # step 0 starts at the image's <timestep>
+    assert item["text_metrics"]["text_reused_tokens"] == layout.cot_slice[1] - 1  # all but the last token seen
+    pred = pipe.predict(state, 0)
+    lat = state.latents[:1].expand(2, -1, -1, -1)
+    t = torch.full((2,), float(state.timesteps[0]))
+    full = pipe.model.full_forward(layout, item["tokens"], lat, t)
+    ref = guide(full[:1], full[1:], 4.0, 0.0)
+    assert torch.allclose(pred, ref, atol=1e-5, rtol=0), (pred - ref).abs().max()
+    state = pipe.update(state, 0, pred)
+    state = pipe.denoise_step(state, 1)
+    (out,) = pipe.decode(state)
+    assert out.text == item["text"] and out.text.startswith("<think>")
+    assert out.metrics["text_tokens"] == 8.0
+
+
+@pytest.mark.slow
+def test_img_ratio_picks_the_bucket_from_the_ratio_token(pipe):
+    from omni_hunyuan.rope import rope_table
+
+    res = _resolved(pipe, bot_task="img_ratio", auto_size=True)
+    assert res.text.task is None and res.text.ratio
+    (out,) = pipe.text_stage.run([(res.spec, res.text, 7)])
+    (ratio_id,) = out.token_ids
+    index = pipe.tokenizer.ratio_ids.index(ratio_id)
+    bucket = pipe.tokenizer.buckets.buckets[index]
+    assert out.layout.ratio_index == index and (out.layout.gen_h * 16, out.layout.gen_w * 16) == (bucket.height,
+                                                                                                   bucket.width)
+    # independent: a full forward of the prompt, argmax over the usable ratio tokens
+    base = pipe.tokenizer.layout(attrs.evolve(res.spec, cfg_factor=1))
+    prompt = list(base.tokens[0][:base.gen_timestep - 1])
+    assert prompt[-1] == pipe.tokenizer.size_id
+    pos = torch.arange(len(prompt))
+    cos, sin = rope_table(torch.stack([pos, pos], 1), pipe.config.attention_head_dim, pipe.config.rope_theta)
+    m = pipe.model
+    hidden, _ = m.run_layers(m.model.wte(torch.tensor([prompt])), cos, sin, (), None, 0)
+    logits = m.lm_head(m.model.ln_f(hidden[:, -1]))[0]
+    cands = pipe.text_stage.ratio_candidates()
+    assert ratio_id == cands[int(torch.argmax(logits[cands]))]
+    assert pipe.batch_key(pipe.preprocess(request(extra={"image_size": "auto"}, height=None, width=None))) != \
+        pipe.batch_key(pipe.preprocess(request(extra={"image_size": "auto"}, height=None, width=None)))
+    _, (img,) = run(pipe, request(extra={"bot_task": "img_ratio"}, height=None, width=None, num_inference_steps=1))
+    assert (img.height, img.width) == (bucket.height, bucket.width) and img.text is None
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"extra": {"bot_task": "think", "max_new_tokens": 4096}}, "extra.max_new_tokens"),
+    ({"extra": {"bot_task": "think", "max_new_tokens": 0}}, "extra.max_new_tokens"),
+    ({"extra": {"bot_task": "think", "temperature": -1}}, "extra.temperature"),
+    ({"extra": {"bot_task": "think", "top_p": 0}}, "extra.top_p"),
+    ({"extra": {"bot_task": "think", "top_k": 1.5}}, "extra.top_k"),
+    ({"extra": {"image_size": "512x512"}}, "extra.image_size"),
+    ({"extra": {"image_size": "auto"}}, "params.height"),  # the helper sets 64x64 explicitly
+])
+def test_bad_text_stage_inputs_name_the_field(pipe, kwargs, field):
+    with pytest.raises(InvalidRequest) as info:
+        pipe.preprocess(request(**kwargs))
+    assert info.value.field == field
+
+
+def test_the_text_stage_for_edits_is_refused_clearly(pipe):
+    with pytest.raises(UnsupportedFeature, match="not implemented for image edits"):
+        pipe.preprocess(request("make it blue", images=(square_image(80),), extra={"bot_task": "think"}))
+
+
+@pytest.fixture(scope="module")
+def server(micro_dir, tmp_path_factory):
+    from _server_helpers import LiveServer
+    from omnicore.config import Settings
+    from omnicore.engine.api import Engine
+    from omnicore.plugins.host import PluginHost
+    from omnicore.server import ServerSettings, create_app
+
+    root = tmp_path_factory.mktemp("hunyuan-text-http")
+    settings = Settings(cache_dir=str(root / "cache"), plugins=("hunyuan",))
+    engine = Engine(str(micro_dir), host=PluginHost(settings), settings=settings)
+    srv = LiveServer(create_app(engine, ServerSettings(state_dir=root / "state"), model_arg=str(micro_dir))).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+def test_revised_prompt_carries_the_generated_text_over_http(server):
+    body = {"prompt": "a lighthouse at dusk", "num_inference_steps": 1, "seed": 3, "size": "64x64",
+            "model_params": {"bot_task": "recaption", "max_new_tokens": 6}}
+    resp = httpx.post(server.url + "/v1/images/generations", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    text = resp.json()["data"][0]["revised_prompt"]
+    assert isinstance(text, str) and text.startswith("<recaption>")
+    again = httpx.post(server.url + "/v1/images/generations", json=body, timeout=120).json()
+    assert again["data"][0]["revised_prompt"] == text  # greedy: the same text
+    body["model_params"]["max_new_tokens"] = 100000
+    err = httpx.post(server.url + "/v1/images/generations", json=body, timeout=60)
+    assert err.status_code == 400 and "max_new_tokens" in err.json()["error"]["param"], err.text
