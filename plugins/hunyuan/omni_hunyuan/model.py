@@ -92,9 +92,35 @@ class HunyuanImage3(nn.Module):
             self.vision_model = build_vision_model(config.vit)  # type: ignore[arg-type]
             self.vision_aligner = LightProjector(config.vit_aligner)  # type: ignore[arg-type]
 
+    #: this rank's omnicore.parallel.ParallelContext when the language model is split (enable_tensor_parallel)
+    tensor_parallel: Any = None
+
     @property
     def dtype(self) -> torch.dtype:
         return self.model.wte.weight.dtype
+
+    def enable_tensor_parallel(self, ctx: Any) -> None:
+        """Split attention, the MLPs and the routed experts over ``ctx.tp`` ranks (:mod:`.tensor_parallel`'s plan;
+        a head or MLP width the degree does not divide is a ConfigError naming them). The attention and MLP
+        linears run through DTensor's Colwise/RowwiseParallel; each MoE layer's experts add their partial sums
+        with one all-reduce (the router is replicated, so every rank routes every token alike)."""
+        from omnicore.plugin import all_reduce_sum, parallelize, shard_module
+
+        from .modules import Attention, StackedExperts
+        from .tensor_parallel import module_plan
+
+        plan = module_plan(self.config)
+        plan.check(ctx.tp)
+        shard_module(self, plan, rank=ctx.tp_rank, degree=ctx.tp)
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.heads, module.kv_heads = module.heads // ctx.tp, module.kv_heads // ctx.tp
+            elif isinstance(module, StackedExperts):
+                def reduce(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+                    return all_reduce_sum(output, ctx.tp_group, ctx.stats)
+                module.register_forward_hook(reduce)
+        parallelize(self, plan, ctx.tp_mesh, stats=ctx.stats)
+        self.tensor_parallel = ctx
 
     # ------------------------------------------------------------------------------------------ inputs
     @staticmethod

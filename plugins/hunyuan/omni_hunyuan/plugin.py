@@ -25,6 +25,7 @@ CAPABILITIES = ModelCapabilities(
     cache_methods=(),
     inputs=(InputRole("edit_source", ("image",), 2, "condition image(s) of an edit (VAE + SigLIP2 tokens)"),),
     size_multiple_of=16,
+    parallel=("tp",),  # --parallel tp=N: attention heads, MLPs and experts' widths split over the ranks
 )
 
 DEFAULTS = RequestDefaults(
