@@ -158,6 +158,9 @@ class HunyuanImage3Pipeline(BasePipeline):
         load_state(model, root)
         model.to(device=device, dtype=dtype).eval()
         model.vae.float()
+        parallel = getattr(options, "parallel", None)
+        if parallel is not None and parallel.tp > 1:  # --parallel tp=N: this rank keeps its shard of the LM
+            model.enable_tensor_parallel(parallel)
         install_vae_fast_paths(model.vae, options.platform.ops)  # run only for quality="high" requests
         tokenizer = HunyuanTokenizer.from_dir(root, config.image_base_size)
         return cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,
