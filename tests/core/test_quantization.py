@@ -177,3 +177,50 @@ def test_plan_quantized_bytes_match_a_quantized_load(model: str, tmp_path_factor
         targets = spec_module.quantization_targets(engine.pipeline)
         for name, (module, _patterns) in targets.items():
             assert resident_bytes(module) == row.weights[name], name
+
+
+def test_engine_refuses_bad_quantization_before_loading(tmp_path: Any) -> None:
+    import omnicore
+    from omnicore.config import resolve_settings
+    from omnicore.plugins.host import PluginHost
+
+    settings = resolve_settings({"cache_dir": str(tmp_path)})
+    host = PluginHost(settings)
+    with pytest.raises(InvalidRequest, match="quantization"):
+        omnicore.Engine("tiny:lingbot", host=host, settings=settings, quantization="int4")
+    with pytest.raises(InvalidRequest, match="quantization.*parallel"):
+        omnicore.Engine("tiny:lingbot", host=host, settings=settings, quantization="int8", parallel="cfg=2")
+    assert not (tmp_path / "presets").exists()  # refused before the preset was even built
+
+
+def test_a_model_without_quantization_targets_is_refused() -> None:
+    from omnicore.errors import UnsupportedFeature
+    from omnicore.plugins.host import PluginHost
+    from omnicore.quantization import apply_to_pipeline
+
+    spec = next((s for s in PluginHost().models if s.name == "diffusers"), None)
+    if spec is None:
+        pytest.skip("omni-plugin-diffusers is not installed")
+    with pytest.raises(UnsupportedFeature, match="quantiz"):
+        apply_to_pipeline(object(), spec, "int8")
+
+
+@pytest.mark.slow
+def test_cli_generate_with_quantization(tmp_path: Any) -> None:
+    """The real CLI: ``omnicore generate ... --quantization fp8`` writes an image; a bad mode is a usage error."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).parent / "omnicore")
+    env = {**os.environ, "OMNICORE_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "q.png"
+    done = subprocess.run([exe, "generate", "tiny:lingbot", "a fox", "--height", "48", "--width", "48", "--steps",
+                           "1", "--quantization", "fp8", "--no-progress", "-o", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size > 0
+    bad = subprocess.run([exe, "generate", "tiny:lingbot", "a fox", "--quantization", "int4", "-o", str(out)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--quantization" in bad.stderr
