@@ -28,6 +28,7 @@ from omnicore.plugin import (
     ModelSpec,
     Output,
     UnsupportedFeature,
+    check_request,
     load_media,
     output_seeds,
 )
@@ -105,6 +106,7 @@ class DiffusersPipeline(BasePipeline):
     # ------------------------------------------------------------------ requests
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:
         card = self._card()
+        request = check_request(request, self.spec)  # roles filled and checked also when called without the engine
         params = request.params.with_defaults(self.spec.defaults)
         multiple = card.capabilities.size_multiple_of or 1
         for name in ("height", "width"):
@@ -141,8 +143,8 @@ class DiffusersPipeline(BasePipeline):
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
         extra = tuple(sorted((k, _frozen(v, k)) for k, v in request.extra.items()))
-        # conditioned requests run alone: their images go into the call as one tensor batch per request
-        alone = request.request_id if request.inputs else None
+        # conditioned requests share a call only where diffusers reads an image list as one image per prompt
+        alone = request.request_id if request.inputs and not self._card().batches_media else None
         return (request.batch_key(), extra, request.negative_prompt is not None, alone)
 
     def _card(self) -> PipelineCard:
@@ -169,10 +171,14 @@ class DiffusersPipeline(BasePipeline):
             if limit is not None:
                 kw["max_sequence_length"] = limit
         for role, keyword in card.roles.items():
-            media = [m for m in requests[0].inputs if m.role == role]
-            if media:
-                image = load_media(media[0].kind, media[0].data, field=f"inputs.{role}")
-                kw[keyword] = image if len(rows) == 1 else [image] * len(rows)
+            loaded = {}
+            for r in requests:
+                media = [m for m in r.inputs if m.role == role]
+                if media:
+                    loaded[r.request_id] = load_media(media[0].kind, media[0].data, field=f"inputs.{role}")
+            if loaded:  # equal batch keys: every request of the batch has this role
+                per_row = [loaded[r.request_id] for r, _ in rows]
+                kw[keyword] = per_row[0] if len(per_row) == 1 else per_row
         kw.update(requests[0].extra)
         return kw
 

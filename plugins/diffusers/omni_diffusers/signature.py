@@ -28,6 +28,9 @@ MANAGED = frozenset({
 TENSOR_SUFFIXES = ("_embeds", "_latents", "_mask", "_image_embeds", "_adapter_image")
 #: class-name patterns of pipelines whose ``image`` / ``video`` input is required (no text-only mode)
 CONDITIONED = re.compile(r"Img2Img|Inpaint|ImageToVideo|VideoToVideo|Image2Video|Video2Video")
+#: pipelines whose ``image`` / ``mask_image`` lists mean one image per prompt (so rows of a batch can differ);
+#: elsewhere a list may mean several references for one prompt (Kontext, Edit Plus ...), so those run alone
+ONE_IMAGE_PER_PROMPT = re.compile(r"Img2Img|Inpaint")
 
 
 @attrs.frozen
@@ -40,6 +43,7 @@ class PipelineCard:
     video: bool
     roles: dict[str, str]  # omnicore role -> __call__ keyword
     conditioned: bool  # the image/video input is required
+    batches_media: bool  # requests with different input images may share one call (one image per row)
     capabilities: ModelCapabilities
     defaults: RequestDefaults
     frame_multiple: int | None  # num_frames must be n * frame_multiple + 1 (temporal VAE compression)
@@ -134,5 +138,6 @@ def describe(pipe: Any, base: ModelCapabilities, defaults: RequestDefaults) -> P
     derived = {k: v for k, v in derived.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return PipelineCard(class_name=name, parameters=tuple(params), extra_keys=extra, video=video, roles=roles,
                         conditioned=conditioned and bool(roles), capabilities=caps,
+                        batches_media=bool(ONE_IMAGE_PER_PROMPT.search(name)) and "video" not in roles.values(),
                         defaults=attrs.evolve(defaults, **derived), frame_multiple=temporal,
                         request_fields=tuple(_field(k, params[k]) for k in extra))
