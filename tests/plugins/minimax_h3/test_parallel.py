@@ -131,3 +131,25 @@ def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(
         assert local_parameter_bytes(dit) == analytic < full
         total, split = _file_bytes(folder, checkpoint_plan(config, detect_transformer_format(folder)))
         assert split > 0 and dit.tp_bytes_read == total - split // 2
+
+
+@pytest.mark.slow
+def test_tp_times_ulysses_on_four_processes(tmp_path_factory: pytest.TempPathFactory,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """tp=2,ulysses=2: each rank holds half the heads of the DiT and runs half of them again under Ulysses, so the
+    tiny preset's 2 heads are too few; a 4-head variant of it (same hidden size) is built for this case."""
+    from omni_minimax_h3 import presets
+
+    monkeypatch.setitem(presets.TINY_DIT, "num_attention_heads", 4)
+    monkeypatch.setitem(presets.TINY_DIT, "attention_head_dim", 16)
+    monkeypatch.setitem(presets.TINY_DIT, "rope_freq_dim", 2)  # 6 x 2 rotary channels fit a 16-wide head
+    path = presets.build_tiny_fl2va(tmp_path_factory.mktemp("tiny-h3-4heads"))
+    with _engine(path) as engine:
+        expected = _outputs(engine, *PROMPTS)
+    with _engine(path, "tp=2,ulysses=2") as engine:
+        assert len(engine.group.processes) == 3
+        dit = engine.pipeline.transformer
+        assert dit.blocks[0].attn.heads == 2 and dit.sequence_parallel.ulysses == 2
+        _assert_same(_outputs(engine, *PROMPTS), expected)
+        calls = engine.group.ctx.stats.snapshot()["calls"]
+        assert calls["all_reduce"] > 0 and calls["all_to_all"] > 0
