@@ -134,4 +134,5 @@ def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSour
 
 
 def call(profile: Any, name: str) -> Callable[..., Any]:
-    return getattr(profile, name)  # type: ignore[no-any-return]
+    fn: Callable[..., Any] = getattr(profile, name)
+    return fn

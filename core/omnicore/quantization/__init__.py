@@ -65,6 +65,8 @@ class WeightOnlyLinear(nn.Module):
     def __init__(self, linear: nn.Linear, mode: str, *, fast_fp8: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features, self.mode = linear.in_features, linear.out_features, mode
+        self.qweight: torch.Tensor
+        self.scale: torch.Tensor
         q, scale = quantize_tensor(linear.weight, mode)
         self.register_buffer("qweight", q)
         self.register_buffer("scale", scale)
