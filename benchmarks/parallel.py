@@ -16,7 +16,13 @@ communication record: bytes rank 0 sent per step (counted by the collectives) vs
 ``cfg: numel(prediction) * 4 B``; ``ulysses: depth * 4 * (T/P) * hidden * 4 B * (P-1)/P + (T/P) * hidden * 4 B *
 (P-1)`` (q, k, v and the output per attention call, and the final row gather), per branch.
 
-Run: ``python benchmarks/parallel.py [--reps N] [--device cuda]``.
+Tensor parallel (``tp2``): one MiniMax-H3 DiT forward (hidden 512, 8 heads, 4 blocks, FFN 2048, one request of
+1536 video + 96 audio + 64 text rows) on rank 0 alone vs split over 2 ranks (DTensor column/row-parallel linears).
+Records: the time; bytes rank 0 sent per step (each row-parallel layer's all-reduce, counted at the call as a ring
+sends it) vs the analytic ``blocks * 2 * T * hidden * 4 B * 2 (P-1)/P``; and rank 0's resident parameter bytes vs
+the analytic share of the plan and vs the single-rank model.
+
+Run: ``python benchmarks/parallel.py [--reps N] [--device cuda] [--case cfg2|ulysses2|tp2]``.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import emit, environment, ratio_at_most, static_case, within  # noqa: E402
+from _harness import emit, environment, ratio_at_most, skipped, static_case, within  # noqa: E402
 
 CONFIG = dict(patch_size=[1, 2, 2], in_channels=16, out_channels=16, hidden_size=512, num_attention_heads=8, depth=4,
               intermediate_size=1536, text_dim=256, freq_dim=256, axes_dims=[16, 24, 24], axes_lens=[1024, 256, 256])
@@ -107,6 +114,114 @@ def _rank(rank: int, world: int, init: str, reps: int, warmup: int, device: str,
     dist.destroy_process_group()
 
 
+H3 = dict(num_layers=4, num_refiner_layers=1, hidden_size=512, num_attention_heads=8, attention_head_dim=64,
+          ffn_dim=2048, in_channels=24, audio_in_channels=32, patch_size=[1, 2, 2], text_dim=256, freq_dim=256,
+          time_embed_hidden_dim=512, time_embed_dim=256, rope_freq_dim=8)
+H3_ROWS = (64, 96, 1536)  # text, audio, video rows of the one request
+
+
+def _h3_batch(dit):  # type: ignore[no-untyped-def]
+    """A one-request packed batch for ``dit`` and its inputs (positions need not be meaningful to time a step)."""
+    import torch
+    from omni_minimax_h3.transformer.layout import RequestLayout
+
+    nt, na, nv = H3_ROWS
+    used = nt + na + nv
+    tags = torch.tensor([1] * nt + [2] * na + [0] * nv)
+    pos = torch.stack([torch.arange(used, dtype=torch.float64) % 16] * 3, dim=1)
+    layout = RequestLayout.build(pos, tags, torch.arange(nt + na, used), torch.arange(nt, nt + na), torch.arange(nt),
+                                 seq_align=1)
+    g = torch.Generator().manual_seed(2)
+    c = dit.config
+    plan = dit.prepare_request(layout, torch.randn(nt, c.text_dim, generator=g))
+    batch = dit.pack([plan])
+    ts = batch.step_timesteps([0.5], [0.5])
+    video = torch.randn(nv, c.video_patch_dim, generator=g)
+    audio = torch.randn(na, c.audio_in_channels, generator=g)
+    return batch, video, audio, ts
+
+
+def _tp_rank(rank: int, world: int, init: str, reps: int, warmup: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from omni_minimax_h3.transformer.config import MiniMaxH3TransformerConfig
+    from omni_minimax_h3.transformer.model import MiniMaxH3DiT
+    from omni_minimax_h3.transformer.tensor_parallel import module_plan
+    from omnicore.parallel.config import ParallelConfig
+    from omnicore.parallel.context import build_groups
+    from omnicore.parallel.tensor_parallel import local_parameter_bytes, sharded_parameter_bytes
+
+    threads = max(1, (os.cpu_count() or 2) // world)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    ctx = build_groups(ParallelConfig(tp=world), rank)
+    torch.manual_seed(0)
+    config = MiniMaxH3TransformerConfig.from_dict(H3)
+    single = MiniMaxH3DiT(config).eval().requires_grad_(False)
+    for p in single.parameters():  # a unit-variance-ish random init (the module's own init leaves ones / zeros)
+        p.data.normal_(0.0, 0.02)
+    split = MiniMaxH3DiT(config).eval().requires_grad_(False)
+    split.load_state_dict(single.state_dict())
+    full_bytes = local_parameter_bytes(split)
+    split.enable_tensor_parallel(ctx)
+    batch, video, audio, ts = _h3_batch(single)
+    arms = {"world1": lambda: single(batch, video, audio, ts.unique_timesteps, ts.inverse_indices),
+            "tp2": lambda: split(batch, video, audio, ts.unique_timesteps, ts.inverse_indices)}
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    got: dict[str, Any] = {}
+    sent = 0
+    with torch.no_grad():
+        for i in range(warmup + reps):
+            for name in (["world1", "tp2"] if i % 2 == 0 else ["tp2", "world1"]):
+                dist.barrier()
+                if name == "world1" and rank != 0:
+                    continue
+                ctx.stats.reset()
+                start = time.perf_counter()
+                v, a = arms[name]()
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - start)
+                got[name] = torch.cat([v.float().flatten(), a.float().flatten()])
+                if name == "tp2":
+                    sent = ctx.stats.snapshot()["sent_bytes"].get("all_reduce", 0)
+            dist.barrier()
+    if rank == 0:
+        torch.save({"times": times, "sent": sent, "threads": threads, "tokens": batch.total,
+                    "diff": float((got["tp2"] - got["world1"]).abs().max()), "full_bytes": full_bytes,
+                    "local_bytes": local_parameter_bytes(split),
+                    "analytic_bytes": sharded_parameter_bytes(MiniMaxH3DiT(config), module_plan(config), world)},
+                   out)
+    dist.destroy_process_group()
+
+
+def _tp_main(args: Any) -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.spawn(_tp_rank, args=(world, os.path.join(tmp, "rendezvous"), args.reps, args.warmup, out), nprocs=world,
+                 join=True)
+        r = torch.load(out)
+    base, med = statistics.median(r["times"]["world1"]), statistics.median(r["times"]["tp2"])
+    case = f"h3_h512_d4_{r['tokens']}tok_tp2_cpu"
+    record = {"benchmark": "parallel", "case": case, "arm_a": f"tp2 ({world} ranks x {r['threads']} threads)",
+              "arm_b": f"world1 (1 rank x {r['threads']} threads)", "a_median_s": med, "b_median_s": base,
+              "ratio": med / base, "speedup": base / med, "scaling_efficiency": base / med / world,
+              "max_abs_diff": r["diff"], "reps": args.reps, "env": environment()}
+    goal = ratio_at_most(0.556)
+    record["goal"] = goal.describe() + " (GPU goal; CPU reported)"
+    record["met"] = goal.met(record)
+    emit(record)
+    analytic = H3["num_layers"] * 2 * r["tokens"] * H3["hidden_size"] * 4 * 2 * (world - 1) // world
+    emit(static_case("parallel", "tp2_bytes_per_step", "measured", "analytic",
+                     {"a_value": r["sent"], "b_value": analytic}, within(1.0, 0.01)))
+    emit(static_case("parallel", "tp2_rank0_weight_bytes", "resident", "analytic share",
+                     {"a_value": r["local_bytes"], "b_value": r["analytic_bytes"], "single_rank_bytes": r["full_bytes"],
+                      "share_of_single_rank": r["local_bytes"] / r["full_bytes"]}, within(1.0, 0.001)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -114,6 +229,13 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", action="append", default=[])
     args = parser.parse_args()
+    if any("tp" in c for c in args.case):
+        if args.device != "cpu":
+            emit(skipped("parallel", "the tp2 case runs on CPU/gloo only so far"))
+        else:
+            _tp_main(args)
+        if all("tp" in c for c in args.case):
+            return 0
     import torch
     import torch.multiprocessing as mp
 
