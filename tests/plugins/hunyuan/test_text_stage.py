@@ -239,3 +239,23 @@ def test_revised_prompt_carries_the_generated_text_over_http(server):
     body["model_params"]["max_new_tokens"] = 100000
     err = httpx.post(server.url + "/v1/images/generations", json=body, timeout=60)
     assert err.status_code == 400 and "max_new_tokens" in err.json()["error"]["param"], err.text
+
+
+def test_a_cancel_stops_the_text_stage_within_one_token(pipe):
+    """The stage checks cancellation between tokens (a runner's cancel scope makes the check live)."""
+    from omni_hunyuan.text_stage import TextStage
+    from omnicore.engine.cancellation import cancel_scope
+    from omnicore.errors import Cancelled
+
+    res = _resolved(pipe, bot_task="think", max_new_tokens=50)
+    seen = []
+
+    class Counting(TextStage):
+        def logits(self, hidden):
+            seen.append(hidden.shape[1])
+            return super().logits(hidden)
+
+    stage = Counting(pipe.model, pipe.tokenizer, pipe.device)
+    with cancel_scope(lambda: len(seen) >= 3), pytest.raises(Cancelled):
+        stage.run([(res.spec, res.text, 7)])
+    assert len(seen) == 3  # the prefill and two tokens: no forward after the request asked to stop
