@@ -199,3 +199,34 @@ def test_plan_tp_bytes_equal_a_two_rank_tp_load(cache: Path) -> None:
         dit = engine.pipeline.transformers["fl2va"]
         held = local_parameter_bytes(dit) + sum(b.numel() * b.element_size() for b in dit.buffers())
     assert held == row.weights["transformer"]
+
+
+def test_parallel_auto_refuses_what_cannot_fit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--parallel auto`` with too little device memory: an error naming ``parallel``, the estimate and the limit,
+    raised before any model loads; with enough, the cheapest runnable placement's keywords."""
+    import argparse
+
+    from omnicore.cli import plan_cmd
+    from omnicore.errors import InvalidRequest
+
+    monkeypatch.setenv("OMNICORE_CACHE", str(cache))
+    args = argparse.Namespace(model="tiny:lingbot", prompt="a fox", height=48, width=48, num_frames=None,
+                              duration=None, num_inference_steps=1, guidance_scale=None, fps=None, offload="none",
+                              quantization="none")
+    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 1e-3, "float32"))
+    with pytest.raises(InvalidRequest, match=r"parallel.*no placement.*GiB per rank"):
+        plan_cmd.resolve_auto(args, {})
+    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 64.0, "float32"))
+    picked = plan_cmd.resolve_auto(args, {})
+    assert picked["_auto_placement"] == "single" and not picked["parallel"].enabled
+
+
+@pytest.mark.slow
+def test_cli_generate_parallel_auto(tmp_path: Path) -> None:
+    env = {**os.environ, "OMNICORE_CACHE": str(tmp_path)}
+    out = tmp_path / "a.png"
+    done = subprocess.run([str(Path(sys.executable).parent / "omnicore"), "generate", "tiny:lingbot", "a fox",
+                           "--height", "48", "--width", "48", "--steps", "1", "--parallel", "auto", "--no-progress",
+                           "-o", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "parallel auto: single" in done.stderr and out.stat().st_size > 0

@@ -83,15 +83,23 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from ..engine.model_options import parse_option_args
     from ..parallel.config import ParallelConfig
 
+    auto: dict[str, Any] = {}
+    if str(getattr(args, "parallel", None) or "").strip().lower() == "auto":  # omnicore plan picks, before loading
+        from .plan_cmd import resolve_auto
+
+        extra = parse_extra(getattr(args, "extra", None) or []) if hasattr(args, "extra") else None
+        auto = resolve_auto(args, extra)
+        print(f"parallel auto: {auto.pop('_auto_placement')} (omnicore plan {args.model} shows why)",
+              file=sys.stderr)
+    quantization = auto.pop("quantization", getattr(args, "quantization", None))
     return {"cache_methods": tuple(getattr(args, "cache", ()) or ()),
-            "offload": getattr(args, "offload", "none") or "none",
+            "offload": auto.pop("offload", None) or getattr(args, "offload", "none") or "none",
             "model_options": parse_option_args(getattr(args, "model_option", None) or ()),
             "vae_decode_precision": getattr(args, "vae_decode_precision", None),
-            "parallel": ParallelConfig.parse(getattr(args, "parallel", None)),  # malformed: fails here
+            "parallel": auto["parallel"] if auto else ParallelConfig.parse(getattr(args, "parallel", None)),
             "compile": getattr(args, "compile", "none") or "none",
             # only when asked for, so an engine without quantization sees the keywords it always did
-            **({"quantization": args.quantization} if getattr(args, "quantization", None) not in (None, "none")
-               else {})}
+            **({"quantization": quantization} if quantization not in (None, "none") else {})}
 
 
 def output_type_for(path: str) -> str:

@@ -135,3 +135,55 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_table(plan, args.all, args.what_if))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------- --parallel auto
+def visible_devices() -> tuple[int, float, str]:
+    """``(count, GiB each, dtype)`` of this machine's accelerators (CUDA), else one CPU "device" holding the
+    memory available now (``/proc/meminfo``'s MemAvailable) and the CPU's float32."""
+    import torch
+
+    if torch.cuda.is_available():  # pragma: no cover - no GPU here
+        count = torch.cuda.device_count()
+        return count, torch.cuda.get_device_properties(0).total_memory / GIB, "bfloat16"
+    avail = 0.0
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 1, avail or 8.0, "float32"
+
+
+REQUEST_ARGS = ("height", "width", "num_frames", "duration", "num_inference_steps", "guidance_scale", "fps")
+
+
+def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``--parallel auto``: the Engine keywords of the placement the plan picks for this machine and request
+    (``parallel``, and ``offload`` / ``quantization`` when the pick needs them and the user left them unset); a
+    request no runnable placement fits is refused here, before loading, naming the estimate and the limit."""
+    from ..parallel.config import ParallelConfig
+
+    devices, memory, dtype = visible_devices()
+    request: dict[str, Any] = {k: getattr(args, k) for k in REQUEST_ARGS if getattr(args, k, None) is not None}
+    if extra:
+        request["extra"] = dict(extra)
+    if getattr(args, "prompt", None):
+        request["prompt"] = args.prompt
+    plan = build_plan(args.model, devices=devices, device_memory_gib=memory, request=request, dtype=dtype)
+    pick = plan.auto
+    if pick is None:
+        runnable = [p for p in plan.placements if p.runnable]
+        best = min(runnable, key=lambda p: p.per_rank) if runnable else None
+        need = f"; the smallest ({best.name}) needs {best.per_rank / GIB:.1f} GiB per rank" if best else ""
+        raise InvalidRequest("parallel", f"auto: no placement of {args.model} fits {devices} device(s) of "
+                                         f"{memory:.1f} GiB for this request{need} (omnicore plan shows all)")
+    out: dict[str, Any] = {"parallel": ParallelConfig.parse(",".join(
+        f"{d}={n}" for d, n in (("cfg", pick.cfg), ("ulysses", pick.ulysses), ("tp", pick.tp)) if n > 1) or None)}
+    if pick.offload != "none" and getattr(args, "offload", "none") in (None, "none"):
+        out["offload"] = pick.offload
+    if pick.quantization != "none" and getattr(args, "quantization", "none") in (None, "none"):
+        out["quantization"] = pick.quantization
+    out["_auto_placement"] = pick.name
+    return out
