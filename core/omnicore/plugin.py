@@ -118,6 +118,7 @@ _LAZY: dict[str, str] = {
     "read_sharded_state_dict": "omnicore.parallel.tensor_parallel:read_sharded_state_dict",
     "sharded_parameter_bytes": "omnicore.parallel.tensor_parallel:sharded_parameter_bytes",
     "local_parameter_bytes": "omnicore.parallel.tensor_parallel:local_parameter_bytes",
+    "local_ranges": "omnicore.parallel.tensor_parallel:local_ranges",
     "all_reduce_sum": "omnicore.parallel.collectives:all_reduce_sum",
     # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
@@ -209,6 +210,7 @@ if TYPE_CHECKING:
     from .parallel.tensor_parallel import ShardRule as ShardRule
     from .parallel.tensor_parallel import TensorParallelPlan as TensorParallelPlan
     from .parallel.tensor_parallel import local_parameter_bytes as local_parameter_bytes
+    from .parallel.tensor_parallel import local_ranges as local_ranges
     from .parallel.tensor_parallel import parallelize as parallelize
     from .parallel.tensor_parallel import read_sharded_state_dict as read_sharded_state_dict
     from .parallel.tensor_parallel import shard_module as shard_module

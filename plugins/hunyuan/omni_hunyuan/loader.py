@@ -64,18 +64,40 @@ def shard_files(root: Path) -> list[Path]:
     return weight_files(root, plugin=PLUGIN, weights_name=SINGLE)
 
 
-def iter_checkpoint(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(root: Path, tp: tuple[int, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every stored tensor; with ``tp = (rank, degree)`` the split ones as that rank's rows only (safetensors
+    slices, :func:`.tensor_parallel.checkpoint_plan`)."""
     from safetensors import safe_open
 
+    plan = None
+    if tp is not None:
+        from omnicore.plugin import local_ranges
+
+        from .tensor_parallel import checkpoint_plan
+
+        plan = checkpoint_plan()
     for path in shard_files(root):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                yield key, f.get_tensor(key)
+                module, _, param = key.rpartition(".")
+                split = None if plan is None else plan.param_split(module, param)
+                if split is None or tp is None:
+                    yield key, f.get_tensor(key)
+                    continue
+                view, (dim, sizes) = f.get_slice(key), split
+                shape = view.get_shape()
+                parts = [view[tuple(slice(a, b) if d == dim else slice(None) for d in range(len(shape)))]
+                         for a, b in local_ranges(shape[dim], sizes, tp[0], tp[1])]
+                yield key, parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
-def load_state(model: nn.Module, root: Path) -> None:
-    """Copy the checkpoint under ``root`` into ``model`` (already built from its config), strictly."""
+def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None) -> None:
+    """Copy the checkpoint under ``root`` into ``model`` (already built from its config), strictly.
+
+    ``tp = (rank, degree)``: ``model`` holds that tensor-parallel rank's shapes (``shard_module``) and only its rows
+    are read (the grouped qkv rows of its key/value heads, each expert's and MLP's rows / columns)."""
     cfg: Any = model.config  # the HunyuanImage3 model's config record
+    kv_heads = cfg.num_key_value_heads // (1 if tp is None else tp[1])
     params = dict(model.named_parameters())
     needed: set[str] = set()
     for name, p in params.items():
@@ -101,11 +123,13 @@ def load_state(model: nn.Module, root: Path) -> None:
         filled.add(key)
         expected_names[key] = source
 
-    for name, tensor in iter_checkpoint(root):
+    read = 0
+    for name, tensor in iter_checkpoint(root, tp):
+        read += tensor.numel() * tensor.element_size()
         if name.startswith(DROPPED_PREFIXES):
             continue
         if _QKV.match(name):
-            put(name, ungroup_qkv(tensor, cfg.num_key_value_heads, cfg.groups, cfg.attention_head_dim), name)
+            put(name, ungroup_qkv(tensor, kv_heads, cfg.groups, cfg.attention_head_dim), name)
             continue
         m = _EXPERT.match(name)
         if m:
@@ -125,6 +149,8 @@ def load_state(model: nn.Module, root: Path) -> None:
             continue
         put(name.replace(".mlp.gate.wg.", ".mlp.gate."), tensor, name)
 
+    if tp is not None:
+        model.tp_bytes_read = read  # what this rank read from the files (its shard and the replicated tensors)
     missing = sorted(checkpoint_name(k) for k in needed - filled)
     problems = []
     if missing:

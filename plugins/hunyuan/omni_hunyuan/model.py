@@ -70,6 +70,26 @@ def build_vision_model(config: dict[str, Any]) -> nn.Module:
     return getattr(model, "vision_model", model)
 
 
+def build_sharded(config: HunyuanConfig, attention_backend: Any, rank: int, degree: int) -> HunyuanImage3:
+    """A model whose tensor-parallel linears and experts have ``rank``'s shapes, with no full-size weights ever
+    allocated: built on the meta device, narrowed (:func:`omnicore.plugin.shard_module`), then given empty CPU
+    storage for :func:`.loader.load_state` to fill (every parameter comes from the checkpoint; the model holds no
+    buffers, which ``to_empty`` could not restore — checked)."""
+    from omnicore.plugin import ConfigError, shard_module
+
+    from .tensor_parallel import module_plan
+
+    plan = module_plan(config)
+    plan.check(degree)
+    with torch.device("meta"):
+        model = HunyuanImage3(config, attention_backend=attention_backend)
+    buffers = [name for name, _ in model.named_buffers()]
+    if buffers:
+        raise ConfigError("parallel", f"tp={degree}: cannot build a sharded model holding buffers ({buffers[0]})")
+    shard_module(model, plan, rank=rank, degree=degree)
+    return model.to_empty(device="cpu")
+
+
 class HunyuanImage3(nn.Module):
     def __init__(self, config: HunyuanConfig, attention_backend: Any = None) -> None:
         super().__init__()

@@ -154,12 +154,18 @@ class HunyuanImage3Pipeline(BasePipeline):
                     backend = options.attention(requirement)
                 except UnsupportedFeature:  # no backend serves spans here: the model's own mask-free attention
                     backend = None
-        model = HunyuanImage3(config, attention_backend=backend)
-        load_state(model, root)
+        parallel = getattr(options, "parallel", None)
+        if parallel is not None and parallel.tp > 1:  # --parallel tp=N: this rank reads and keeps its shard only
+            from .model import build_sharded
+
+            model = build_sharded(config, backend, parallel.tp_rank, parallel.tp)
+            load_state(model, root, tp=(parallel.tp_rank, parallel.tp))
+        else:
+            model = HunyuanImage3(config, attention_backend=backend)
+            load_state(model, root)
         model.to(device=device, dtype=dtype).eval()
         model.vae.float()
-        parallel = getattr(options, "parallel", None)
-        if parallel is not None and parallel.tp > 1:  # --parallel tp=N: this rank keeps its shard of the LM
+        if parallel is not None and parallel.tp > 1:
             model.enable_tensor_parallel(parallel)
         install_vae_fast_paths(model.vae, options.platform.ops)  # run only for quality="high" requests
         tokenizer = HunyuanTokenizer.from_dir(root, config.image_base_size)

@@ -35,4 +35,17 @@ def module_plan(config: HunyuanConfig) -> TensorParallelPlan:
     return TensorParallelPlan(rules, tuple(divisors))
 
 
-__all__ = ["module_plan"]
+def checkpoint_plan() -> TensorParallelPlan:
+    """The same split over the release checkpoint's stored names: the grouped ``qkv_proj`` rows
+    (``[kv_heads, groups + 2, D]``: one part, so a rank reads whole key/value heads with their query heads), the
+    fused ``gate_and_up_proj`` (``[up | gate]``, two parts) of the dense MLP, the shared MLP and every expert, and
+    their ``down_proj`` / ``o_proj`` columns."""
+    return TensorParallelPlan((
+        ShardRule("model.layers.*.self_attn.qkv_proj", "column"),
+        ShardRule("model.layers.*.self_attn.o_proj", "row"),
+        ShardRule("model.layers.*.gate_and_up_proj", "column", chunks=2),
+        ShardRule("model.layers.*.down_proj", "row"),
+    ))
+
+
+__all__ = ["checkpoint_plan", "module_plan"]

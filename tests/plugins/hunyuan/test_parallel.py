@@ -1,7 +1,8 @@
 """HunyuanImage-3 over a worker group (``--parallel tp=2``, gloo, 2 processes): the image of a single guided request
 and of a batch equals the single-process engine's (same seeds), with the prompt K/V reused per rank; the routed
 experts, the shared and dense MLPs and the grouped K/V heads are split; rank 0 holds the analytic share of the
-parameters; a head count the degree does not divide is refused at load, naming the numbers."""
+parameters and read only its rows of the checkpoint; a head count the degree does not divide is refused at load,
+naming the numbers."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_tp_image_matches_single_process_and_each_rank_holds_its_share(micro_dir
     import torch
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.model import HunyuanImage3
-    from omni_hunyuan.tensor_parallel import module_plan
+    from omni_hunyuan.tensor_parallel import checkpoint_plan, module_plan
     from omnicore.plugin import local_parameter_bytes, sharded_parameter_bytes
 
     config = HunyuanConfig.from_file(micro_dir / "config.json")
@@ -76,3 +77,22 @@ def test_tp_image_matches_single_process_and_each_rank_holds_its_share(micro_dir
             meta = HunyuanImage3(config)
         analytic = sharded_parameter_bytes(meta, module_plan(config), 2)
         assert local_parameter_bytes(model) == analytic < local_parameter_bytes(meta)
+        # the checkpoint reads covered this rank's rows only: the files less half of every split tensor
+        total, split = _file_bytes(micro_dir, checkpoint_plan())
+        assert split > 0 and model.tp_bytes_read == total - split // 2
+
+
+def _file_bytes(folder: Path, plan: Any) -> tuple[int, int]:
+    """(bytes of every stored tensor, bytes of those the plan splits), from the safetensors headers."""
+    from safetensors import safe_open
+
+    total = split = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                t = f.get_slice(name)
+                n = int(np.prod(t.get_shape())) * {"F32": 4, "BF16": 2, "F16": 2}[t.get_dtype()]
+                total += n
+                module, _, param = name.rpartition(".")
+                split += n if plan.param_split(module, param) is not None else 0
+    return total, split
