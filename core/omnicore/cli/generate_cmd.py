@@ -77,9 +77,10 @@ def input_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def engine_kwargs(args: argparse.Namespace, model: str | None = None) -> dict[str, Any]:
     """The Engine keywords shared by ``generate`` and ``serve`` (caches, offload, model options, VAE precision,
-    parallel layout, compilation, quantization)."""
+    parallel layout, compilation, quantization); ``model``: the model as resolved (serve's ``auto``), for
+    ``--parallel auto``."""
     from ..engine.model_options import parse_option_args
     from ..parallel.config import ParallelConfig
 
@@ -88,8 +89,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         from .plan_cmd import resolve_auto
 
         extra = parse_extra(getattr(args, "extra", None) or []) if hasattr(args, "extra") else None
-        auto = resolve_auto(args, extra)
-        print(f"parallel auto: {auto.pop('_auto_placement')} (omnicore plan {args.model} shows why)",
+        auto = resolve_auto(args, extra, model=model)
+        print(f"parallel auto: {auto.pop('_auto_placement')} (omnicore plan {model or args.model} shows why)",
               file=sys.stderr)
     quantization = auto.pop("quantization", getattr(args, "quantization", None))
     return {"cache_methods": tuple(getattr(args, "cache", ()) or ()),

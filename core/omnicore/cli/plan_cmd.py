@@ -159,7 +159,8 @@ def visible_devices() -> tuple[int, float, str]:
 REQUEST_ARGS = ("height", "width", "num_frames", "duration", "num_inference_steps", "guidance_scale", "fps")
 
 
-def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None, *,
+                 model: str | None = None) -> dict[str, Any]:
     """``--parallel auto``: the Engine keywords of the placement the plan picks for this machine and request
     (``parallel``, and ``offload`` / ``quantization`` when the pick needs them and the user left them unset); a
     request no runnable placement fits is refused here, before loading, naming the estimate and the limit."""
@@ -171,13 +172,14 @@ def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None) 
         request["extra"] = dict(extra)
     if getattr(args, "prompt", None):
         request["prompt"] = args.prompt
-    plan = build_plan(args.model, devices=devices, device_memory_gib=memory, request=request, dtype=dtype)
+    model = model or args.model
+    plan = build_plan(model, devices=devices, device_memory_gib=memory, request=request, dtype=dtype)
     pick = plan.auto
     if pick is None:
         runnable = [p for p in plan.placements if p.runnable]
         best = min(runnable, key=lambda p: p.per_rank) if runnable else None
         need = f"; the smallest ({best.name}) needs {best.per_rank / GIB:.1f} GiB per rank" if best else ""
-        raise InvalidRequest("parallel", f"auto: no placement of {args.model} fits {devices} device(s) of "
+        raise InvalidRequest("parallel", f"auto: no placement of {model} fits {devices} device(s) of "
                                          f"{memory:.1f} GiB for this request{need} (omnicore plan shows all)")
     out: dict[str, Any] = {"parallel": ParallelConfig.parse(",".join(
         f"{d}={n}" for d, n in (("cfg", pick.cfg), ("ulysses", pick.ulysses), ("tp", pick.tp)) if n > 1) or None)}

@@ -149,7 +149,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     from .examples import example_commands
     from .generate_cmd import engine_kwargs
 
-    kwargs = engine_kwargs(args)  # a malformed --model-option fails before the listener starts
+    kwargs = engine_kwargs(args, model=model)  # a malformed --model-option fails before the listener starts
     spec, preset = resolve_before_load(model, host)  # a model that names nothing fails here: one line, exit 2
     if spec is not None:
         resolve_model_options(spec, kwargs["model_options"])  # unknown names / bad values, before listening
