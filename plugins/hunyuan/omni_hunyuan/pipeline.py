@@ -266,7 +266,7 @@ class HunyuanImage3Pipeline(BasePipeline):
             cot_text=normalize_cot(ex.get("ar_generated_text")), cond_images=tuple(cond), cfg_factor=cfg_factor,
             guidance_token=self.config.cfg_distilled, timestep_r_token=self.config.use_meanflow, drop_think=drop_think)
         identity = row_identity(tuple(digests), tuple(cond), seed) if images else ""
-        text = self.text_plan(ex, bot_task, spec, explicit, bool(images))
+        text = self.text_plan(ex, bot_task, spec, explicit)
         resolved = Resolved(mode, spec, guidance, cfg_factor, float(rescale), bot_task, images, identity, text)
         params = attrs.evolve(
             p, height=bucket.height, width=bucket.width, num_frames=1, guidance_scale=guidance, seed=seed,
@@ -274,8 +274,8 @@ class HunyuanImage3Pipeline(BasePipeline):
             flow_shift=p.flow_shift if p.flow_shift is not None else self.gen_config.flow_shift, output_type="image")
         return resolved, {"params": params}
 
-    def text_plan(self, ex: Mapping[str, Any], bot_task: str | None, spec: LayoutSpec, size_given: bool,
-                  edit: bool) -> TextPlan | None:
+    def text_plan(self, ex: Mapping[str, Any], bot_task: str | None, spec: LayoutSpec,
+                  size_given: bool) -> TextPlan | None:
         """The text stage of a request: a think / recaption task (unless the client supplied the CoT text) and
         whether the ratio token picks the bucket; ``None`` when there is nothing to generate."""
         task = text_task(ex.get("bot_task", self.gen_config.bot_task)) if bot_task is not None else None
@@ -285,10 +285,6 @@ class HunyuanImage3Pipeline(BasePipeline):
         budget, temperature, top_k, top_p = text_sampling(ex, self.text_defaults, self.text_max_new_tokens)
         if task is None and not ratio:
             return None
-        if edit:
-            raise UnsupportedFeature("bot_task", "the text stage (think / recaption / the ratio token) is not "
-                                                 "implemented for image edits yet; pass the CoT as "
-                                                 "ar_generated_text and an explicit size")
         return TextPlan(task, ratio, budget, temperature, top_k, top_p)
 
     def prepare_layout(self, request_id: str, resolved: Resolved) -> PreparedLayout:
@@ -380,8 +376,9 @@ class HunyuanImage3Pipeline(BasePipeline):
                                          torch.float32))
             items.append({"request": r, "layout": layout, "tokens": layout.token_tensor(self.device),
                           "rope": self.model.rope(layout, self.device),
-                          "past": None if result is None else result.past, "cond": None,
-                          "cond_ready": False, "pool_hit_tokens": 0,
+                          "past": None if result is None else result.past,
+                          "cond": None if result is None else result.cond, "cond_ready": result is not None,
+                          "pool_hit_tokens": 0,
                           "text": None if result is None else result.text,
                           "text_metrics": {} if result is None else {
                               **result.metrics, "text_reused_tokens": float(result.reused_tokens)}})
@@ -403,7 +400,9 @@ class HunyuanImage3Pipeline(BasePipeline):
         for i, r in enumerate(reqs):
             resolved: Resolved = r.extra["hunyuan"]
             if resolved.text is not None and resolved.text.active:
-                jobs.append((resolved.spec, resolved.text, output_seeds(r)[0]))
+                # an edit's condition features (the same for the text and the image stage: grids precede the CoT)
+                cond = self.cond_features(r, self.tokenizer.layout(resolved.spec)) if resolved.images else None
+                jobs.append((resolved.spec, resolved.text, output_seeds(r)[0], cond))
                 where.append(i)
         if not jobs:
             return {}

@@ -18,7 +18,8 @@ stage then draws in the same sequence. This module runs that stage on the pipeli
   first denoise step then starts at its ``<timestep>``.
 
 Only ids the tokenizer can decode are ever sampled (checkpoints pad ``vocab_size`` beyond the tokenizer).
-Text-to-image only: an edit's condition images would have to be embedded in the text prefill (not done).
+For an edit, the prompt holds the condition images (VAE + ViT tokens, bidirectional spans, 2-D positions): the
+prefill embeds them as the image stage does and such a request decodes alone.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from omnicore.plugin import raise_if_cancelled
 
 from .layout import SequenceLayout
-from .model import HunyuanImage3, PrefixKV
+from .model import CondFeatures, HunyuanImage3, PrefixKV
 from .rope import rope_table
 from .tokenizer import HunyuanTokenizer, LayoutSpec
 
@@ -62,6 +63,7 @@ class TextResult:
     past: PrefixKV
     text: str | None
     token_ids: tuple[int, ...]  # every token the stage appended (text, forced tokens, ratio token)
+    cond: CondFeatures | None  # an edit's condition features (the image stage reuses them)
     reused_tokens: int  # prefix positions of the conditional row whose K/V came from the text stage
     metrics: dict[str, float]
 
@@ -101,6 +103,8 @@ class _Row:
     index: int
     plan: TextPlan
     spec: LayoutSpec
+    base: SequenceLayout  # the image layout without CoT (its first len(prompt) - len(trigger) tokens are the prompt)
+    cond: CondFeatures | None
     prompt: list[int]
     trigger: list[int]  # the opening tag the prompt ends with (part of the CoT)
     tail: list[int]  # forced before the ratio token: [<answer>] <boi> <img_size_B>
@@ -151,18 +155,19 @@ class TextStage:
         return [self.tok.ratio_ids[b.index] for b in self.tok.buckets.buckets
                 if b.height % factor == 0 and b.width % factor == 0]
 
-    def _row(self, index: int, spec: LayoutSpec, plan: TextPlan, seed: int) -> _Row:
+    def _row(self, index: int, spec: LayoutSpec, plan: TextPlan, seed: int, cond: CondFeatures | None) -> _Row:
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
         if plan.task is not None:
             base = self.tok.layout(attrs.evolve(spec, cot_ids=None, cot_text=None, cfg_factor=1))
             cot = base.cot_slice[0]
             row = base.tokens[0]
             trigger = [self.tok.ids["recaption" if plan.task == "recaption" else "think"]]
-            return _Row(index, plan, spec, list(row[:cot]) + trigger, trigger,
+            return _Row(index, plan, spec, base, cond, list(row[:cot]) + trigger, trigger,
                         list(row[base.cot_slice[1]:base.gen_timestep - 1]), gen)
         # the ratio only: the prompt is the image layout up to (not including) its ratio token
         base = self.tok.layout(attrs.evolve(spec, cfg_factor=1))
-        return _Row(index, plan, spec, list(base.tokens[0][:base.gen_timestep - 1]), [], [], gen, phase="ratio")
+        return _Row(index, plan, spec, base, cond, list(base.tokens[0][:base.gen_timestep - 1]), [], [], gen,
+                    phase="ratio")
 
     def _next(self, row: _Row, logits: torch.Tensor) -> None:
         """Choose and append ``row``'s next token from its ``logits`` (float32, CPU)."""
@@ -194,12 +199,28 @@ class TextStage:
             row.phase = "done"
 
     # ------------------------------------------------------------------------------------------ forwards
-    def _rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Text positions ``p -> (p, p)`` (1-D RoPE): the table of a text-only prefix."""
+    def _rope(self, length: int, base: SequenceLayout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions of ``base``'s condition images (when it has any), text positions ``p -> (p, p)``
+        elsewhere: the image stage's table over the prompt, 1-D RoPE for the generated text."""
         pos = torch.arange(length)
-        cos, sin = rope_table(torch.stack([pos, pos], dim=1), self.model.config.attention_head_dim,
-                              self.model.config.rope_theta)
+        table = torch.stack([pos, pos], dim=1)
+        if base is not None and base.cond:
+            end = min(base.cond[-1].vit_end, length)
+            table[:end] = base.positions()[:end]
+        cos, sin = rope_table(table, self.model.config.attention_head_dim, self.model.config.rope_theta)
         return cos.to(self.device), sin.to(self.device)
+
+    def _embed(self, layout: SequenceLayout, tokens: torch.Tensor, a: int, b: int,
+               cond: CondFeatures | None) -> torch.Tensor:
+        """Input embeddings of positions ``[a, b)`` of ``tokens`` (rows of ``layout``): token embeddings, plus the
+        condition images where the range covers them (as the image stage embeds them)."""
+        if not layout.cond or a > layout.cond[-1].vit_end:
+            return self.model.model.wte(tokens[:, a:b])
+        rows = tokens.shape[0]
+        cfg = self.model.config
+        latents = torch.zeros(rows, cfg.latent_channels, layout.gen_h, layout.gen_w, device=self.device)
+        t = torch.zeros(rows, device=self.device)
+        return self.model.embed_range(layout, tokens, a, b, latents, t, cond)
 
     def _buffers(self, rows: int, capacity: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.model.config
@@ -208,13 +229,13 @@ class TextStage:
                  torch.zeros(shape, device=self.device, dtype=self.model.dtype))
                 for _ in range(cfg.num_hidden_layers)]
 
-    def _forward(self, tokens: torch.Tensor, past: PrefixKV, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Run ``tokens [R, n]`` at positions ``[past.length, past.length + n)`` writing their K/V into ``past``'s
-        buffers; returns the last hidden states ``[R, n, H]``."""
+    def _forward(self, emb: torch.Tensor, past: PrefixKV, cos: torch.Tensor, sin: torch.Tensor,
+                 spans: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
+        """Run embeddings ``[R, n, H]`` at positions ``[past.length, past.length + n)`` writing their K/V into
+        ``past``'s buffers; returns the last hidden states ``[R, n, H]``."""
         start = past.length
-        n = tokens.shape[1]
-        emb = self.model.model.wte(tokens)
-        hidden, _ = self.model.run_layers(emb, cos[start:start + n], sin[start:start + n], (), past, 0)
+        n = emb.shape[1]
+        hidden, _ = self.model.run_layers(emb, cos[start:start + n], sin[start:start + n], spans, past, 0)
         past.length = start + n
         return hidden
 
@@ -224,13 +245,13 @@ class TextStage:
 
     # ------------------------------------------------------------------------------------------ the stage
     @torch.no_grad()
-    def run(self, jobs: Sequence[tuple[LayoutSpec, TextPlan, int]]) -> list[TextResult]:
-        """``jobs``: ``(spec, plan, seed)`` per request (text-to-image specs). Requests whose prompts are equally
-        long decode together; returns one result per job, in order."""
-        rows = [self._row(i, spec, plan, seed) for i, (spec, plan, seed) in enumerate(jobs)]
-        groups: dict[int, list[_Row]] = {}
+    def run(self, jobs: Sequence[tuple[LayoutSpec, TextPlan, int, CondFeatures | None]]) -> list[TextResult]:
+        """``jobs``: ``(spec, plan, seed, condition features or None)`` per request. Text-only prompts of equal
+        length decode together (an edit decodes alone); returns one result per job, in order."""
+        rows = [self._row(i, spec, plan, seed, cond) for i, (spec, plan, seed, cond) in enumerate(jobs)]
+        groups: dict[tuple[int, int], list[_Row]] = {}
         for r in rows:
-            groups.setdefault(len(r.prompt), []).append(r)
+            groups.setdefault((len(r.prompt), r.index if r.base.cond else -1), []).append(r)
         done: dict[int, tuple[dict[str, float], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         for group in groups.values():
             done.update(self._decode(group))
@@ -244,10 +265,13 @@ class TextStage:
         budget = max(r.plan.max_new_tokens for r in group)
         extra = max(len(r.tail) for r in group) + 2
         capacity = plen + budget + extra
-        cos, sin = self._rope(capacity)
+        first = group[0]
+        cos, sin = self._rope(capacity, first.base)
+        spans = first.base.joint_image_slices  # the condition images' bidirectional spans (edits decode alone)
         past = PrefixKV(self._buffers(len(group), capacity), 0)
         prompt = torch.tensor([r.prompt for r in group], dtype=torch.long, device=self.device)
-        logits = self.logits(self._forward(prompt, past, cos, sin))
+        logits = self.logits(self._forward(self._embed(first.base, prompt, 0, plen, first.cond), past, cos, sin,
+                                           spans))
         prefill_s = time.perf_counter() - t0
         for r in group:
             r.fed = plen
@@ -262,7 +286,7 @@ class TextStage:
             raise_if_cancelled()  # between tokens, like between denoise steps
             feed = torch.tensor([[r.tokens[-1] if r.tokens else r.prompt[-1]] for r in group], dtype=torch.long,
                                 device=self.device)
-            logits = self.logits(self._forward(feed, past, cos, sin))
+            logits = self.logits(self._forward(self.model.model.wte(feed), past, cos, sin, spans))
             steps += 1
             for r in live:
                 r.fed += 1
@@ -298,11 +322,11 @@ class TextStage:
             spec = attrs.evolve(spec, ratio_index=index, gen_h=bucket.height // factor,
                                 gen_w=bucket.width // factor)
         layout = self.tok.layout(spec)
-        past, reused = self._image_prefix(layout, row.sequence[:row.fed], kv)
-        return TextResult(spec, layout, past, text, tuple(row.tokens), reused, metrics)
+        past, reused = self._image_prefix(layout, row.sequence[:row.fed], kv, row.cond)
+        return TextResult(spec, layout, past, text, tuple(row.tokens), row.cond, reused, metrics)
 
-    def _image_prefix(self, layout: SequenceLayout, seen: Sequence[int],
-                      kv: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[PrefixKV, int]:
+    def _image_prefix(self, layout: SequenceLayout, seen: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]],
+                      cond: CondFeatures | None) -> tuple[PrefixKV, int]:
         """K/V of every CFG row's prefix ``[0, prefix_len)`` in buffers of capacity ``gen_end``: the conditional
         row's from the text stage where its tokens match, the rest prefilled; the CFG row copies the
         conditional row up to its first differing token and prefills from there."""
@@ -314,16 +338,18 @@ class TextStage:
         for (k, v), (tk, tv) in zip(buffers, kv):
             k[0, :reused] = tk[0, :reused]
             v[0, :reused] = tv[0, :reused]
+        spans = layout.joint_image_slices
         if reused < n:
-            self._forward(tokens[:1, reused:n], PrefixKV([(k[:1], v[:1]) for k, v in buffers], reused), cos, sin)
+            self._forward(self._embed(layout, tokens[:1], reused, n, cond),
+                          PrefixKV([(k[:1], v[:1]) for k, v in buffers], reused), cos, sin, spans)
         for r in range(1, layout.rows):
             shared = min(_common_prefix(layout.tokens[r][:n], layout.tokens[0][:n]), n)
             for k, v in buffers:
                 k[r, :shared] = k[0, :shared]
                 v[r, :shared] = v[0, :shared]
             if shared < n:
-                self._forward(tokens[r:r + 1, shared:n], PrefixKV([(k[r:r + 1], v[r:r + 1]) for k, v in buffers],
-                                                                  shared), cos, sin)
+                self._forward(self._embed(layout, tokens[r:r + 1], shared, n, cond),
+                              PrefixKV([(k[r:r + 1], v[r:r + 1]) for k, v in buffers], shared), cos, sin, spans)
         return PrefixKV(buffers, n), reused
 
 

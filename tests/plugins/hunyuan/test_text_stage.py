@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 from _hunyuan_helpers import request, run, square_image
-from omnicore.errors import InvalidRequest, UnsupportedFeature
+from omnicore.errors import InvalidRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))  # _server_helpers
 
@@ -37,22 +37,22 @@ def test_greedy_decode_equals_a_full_recompute_at_every_step(pipe):
 
     res = _resolved(pipe, bot_task="think", max_new_tokens=10)
     assert res.text.task == "think" and res.text.temperature == 0.0
-    (out,) = pipe.text_stage.run([(res.spec, res.text, 7)])
+    (out,) = pipe.text_stage.run([(res.spec, res.text, 7, None)])
     ref = reference_greedy(pipe.model, _prompt(pipe, res), 10, pipe.text_stage.vocab_limit)
     got = list(out.token_ids)
     assert got == ref[:len(got)]
     assert len(got) == 10 or got[-1] in pipe.text_stage.stops("think")
     assert out.text == pipe.tokenizer.decode([pipe.tokenizer.ids["think"]] + got[:len(got)])
-    (again,) = pipe.text_stage.run([(res.spec, res.text, 99)])  # greedy: the seed does not matter
+    (again,) = pipe.text_stage.run([(res.spec, res.text, 99, None)])  # greedy: the seed does not matter
     assert again.token_ids == out.token_ids
 
 
 def test_sampling_is_seeded(pipe):
     res = _resolved(pipe, bot_task="recaption", max_new_tokens=12, temperature=1.0, top_k=64, top_p=0.95)
-    a, b, c = pipe.text_stage.run([(res.spec, res.text, 1), (res.spec, res.text, 1), (res.spec, res.text, 2)])
+    a, b, c = pipe.text_stage.run([(res.spec, res.text, seed, None) for seed in (1, 1, 2)])
     assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
     assert a.metrics["text_batch"] == 3.0  # equally long prompts decode as one batch
-    (alone,) = pipe.text_stage.run([(res.spec, res.text, 2)])
+    (alone,) = pipe.text_stage.run([(res.spec, res.text, 2, None)])
     assert alone.token_ids == c.token_ids  # batching does not change a request's tokens
 
 
@@ -88,11 +88,11 @@ def _biased_stage(pipe, token: int, after: int):
 def test_the_stop_tag_and_the_budget_end_the_text(pipe):
     ids = pipe.tokenizer.ids
     res = _resolved(pipe, bot_task="think", max_new_tokens=30)
-    (out,) = _biased_stage(pipe, ids["end_think"], 3).run([(res.spec, res.text, 7)])
+    (out,) = _biased_stage(pipe, ids["end_think"], 3).run([(res.spec, res.text, 7, None)])
     assert len(out.token_ids) == 4 and out.token_ids[-1] == ids["end_think"]
     assert out.text.startswith("<think>") and out.text.endswith("</think>")
     res = _resolved(pipe, bot_task="think", max_new_tokens=5)
-    (out,) = _biased_stage(pipe, ids["img"], 0).run([(res.spec, res.text, 7)])  # never a stop: the budget ends it
+    (out,) = _biased_stage(pipe, ids["img"], 0).run([(res.spec, res.text, 7, None)])  # never a stop: the budget ends it
     assert len(out.token_ids) == 5
 
 
@@ -101,7 +101,7 @@ def test_think_recaption_forces_recaption_and_splices_the_text_into_the_layout(p
     res = _resolved(pipe, bot_task="think_recaption", max_new_tokens=30)
     assert res.bot_task == "think" and res.text.task == "think_recaption"
     stage = _biased_stage(pipe, ids["end_think"], 2)
-    (out,) = stage.run([(res.spec, res.text, 7)])
+    (out,) = stage.run([(res.spec, res.text, 7, None)])
     toks = list(out.token_ids)
     assert toks[2] == ids["end_think"] and toks[3] == ids["recaption"]  # the transition is forced once
     assert ids["end_recaption"] not in toks and len(toks) == 30  # </think> again is not a stop here
@@ -167,7 +167,7 @@ def test_img_ratio_picks_the_bucket_from_the_ratio_token(pipe):
 
     res = _resolved(pipe, bot_task="img_ratio", auto_size=True)
     assert res.text.task is None and res.text.ratio
-    (out,) = pipe.text_stage.run([(res.spec, res.text, 7)])
+    (out,) = pipe.text_stage.run([(res.spec, res.text, 7, None)])
     (ratio_id,) = out.token_ids
     index = pipe.tokenizer.ratio_ids.index(ratio_id)
     bucket = pipe.tokenizer.buckets.buckets[index]
@@ -205,9 +205,38 @@ def test_bad_text_stage_inputs_name_the_field(pipe, kwargs, field):
     assert info.value.field == field
 
 
-def test_the_text_stage_for_edits_is_refused_clearly(pipe):
-    with pytest.raises(UnsupportedFeature, match="not implemented for image edits"):
-        pipe.preprocess(request("make it blue", images=(square_image(80),), extra={"bot_task": "think"}))
+@pytest.mark.slow
+def test_an_edit_thinks_over_its_condition_image_and_reuses_the_kv(pipe):
+    """The prompt holds a condition image (VAE + ViT tokens in a bidirectional span): the text stage embeds it as
+    the image stage does, and the step-0 prediction from the reused K/V equals a full forward."""
+    from omni_hunyuan.sampler import guide
+    from omni_hunyuan.text_stage import TextStage
+
+    req = pipe.preprocess(request("make it blue", images=(square_image(80),),
+                                  extra={"bot_task": "think", "max_new_tokens": 6}, num_inference_steps=1))
+    state = pipe.encode([req])
+    item = state.extras["items"][0]
+    layout = item["layout"]
+    assert layout.cond and layout.cot_slice[1] - layout.cot_slice[0] in range(2, 8)
+    assert item["text_metrics"]["text_reused_tokens"] > layout.cond[-1].vit_end
+    pred = pipe.predict(state, 0)
+    lat = state.latents[:1].expand(2, -1, -1, -1)
+    t = torch.full((2,), float(state.timesteps[0]))
+    full = pipe.model.full_forward(layout, item["tokens"], lat, t, cond=item["cond"])
+    assert torch.allclose(pred, guide(full[:1], full[1:], 4.0, 0.0), atol=1e-5, rtol=0)
+    # the first generated token is the argmax of a full forward of the prompt (condition image included)
+    res = req.extra["hunyuan"]
+    base = pipe.tokenizer.layout(attrs.evolve(res.spec, cfg_factor=1))
+    prompt = list(base.tokens[0][:base.cot_slice[0]]) + [pipe.tokenizer.ids["think"]]
+    stage = TextStage(pipe.model, pipe.tokenizer, pipe.device)
+    cos, sin = stage._rope(len(prompt), base)
+    ids = torch.tensor([prompt])
+    emb = stage._embed(base, ids, 0, len(prompt), item["cond"])
+    m = pipe.model
+    hidden, _ = m.run_layers(emb, cos, sin, base.joint_image_slices, None, 0)
+    logits = stage.logits(hidden)[0]
+    logits[stage.vocab_limit:] = float("-inf")
+    assert layout.tokens[0][layout.cot_slice[0] + 1] == int(torch.argmax(logits))
 
 
 @pytest.fixture(scope="module")
@@ -257,5 +286,5 @@ def test_a_cancel_stops_the_text_stage_within_one_token(pipe):
 
     stage = Counting(pipe.model, pipe.tokenizer, pipe.device)
     with cancel_scope(lambda: len(seen) >= 3), pytest.raises(Cancelled):
-        stage.run([(res.spec, res.text, 7)])
+        stage.run([(res.spec, res.text, 7, None)])
     assert len(seen) == 3  # the prefill and two tokens: no forward after the request asked to stop
