@@ -55,7 +55,7 @@ from .request_rules import (
     wants_ratio,
 )
 from .sampler import GRIDS, euler_step, guide, initial_noise, model_timesteps, sigmas
-from .text_stage import TextPlan, TextStage
+from .text_stage import TextJob, TextPlan, TextStage
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
 from .vae import install_fast_paths as install_vae_fast_paths
 from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
@@ -169,7 +169,7 @@ class HunyuanImage3Pipeline(BasePipeline):
             model.enable_tensor_parallel(parallel)
         install_vae_fast_paths(model.vae, options.platform.ops)  # run only for quality="high" requests
         tokenizer = HunyuanTokenizer.from_dir(root, config.image_base_size)
-        return cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,
+        pipeline = cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,
                    kv_block_size=int(opts.get("kv_block_size") or 16),
                    kv_pool_blocks=int(opts.get("kv_pool_blocks") or 512),
                    kv_reuse=bool(opts.get("kv_reuse", True)),
@@ -177,6 +177,17 @@ class HunyuanImage3Pipeline(BasePipeline):
                    text_defaults=_text_defaults(root / "generation_config.json"),
                    text_max_new_tokens=int(opts.get("text_max_new_tokens") or 2048),
                    vae_decode_precision=getattr(options, "vae_decode_precision", None))
+        pipeline.parallel = parallel
+        return pipeline
+
+    #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
+    parallel: Any = None
+
+    def _cfg_row(self, rows: int) -> int | None:
+        """Under ``--parallel cfg=2``: the CFG row (0 conditional, 1 unconditional) this rank computes of a guided
+        item; ``None`` when it computes every row (no CFG ranks, or an unguided item)."""
+        par = self.parallel
+        return par.cfg_rank if par is not None and par.cfg > 1 and rows == 2 else None
 
     # ------------------------------------------------------------------------------------------ admission
     def fast_path_gates(self) -> list[Any]:
@@ -389,20 +400,20 @@ class HunyuanImage3Pipeline(BasePipeline):
     @property
     def text_stage(self) -> TextStage:
         if self._text_stage is None:
-            self._text_stage = TextStage(self.model, self.tokenizer, self.device)
+            self._text_stage = TextStage(self.model, self.tokenizer, self.device, pool=self.pool)
         return self._text_stage
 
     def run_text_stage(self, reqs: Sequence[GenerationRequest]) -> dict[int, Any]:
         """The text stage of the requests that have one (batched where their prompts are equally long); by
-        request index. Its results carry the image layout and every CFG row's prefix K/V (the paged prefix pool
-        is not consulted for these requests)."""
+        request index. Its results carry the image layout and every CFG row's prefix K/V; with the paged pool,
+        resident prompt blocks skip the text prefill and the rows' prefix blocks are published."""
         jobs, where = [], []
         for i, r in enumerate(reqs):
             resolved: Resolved = r.extra["hunyuan"]
             if resolved.text is not None and resolved.text.active:
                 # an edit's condition features (the same for the text and the image stage: grids precede the CoT)
                 cond = self.cond_features(r, self.tokenizer.layout(resolved.spec)) if resolved.images else None
-                jobs.append((resolved.spec, resolved.text, output_seeds(r)[0], cond))
+                jobs.append(TextJob(resolved.spec, resolved.text, output_seeds(r)[0], cond, resolved.identity))
                 where.append(i)
         if not jobs:
             return {}
@@ -424,13 +435,17 @@ class HunyuanImage3Pipeline(BasePipeline):
             item["cond_ready"] = True
         return item["cond"]
 
-    def _pooled_prefix(self, item: dict[str, Any]) -> tuple[PrefixKV | None, list[tuple[str, ...]]]:
-        """On a pool hit: the common leading blocks of every CFG row as a prefix cache (pins released after
-        the copy). Returns the cache (or None) and the rows' block hashes for publishing."""
+    def _pooled_prefix(self, item: dict[str, Any],
+                       row: int | None = None) -> tuple[PrefixKV | None, list[tuple[str, ...]]]:
+        """On a pool hit: the common leading blocks of every CFG row (of ``row`` only, on a CFG rank) as a prefix
+        cache (pins released after the copy). Returns the cache (or None) and the rows' block hashes for
+        publishing."""
         prepared = item["request"].extra.get("prepared_layout")
         if self.pool is None or prepared is None:
             return None, []
         hashes = [kr.block_hashes for kr in prepared.kv_requests]
+        if row is not None:
+            hashes = hashes[row:row + 1]
         hits = [self.pool.acquire(h) for h in hashes]
         n = min(hits) if hits else 0
         past = None
@@ -452,16 +467,23 @@ class HunyuanImage3Pipeline(BasePipeline):
             resolved: Resolved = item["request"].extra["hunyuan"]
             layout: SequenceLayout = item["layout"]
             rows = layout.rows
-            lat = state.latents[i:i + 1].expand(rows, -1, -1, -1)
-            t = torch.full((rows,), t_value, device=self.device, dtype=torch.float32)
-            past = item["past"]
+            mine = self._cfg_row(rows)  # CFG-parallel: this rank computes one row, the other rank the other
+            tokens = item["tokens"] if mine is None else item["tokens"][mine:mine + 1]
+            local = rows if mine is None else 1
+            lat = state.latents[i:i + 1].expand(local, -1, -1, -1)
+            t = torch.full((local,), t_value, device=self.device, dtype=torch.float32)
+            past = item["past"]  # under CFG-parallel: the K/V of this rank's row only
             hashes: list[Any] = []
             if past is None:
-                past, hashes = self._pooled_prefix(item)
+                past, hashes = self._pooled_prefix(item, mine)
             needs_cond = past is None or past.length <= (layout.cond[-1].vit_end if layout.cond else -1)
             cond = self._ensure_cond(item) if needs_cond else None
-            pred, kept = self.model.denoise(layout, item["tokens"], item["rope"], lat, t, past=past, cond=cond,
+            pred, kept = self.model.denoise(layout, tokens, item["rope"], lat, t, past=past, cond=cond,
                                             guidance=resolved.guidance)
+            if mine is not None:  # both rows on every rank (one all-gather), so the ranks' latents stay equal
+                from omnicore.plugin import cfg_branches
+
+                pred = torch.cat(cfg_branches(self.parallel, [lambda own=pred: own] * 2))
             if kept is not None:
                 if self.kv_reuse:
                     item["past"] = kept

@@ -1,8 +1,8 @@
-"""HunyuanImage-3 over a worker group (``--parallel tp=2``, gloo, 2 processes): the image of a single guided request
-and of a batch equals the single-process engine's (same seeds), with the prompt K/V reused per rank; the routed
-experts, the shared and dense MLPs and the grouped K/V heads are split; rank 0 holds the analytic share of the
-parameters and read only its rows of the checkpoint; a head count the degree does not divide is refused at load,
-naming the numbers."""
+"""HunyuanImage-3 over a worker group (``--parallel tp=2`` / ``cfg=2``, gloo, 2 processes; ``cfg=2,tp=2``, 4): the
+image of a single guided request and of a batch equals the single-process engine's (same seeds), with the prompt
+K/V reused per rank; the routed experts, the shared and dense MLPs and the grouped K/V heads are split; rank 0
+holds the analytic share of the parameters and read only its rows of the checkpoint; a head count the degree does
+not divide is refused at load, naming the numbers."""
 
 from __future__ import annotations
 
@@ -96,3 +96,23 @@ def _file_bytes(folder: Path, plan: Any) -> tuple[int, int]:
                 module, _, param = name.rpartition(".")
                 split += n if plan.param_split(module, param) is not None else 0
     return total, split
+
+
+@pytest.mark.slow
+def test_cfg_parallel_image_matches_single_process(micro_dir: Path, reference: Any) -> None:
+    """cfg=2: each rank runs one of the guided rows (keeping that row's prompt K/V), the predictions are
+    exchanged once per step."""
+    with _engine(micro_dir, "cfg=2") as engine:
+        _assert_same(_images(engine, PROMPTS[0]), reference["single"])
+        calls = engine.group.ctx.stats.snapshot()["calls"]
+        assert calls == {"all_gather": PARAMS["num_inference_steps"]}, calls
+        _assert_same(_images(engine, *PROMPTS), reference["batch"])
+
+
+@pytest.mark.slow
+def test_cfg_times_tp_on_four_processes(micro_dir: Path, reference: Any) -> None:
+    with _engine(micro_dir, "cfg=2,tp=2") as engine:
+        assert len(engine.group.processes) == 3
+        _assert_same(_images(engine, *PROMPTS), reference["batch"])
+        calls = engine.group.ctx.stats.snapshot()["calls"]
+        assert calls["all_gather"] > 0 and calls["all_reduce"] > 0
