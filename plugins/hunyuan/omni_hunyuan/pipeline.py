@@ -55,7 +55,7 @@ from .request_rules import (
     wants_ratio,
 )
 from .sampler import GRIDS, euler_step, guide, initial_noise, model_timesteps, sigmas
-from .text_stage import TextPlan, TextStage
+from .text_stage import TextJob, TextPlan, TextStage
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
 from .vae import install_fast_paths as install_vae_fast_paths
 from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
@@ -400,20 +400,20 @@ class HunyuanImage3Pipeline(BasePipeline):
     @property
     def text_stage(self) -> TextStage:
         if self._text_stage is None:
-            self._text_stage = TextStage(self.model, self.tokenizer, self.device)
+            self._text_stage = TextStage(self.model, self.tokenizer, self.device, pool=self.pool)
         return self._text_stage
 
     def run_text_stage(self, reqs: Sequence[GenerationRequest]) -> dict[int, Any]:
         """The text stage of the requests that have one (batched where their prompts are equally long); by
-        request index. Its results carry the image layout and every CFG row's prefix K/V (the paged prefix pool
-        is not consulted for these requests)."""
+        request index. Its results carry the image layout and every CFG row's prefix K/V; with the paged pool,
+        resident prompt blocks skip the text prefill and the rows' prefix blocks are published."""
         jobs, where = [], []
         for i, r in enumerate(reqs):
             resolved: Resolved = r.extra["hunyuan"]
             if resolved.text is not None and resolved.text.active:
                 # an edit's condition features (the same for the text and the image stage: grids precede the CoT)
                 cond = self.cond_features(r, self.tokenizer.layout(resolved.spec)) if resolved.images else None
-                jobs.append((resolved.spec, resolved.text, output_seeds(r)[0], cond))
+                jobs.append(TextJob(resolved.spec, resolved.text, output_seeds(r)[0], cond, resolved.identity))
                 where.append(i)
         if not jobs:
             return {}

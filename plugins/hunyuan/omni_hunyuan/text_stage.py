@@ -31,6 +31,7 @@ import attrs
 import torch
 from omnicore.plugin import raise_if_cancelled
 
+from .kv_pool import PrefixKVPool, block_hashes
 from .layout import SequenceLayout
 from .model import CondFeatures, HunyuanImage3, PrefixKV
 from .rope import rope_table
@@ -51,6 +52,18 @@ class TextPlan:
     @property
     def active(self) -> bool:
         return self.task is not None or self.ratio
+
+
+@attrs.frozen
+class TextJob:
+    """One request for the text stage: its layout spec, plan, seed, an edit's condition features, and the prefix
+    identity the paged pool hashes with the tokens (edits: reference content and VAE seed; empty for T2I)."""
+
+    spec: LayoutSpec
+    plan: TextPlan
+    seed: int
+    cond: CondFeatures | None = None
+    identity: str = ""
 
 
 @attrs.frozen
@@ -105,6 +118,7 @@ class _Row:
     spec: LayoutSpec
     base: SequenceLayout  # the image layout without CoT (its first len(prompt) - len(trigger) tokens are the prompt)
     cond: CondFeatures | None
+    identity: str
     prompt: list[int]
     trigger: list[int]  # the opening tag the prompt ends with (part of the CoT)
     tail: list[int]  # forced before the ratio token: [<answer>] <boi> <img_size_B>
@@ -125,8 +139,11 @@ class TextStage:
     """Runs the text stage for a batch of requests on ``model`` (see the module docstring)."""
 
     def __init__(self, model: HunyuanImage3, tokenizer: HunyuanTokenizer, device: torch.device,
-                 vocab_limit: int | None = None) -> None:
+                 vocab_limit: int | None = None, pool: PrefixKVPool | None = None) -> None:
         self.model = model
+        #: the paged prefix pool (``paged_scheduler`` mode): the prompt's resident blocks skip the prefill, and
+        #: every CFG row's image prefix is published after the stage
+        self.pool = pool
         self.tok = tokenizer
         self.device = device
         #: ids >= this are never sampled (the tokenizer's size; the LM's vocab is padded)
@@ -155,18 +172,20 @@ class TextStage:
         return [self.tok.ratio_ids[b.index] for b in self.tok.buckets.buckets
                 if b.height % factor == 0 and b.width % factor == 0]
 
-    def _row(self, index: int, spec: LayoutSpec, plan: TextPlan, seed: int, cond: CondFeatures | None) -> _Row:
-        gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    def _row(self, index: int, job: TextJob) -> _Row:
+        spec, plan, cond = job.spec, job.plan, job.cond
+        gen = torch.Generator(device="cpu").manual_seed(int(job.seed))
         if plan.task is not None:
             base = self.tok.layout(attrs.evolve(spec, cot_ids=None, cot_text=None, cfg_factor=1))
             cot = base.cot_slice[0]
             row = base.tokens[0]
             trigger = [self.tok.ids["recaption" if plan.task == "recaption" else "think"]]
-            return _Row(index, plan, spec, base, cond, list(row[:cot]) + trigger, trigger,
+            return _Row(index, plan, spec, base, cond, job.identity, list(row[:cot]) + trigger, trigger,
                         list(row[base.cot_slice[1]:base.gen_timestep - 1]), gen)
         # the ratio only: the prompt is the image layout up to (not including) its ratio token
         base = self.tok.layout(attrs.evolve(spec, cfg_factor=1))
-        return _Row(index, plan, spec, base, cond, list(base.tokens[0][:base.gen_timestep - 1]), [], [], gen,
+        return _Row(index, plan, spec, base, cond, job.identity, list(base.tokens[0][:base.gen_timestep - 1]), [], [],
+                    gen,
                     phase="ratio")
 
     def _next(self, row: _Row, logits: torch.Tensor) -> None:
@@ -245,10 +264,10 @@ class TextStage:
 
     # ------------------------------------------------------------------------------------------ the stage
     @torch.no_grad()
-    def run(self, jobs: Sequence[tuple[LayoutSpec, TextPlan, int, CondFeatures | None]]) -> list[TextResult]:
-        """``jobs``: ``(spec, plan, seed, condition features or None)`` per request. Text-only prompts of equal
-        length decode together (an edit decodes alone); returns one result per job, in order."""
-        rows = [self._row(i, spec, plan, seed, cond) for i, (spec, plan, seed, cond) in enumerate(jobs)]
+    def run(self, jobs: Sequence[TextJob]) -> list[TextResult]:
+        """One result per job, in order. Text-only prompts of equal length decode together (an edit decodes
+        alone)."""
+        rows = [self._row(i, job) for i, job in enumerate(jobs)]
         groups: dict[tuple[int, int], list[_Row]] = {}
         for r in rows:
             groups.setdefault((len(r.prompt), r.index if r.base.cond else -1), []).append(r)
@@ -269,8 +288,9 @@ class TextStage:
         cos, sin = self._rope(capacity, first.base)
         spans = first.base.joint_image_slices  # the condition images' bidirectional spans (edits decode alone)
         past = PrefixKV(self._buffers(len(group), capacity), 0)
+        past.length = hit = self._from_pool(group, past)
         prompt = torch.tensor([r.prompt for r in group], dtype=torch.long, device=self.device)
-        logits = self.logits(self._forward(self._embed(first.base, prompt, 0, plen, first.cond), past, cos, sin,
+        logits = self.logits(self._forward(self._embed(first.base, prompt, hit, plen, first.cond), past, cos, sin,
                                            spans))
         prefill_s = time.perf_counter() - t0
         for r in group:
@@ -291,10 +311,39 @@ class TextStage:
             for r in live:
                 r.fed += 1
         decode_s = time.perf_counter() - t0 - prefill_s
-        return {r.index: ({"text_prefill_s": prefill_s, "text_decode_s": decode_s,
+        return {r.index: ({"text_prefill_s": prefill_s, "text_decode_s": decode_s, "text_pool_hit_tokens": float(hit),
                            "text_tokens": float(len(r.tokens)), "text_steps": float(steps),
                            "text_batch": float(len(group))},
                           [(k[j:j + 1], v[j:j + 1]) for k, v in past.layers]) for j, r in enumerate(group)}
+
+    def _from_pool(self, group: list[_Row], past: PrefixKV) -> int:
+        """Copy the prompt blocks every row of ``group`` finds resident in the pool into ``past``'s buffers (the
+        last prompt token is always computed: its logits start the decode); returns the positions copied."""
+        if self.pool is None:
+            return 0
+        bs = self.pool.block_size
+        plen = len(group[0].prompt)
+        hashes = [block_hashes(r.prompt, plen - 1, bs, r.identity) for r in group]
+        hits = [self.pool.acquire(h) for h in hashes]
+        n = min(hits)
+        try:
+            if n > 0:
+                for (k, v), (pk, pv) in zip(past.layers, self.pool.gather_rows([h[:n] for h in hashes])):
+                    k[:, :n * bs] = pk
+                    v[:, :n * bs] = pv
+        finally:
+            for h, c in zip(hashes, hits):
+                self.pool.release(h[:c])
+        return n * bs
+
+    def _publish(self, layout: SequenceLayout, past: PrefixKV, identity: str) -> None:
+        """Publish every CFG row's full prefix blocks (what the image stage's first step publishes)."""
+        if self.pool is None:
+            return
+        for r, row in enumerate(layout.tokens):
+            hashes = block_hashes(row, layout.prefix_len, self.pool.block_size, identity)
+            self.pool.publish(hashes, [k[r, :layout.prefix_len] for k, _ in past.layers],
+                              [v[r, :layout.prefix_len] for _, v in past.layers])
 
     def _finish(self, row: _Row, metrics: dict[str, float], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> TextResult:
         plan, spec = row.plan, row.spec
@@ -323,6 +372,7 @@ class TextStage:
                                 gen_w=bucket.width // factor)
         layout = self.tok.layout(spec)
         past, reused = self._image_prefix(layout, row.sequence[:row.fed], kv, row.cond)
+        self._publish(layout, past, row.identity)
         return TextResult(spec, layout, past, text, tuple(row.tokens), row.cond, reused, metrics)
 
     def _image_prefix(self, layout: SequenceLayout, seen: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]],

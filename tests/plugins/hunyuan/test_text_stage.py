@@ -13,6 +13,7 @@ import httpx
 import pytest
 import torch
 from _hunyuan_helpers import request, run, square_image
+from omni_hunyuan.text_stage import TextJob
 from omnicore.errors import InvalidRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))  # _server_helpers
@@ -37,22 +38,22 @@ def test_greedy_decode_equals_a_full_recompute_at_every_step(pipe):
 
     res = _resolved(pipe, bot_task="think", max_new_tokens=10)
     assert res.text.task == "think" and res.text.temperature == 0.0
-    (out,) = pipe.text_stage.run([(res.spec, res.text, 7, None)])
+    (out,) = pipe.text_stage.run([TextJob(res.spec, res.text, 7)])
     ref = reference_greedy(pipe.model, _prompt(pipe, res), 10, pipe.text_stage.vocab_limit)
     got = list(out.token_ids)
     assert got == ref[:len(got)]
     assert len(got) == 10 or got[-1] in pipe.text_stage.stops("think")
     assert out.text == pipe.tokenizer.decode([pipe.tokenizer.ids["think"]] + got[:len(got)])
-    (again,) = pipe.text_stage.run([(res.spec, res.text, 99, None)])  # greedy: the seed does not matter
+    (again,) = pipe.text_stage.run([TextJob(res.spec, res.text, 99)])  # greedy: the seed does not matter
     assert again.token_ids == out.token_ids
 
 
 def test_sampling_is_seeded(pipe):
     res = _resolved(pipe, bot_task="recaption", max_new_tokens=12, temperature=1.0, top_k=64, top_p=0.95)
-    a, b, c = pipe.text_stage.run([(res.spec, res.text, seed, None) for seed in (1, 1, 2)])
+    a, b, c = pipe.text_stage.run([TextJob(res.spec, res.text, seed) for seed in (1, 1, 2)])
     assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
     assert a.metrics["text_batch"] == 3.0  # equally long prompts decode as one batch
-    (alone,) = pipe.text_stage.run([(res.spec, res.text, 2, None)])
+    (alone,) = pipe.text_stage.run([TextJob(res.spec, res.text, 2)])
     assert alone.token_ids == c.token_ids  # batching does not change a request's tokens
 
 
@@ -88,11 +89,11 @@ def _biased_stage(pipe, token: int, after: int):
 def test_the_stop_tag_and_the_budget_end_the_text(pipe):
     ids = pipe.tokenizer.ids
     res = _resolved(pipe, bot_task="think", max_new_tokens=30)
-    (out,) = _biased_stage(pipe, ids["end_think"], 3).run([(res.spec, res.text, 7, None)])
+    (out,) = _biased_stage(pipe, ids["end_think"], 3).run([TextJob(res.spec, res.text, 7)])
     assert len(out.token_ids) == 4 and out.token_ids[-1] == ids["end_think"]
     assert out.text.startswith("<think>") and out.text.endswith("</think>")
     res = _resolved(pipe, bot_task="think", max_new_tokens=5)
-    (out,) = _biased_stage(pipe, ids["img"], 0).run([(res.spec, res.text, 7, None)])  # never a stop: the budget ends it
+    (out,) = _biased_stage(pipe, ids["img"], 0).run([TextJob(res.spec, res.text, 7)])  # no stop: the budget ends
     assert len(out.token_ids) == 5
 
 
@@ -101,7 +102,7 @@ def test_think_recaption_forces_recaption_and_splices_the_text_into_the_layout(p
     res = _resolved(pipe, bot_task="think_recaption", max_new_tokens=30)
     assert res.bot_task == "think" and res.text.task == "think_recaption"
     stage = _biased_stage(pipe, ids["end_think"], 2)
-    (out,) = stage.run([(res.spec, res.text, 7, None)])
+    (out,) = stage.run([TextJob(res.spec, res.text, 7)])
     toks = list(out.token_ids)
     assert toks[2] == ids["end_think"] and toks[3] == ids["recaption"]  # the transition is forced once
     assert ids["end_recaption"] not in toks and len(toks) == 30  # </think> again is not a stop here
@@ -167,7 +168,7 @@ def test_img_ratio_picks_the_bucket_from_the_ratio_token(pipe):
 
     res = _resolved(pipe, bot_task="img_ratio", auto_size=True)
     assert res.text.task is None and res.text.ratio
-    (out,) = pipe.text_stage.run([(res.spec, res.text, 7, None)])
+    (out,) = pipe.text_stage.run([TextJob(res.spec, res.text, 7)])
     (ratio_id,) = out.token_ids
     index = pipe.tokenizer.ratio_ids.index(ratio_id)
     bucket = pipe.tokenizer.buckets.buckets[index]
@@ -188,6 +189,27 @@ def test_img_ratio_picks_the_bucket_from_the_ratio_token(pipe):
         pipe.batch_key(pipe.preprocess(request(extra={"image_size": "auto"}, height=None, width=None)))
     _, (img,) = run(pipe, request(extra={"bot_task": "img_ratio"}, height=None, width=None, num_inference_steps=1))
     assert (img.height, img.width) == (bucket.height, bucket.width) and img.text is None
+
+
+@pytest.mark.slow
+def test_the_paged_pool_serves_a_repeated_prompt_to_the_text_stage(paged_pipe):
+    """With the paged prefix pool, the image prefixes the text stage built are published; a repeated request finds
+    its prompt blocks resident and prefills only the rest, with the same tokens and the same first step."""
+    pipe = paged_pipe
+    pipe.pool.clear()
+    preds, texts = [], []
+    for _ in range(2):
+        req = pipe.preprocess(request("a tall lighthouse on a rocky cliff at dusk",
+                                      extra={"bot_task": "recaption", "max_new_tokens": 5}, num_inference_steps=1))
+        state = pipe.encode([req])
+        item = state.extras["items"][0]
+        texts.append((item["text"], item["text_metrics"]["text_pool_hit_tokens"]))
+        preds.append(pipe.predict(state, 0))
+    prompt_len = item["layout"].cot_slice[0] + 1
+    assert texts[0][1] == 0 and texts[1][1] == (prompt_len - 1) // 8 * 8 > 0
+    assert texts[0][0] == texts[1][0]
+    assert torch.allclose(preds[0], preds[1], atol=1e-5, rtol=0)
+    assert pipe.pool.stats.published > 0
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
@@ -286,5 +308,5 @@ def test_a_cancel_stops_the_text_stage_within_one_token(pipe):
 
     stage = Counting(pipe.model, pipe.tokenizer, pipe.device)
     with cancel_scope(lambda: len(seen) >= 3), pytest.raises(Cancelled):
-        stage.run([(res.spec, res.text, 7, None)])
+        stage.run([TextJob(res.spec, res.text, 7)])
     assert len(seen) == 3  # the prefill and two tokens: no forward after the request asked to stop
