@@ -46,6 +46,19 @@ if TYPE_CHECKING:
 STYLES = ("column", "row", "replicated")
 
 
+# typed converters (``converter=tuple`` would type the fields' constructor arguments as ``Iterable[_T_co]``)
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _named_ints(value: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    return tuple(value)
+
+
+def _rules(value: Iterable[ShardRule]) -> tuple[ShardRule, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class ShardRule:
     """``pattern`` (``fnmatch`` over a module's qualified name, e.g. ``"blocks.*.attn.qkv_proj"``) -> ``style``."""
@@ -53,8 +66,8 @@ class ShardRule:
     pattern: str
     style: str
     chunks: int = 1  # equal fused outputs stacked along the split dimension, each split on its own
-    parts: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # unequal fused parts' relative sizes
-    params: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=tuple)  # non-Linear: (name, dim)
+    parts: tuple[int, ...] = attrs.field(default=(), converter=_ints)  # unequal fused parts' relative sizes
+    params: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_named_ints)  # non-Linear: (name, dim)
 
     def __attrs_post_init__(self) -> None:
         if self.style not in STYLES:
@@ -74,8 +87,8 @@ class ShardRule:
 class TensorParallelPlan:
     """The rules (first match wins; unmatched modules are replicated) and the counts the degree must divide."""
 
-    rules: tuple[ShardRule, ...] = attrs.field(converter=tuple)
-    divisors: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=tuple)
+    rules: tuple[ShardRule, ...] = attrs.field(converter=_rules)
+    divisors: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_named_ints)
 
     def rule_for(self, module_name: str) -> ShardRule | None:
         """The rule sharding ``module_name`` (``None``: replicated)."""
@@ -176,7 +189,8 @@ def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degr
                             "an nn.Linear needs the rule's params (its parameters' split dimensions)")
         if getattr(sub, "_omnicore_tp_full", None) is not None:
             continue  # already sharded (e.g. built from a sharded checkpoint read)
-        sub._omnicore_tp_full = {p_name: tuple(p.shape) for p_name, p in sub.named_parameters(recurse=False)}
+        full = {p_name: tuple(p.shape) for p_name, p in sub.named_parameters(recurse=False)}
+        object.__setattr__(sub, "_omnicore_tp_full", full)  # a plain attribute, not a submodule or buffer
         for p_name, p in list(sub.named_parameters(recurse=False)):
             split = plan.param_split(name, p_name)
             if split is None:

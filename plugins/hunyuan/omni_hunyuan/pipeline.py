@@ -381,13 +381,17 @@ class HunyuanImage3Pipeline(BasePipeline):
         for i, r in enumerate(reqs):
             result = texts.get(i)
             layout = self.layout_of(r) if result is None else result.layout
+            past = None if result is None else result.past
+            mine = self._cfg_row(layout.rows)
+            if past is not None and mine is not None:  # CFG-parallel: this rank keeps its row's K/V only
+                past = past.row(mine)
             gen = torch.Generator(device="cpu").manual_seed(output_seeds(r)[0])
             # drawn in bf16 as the reference does (same seed, same image), kept in fp32 between steps (exact)
             latents.append(initial_noise((1, self.config.latent_channels, layout.gen_h, layout.gen_w), gen,
                                          torch.float32))
             items.append({"request": r, "layout": layout, "tokens": layout.token_tensor(self.device),
                           "rope": self.model.rope(layout, self.device),
-                          "past": None if result is None else result.past,
+                          "past": past,
                           "cond": None if result is None else result.cond, "cond_ready": result is not None,
                           "pool_hit_tokens": 0,
                           "text": None if result is None else result.text,
@@ -483,7 +487,7 @@ class HunyuanImage3Pipeline(BasePipeline):
             if mine is not None:  # both rows on every rank (one all-gather), so the ranks' latents stay equal
                 from omnicore.plugin import cfg_branches
 
-                pred = torch.cat(cfg_branches(self.parallel, [lambda own=pred: own] * 2))
+                pred = torch.cat(cfg_branches(self.parallel, [pred.detach] * 2))  # a view of this rank's row
             if kept is not None:
                 if self.kv_reuse:
                     item["past"] = kept

@@ -259,7 +259,7 @@ def load_transformer(model_dir: Path | str, *, device: Any = "cpu", dtype: torch
         from .transformer.tensor_parallel import module_plan
 
         shard_module(model, module_plan(config), rank=tp[0], degree=tp[1])
-        model.tp_bytes_read = read
+        object.__setattr__(model, "tp_bytes_read", read)  # bytes this rank read from the files
     load_strict(model, state, plugin=PLUGIN, path=model_dir, component=part, assign=True)  # no second copy
     del state
     model.rope.reset_parameters()
