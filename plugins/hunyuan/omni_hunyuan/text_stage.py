@@ -242,11 +242,15 @@ class TextStage:
         return self.model.embed_range(layout, tokens, a, b, latents, t, cond)
 
     def _buffers(self, rows: int, capacity: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        cfg = self.model.config
-        shape = (rows, capacity, cfg.num_key_value_heads, cfg.attention_head_dim)
-        return [(torch.zeros(shape, device=self.device, dtype=self.model.dtype),
-                 torch.zeros(shape, device=self.device, dtype=self.model.dtype))
-                for _ in range(cfg.num_hidden_layers)]
+        """Per layer K/V buffers ``[rows, capacity, Hkv, D]``; ``Hkv`` is the layer's own (this rank's share of
+        the key/value heads under tensor parallelism)."""
+        out = []
+        for layer in self.model.model.layers:
+            attn = layer.self_attn
+            shape = (rows, capacity, int(attn.kv_heads), int(attn.head_dim))
+            out.append((torch.zeros(shape, device=self.device, dtype=self.model.dtype),
+                        torch.zeros(shape, device=self.device, dtype=self.model.dtype)))
+        return out
 
     def _forward(self, emb: torch.Tensor, past: PrefixKV, cos: torch.Tensor, sin: torch.Tensor,
                  spans: Sequence[tuple[int, int]] = ()) -> torch.Tensor:

@@ -310,3 +310,25 @@ def test_a_cancel_stops_the_text_stage_within_one_token(pipe):
     with cancel_scope(lambda: len(seen) >= 3), pytest.raises(Cancelled):
         stage.run([TextJob(res.spec, res.text, 7)])
     assert len(seen) == 3  # the prefill and two tokens: no forward after the request asked to stop
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["tp=2", "cfg=2"])
+def test_the_text_stage_runs_on_the_parallel_ranks(micro_dir, parallel):
+    """Under --parallel (gloo, 2 processes) the ranks decode the same text (TP: each rank holds its share of the
+    key/value heads in the text stage's cache; CFG: each rank keeps its row of the reused prefix) and the image
+    equals the single-process engine's."""
+    import numpy as np
+    from omnicore.engine.api import Engine, make_request
+    from omnicore.plugins.host import default_host
+
+    settings = default_host().settings
+    params = {"height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 4.0, "seed": 5,
+              "extra": {"bot_task": "think_recaption", "max_new_tokens": 6}}
+    outs = []
+    for par in (None, parallel):
+        with Engine(str(micro_dir), settings=settings, parallel=par) as engine:
+            outs.append(engine.submit(make_request("a red fox in the snow", **params)).result(600)[0])
+    single, multi = outs
+    assert single.text is not None and multi.text == single.text
+    assert np.abs(single.frames.astype(int) - multi.frames.astype(int)).max() <= 1
