@@ -212,6 +212,52 @@ def test_the_paged_pool_serves_a_repeated_prompt_to_the_text_stage(paged_pipe):
     assert pipe.pool.stats.published > 0
 
 
+@pytest.mark.slow
+def test_drop_think_keeps_only_the_recaption_and_the_image_prefix_stays_exact(pipe):
+    """With drop_think the image prompt holds only ``<recaption>…</recaption>`` (and the recaption system prompt
+    replaces the system prompt): the text stage's K/V is reused only up to where the sequences differ, the rest is
+    prefilled, and the first step still equals a full forward; the returned text keeps the thinking."""
+    from omni_hunyuan.request_rules import SYSTEM_PROMPTS
+    from omni_hunyuan.sampler import guide
+    from omni_hunyuan.text_stage import TextStage
+
+    ids = pipe.tokenizer.ids
+
+    class Scripted(TextStage):
+        calls = 0
+
+        def logits(self, hidden):
+            out = super().logits(hidden)
+            Scripted.calls += 1
+            forced = {3: ids["end_think"], 7: ids["end_recaption"]}.get(Scripted.calls)
+            if forced is not None:
+                out[:, forced] += 1e4
+            return out
+
+    saved = pipe._text_stage
+    pipe._text_stage = Scripted(pipe.model, pipe.tokenizer, pipe.device)
+    try:
+        req = pipe.preprocess(request(extra={"bot_task": "think_recaption", "max_new_tokens": 20, "drop_think": True,
+                                             "use_system_prompt": "en_unified"}, num_inference_steps=1))
+        state = pipe.encode([req])
+    finally:
+        pipe._text_stage = saved
+    item = state.extras["items"][0]
+    layout = item["layout"]
+    a, b = layout.cot_slice
+    cot = list(layout.tokens[0][a:b])
+    assert cot[0] == ids["recaption"] and cot[-1] == ids["end_recaption"] and ids["think"] not in cot
+    assert item["text"].startswith("<think>") and "</think><recaption>" in item["text"]
+    assert item["text"].endswith("</recaption>")
+    system = pipe.tokenizer.encode_text(SYSTEM_PROMPTS["en_recaption"])
+    assert list(layout.tokens[0][1:1 + len(system)]) == system
+    assert 0 < item["text_metrics"]["text_reused_tokens"] < a
+    pred = pipe.predict(state, 0)
+    lat = state.latents[:1].expand(2, -1, -1, -1)
+    full = pipe.model.full_forward(layout, item["tokens"], lat, torch.full((2,), float(state.timesteps[0])))
+    assert torch.allclose(pred, guide(full[:1], full[1:], 4.0, 0.0), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"extra": {"bot_task": "think", "max_new_tokens": 4096}}, "extra.max_new_tokens"),
     ({"extra": {"bot_task": "think", "max_new_tokens": 0}}, "extra.max_new_tokens"),
