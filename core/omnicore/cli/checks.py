@@ -42,12 +42,28 @@ def resolve_before_load(model: str, host: Any) -> tuple[Any, Any]:
     for ``tiny:``), or ``(None, None)`` for a Hugging Face repo id (its spec is known after the download). An
     argument that cannot name a model raises here, saying what to pass: a bare family name (``lingbot``) gets
     its ``tiny:`` presets and "or a checkpoint directory"."""
-    from ..engine.loading import _REPO_ID, TINY_PREFIX, detect_spec, find_preset, known_models, preset_spec
+    from ..engine.loading import (
+        _REPO_ID,
+        TINY_PREFIX,
+        detect_spec,
+        explicit_model,
+        find_preset,
+        known_models,
+        preset_spec,
+    )
 
     text = os.fspath(model)
     if text.lower().startswith(TINY_PREFIX):
         spec, preset = find_preset(host, text)
         return preset_spec(spec, preset), preset
+    explicit = explicit_model(host, text)
+    if explicit is not None:  # <model>:<dir or repo id>: that model serves it, no detection
+        spec, rest = explicit
+        where = Path(rest).expanduser()
+        if where.is_dir() or (_REPO_ID.match(rest) and not where.exists()):
+            return spec, None
+        raise ModelArgumentError("model", f"{text}: {rest!r} is neither a checkpoint directory nor a Hugging Face "
+                                          "repo id")
     path = Path(text).expanduser()
     if path.is_dir():
         return detect_spec(host, path), None

@@ -169,6 +169,17 @@ def detect_spec(host: PluginHost, path: Path) -> ModelSpec:
         f"{names or 'none'}; known models: {', '.join(sorted(s.name for s in specs)) or 'none installed'})")
 
 
+def explicit_model(host: PluginHost, text: str) -> tuple[ModelSpec, str] | None:
+    """``<model name>:<checkpoint dir or repo id>`` (e.g. ``diffusers:./tiny-flux``): the named model serves it,
+    with no layout detection (a generic plugin asked for by name, or a checkpoint two plugins could claim).
+    ``None`` when ``text`` has no such prefix (``tiny:`` is the preset prefix, handled before this)."""
+    prefix, sep, rest = text.partition(":")
+    if not sep or not rest or prefix.lower() == TINY_PREFIX[:-1]:
+        return None
+    spec = next((s for s in host.models if s.name.lower() == prefix.lower()), None)
+    return None if spec is None else (spec, rest)
+
+
 def resolve_model(model: str | os.PathLike[str], host: PluginHost, settings: Settings) -> ResolvedModel:
     """Turn the user's ``model`` argument into a spec and a directory (building or downloading as needed)."""
     text = os.fspath(model)
@@ -176,6 +187,16 @@ def resolve_model(model: str | os.PathLike[str], host: PluginHost, settings: Set
         spec, preset = find_preset(host, text)
         path = ensure_preset(spec, preset, settings.cache_path)
         return ResolvedModel(preset_spec(spec, preset), path, "preset", preset.name)
+    explicit = explicit_model(host, text)
+    if explicit is not None:
+        spec, rest = explicit
+        where = Path(rest).expanduser()
+        if where.is_dir():
+            return ResolvedModel(spec, where, "local")
+        if _REPO_ID.match(rest) and not where.exists():
+            return ResolvedModel(spec, _download(rest, settings), "hub")
+        raise InvalidRequest("model", f"{spec.name}:{rest}: {rest!r} is neither a checkpoint directory nor a "
+                                      "Hugging Face repo id")
     path = Path(text).expanduser()
     if path.is_dir():
         return ResolvedModel(detect_spec(host, path), path, "local")
