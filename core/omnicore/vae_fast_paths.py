@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 _GATE_ATTR = "_omnicore_fast_path_gate"
 _INSTALLED_ATTR = "_omnicore_fast_path"
@@ -50,6 +50,10 @@ class FastPathGate:
             self.enabled = previous
 
 
+@overload
+def fast_path_gate(owner: Any, *, create: Literal[True] = True) -> FastPathGate: ...
+@overload
+def fast_path_gate(owner: Any, *, create: bool) -> FastPathGate | None: ...
 def fast_path_gate(owner: Any, *, create: bool = True) -> FastPathGate | None:
     """The gate registered on ``owner`` (a VAE), made on first use unless ``create`` is False."""
     gate = owner.__dict__.get(_GATE_ATTR) if hasattr(owner, "__dict__") else None

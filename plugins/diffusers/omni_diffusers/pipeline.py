@@ -114,7 +114,7 @@ class DiffusersPipeline(BasePipeline):
                 raise InvalidRequest(f"params.{name}", f"must be a multiple of {multiple} for {card.class_name}")
         if not card.video and params.num_frames != 1:
             raise InvalidRequest("params.num_frames", f"{card.class_name} makes images: num_frames must be 1")
-        if card.frame_multiple and (params.num_frames - 1) % card.frame_multiple:
+        if card.frame_multiple and params.num_frames is not None and (params.num_frames - 1) % card.frame_multiple:
             raise InvalidRequest("params.num_frames", f"must be {card.frame_multiple}n+1 for {card.class_name}")
         guidance = params.guidance_scale  # 0 is legitimate (distilled / turbo pipelines run without guidance)
         if "guidance_scale" in card.parameters and not (isinstance(guidance, (int, float))
