@@ -19,6 +19,7 @@ from omnicore.quantization import (  # noqa: E402
     quantize_stacked_,
     quantize_tensor,
     resident_bytes,
+    row_overhead,
     torchao_available,
 )
 
@@ -53,8 +54,10 @@ def test_linears_named_only_and_bytes_near_analytic(backend: str, mode: str) -> 
     report = quantize_module(model, mode, ["0"], backend=backend)  # the first linear only
     assert report.linears == ("0",) and report.linear_backend == backend
     assert isinstance(model[2], torch.nn.Linear) and model[2].weight.dtype == torch.float32  # untouched
-    analytic = before - 256 * 512 * 4 + (256 * 512 + 4 * 512)  # 1 byte per element + one fp32 scale per row
-    assert resident_bytes(model) == pytest.approx(analytic, rel=0.01)
+    extra = row_overhead(mode, backend=backend)  # ours: one fp32 scale per row; torchao: measured per version
+    assert extra == 4 if backend == "reference" else 4 <= extra <= 16  # torchao 0.17 int8: 12, 0.18: 5
+    analytic = before - 256 * 512 * 4 + (256 * 512 + extra * 512)  # 1 byte per element + the per-row overhead
+    assert resident_bytes(model) == analytic
     rel = float((model(x) - ref).norm() / ref.norm())
     assert rel < (0.01 if mode == "int8" else 0.06)
 

@@ -8,6 +8,7 @@ variables; a value the user already set wins) and Python's warning filters. omni
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
@@ -21,9 +22,15 @@ QUIET_ENVIRONMENT = {
 }
 
 
+#: Loggers that chatter at import time (torchao, which diffusers imports when it is installed).
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def silence_third_party() -> dict[str, str]:
     """Set the quiet switches the user did not set themselves and ignore Python warnings; returns what it set."""
     applied = {k: v for k, v in QUIET_ENVIRONMENT.items() if k not in os.environ}
     os.environ.update(applied)
     warnings.simplefilter("ignore")
+    for name in QUIET_LOGGERS:  # torchao's import notes (CUDA extensions absent on CPU builds, pytree notices)
+        logging.getLogger(name).setLevel(logging.ERROR)
     return applied

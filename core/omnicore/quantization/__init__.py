@@ -260,8 +260,20 @@ def apply_to_pipeline(pipeline: Any, spec: Any, mode: str, *, backend: str = "au
     return quantize_pipeline(pipeline, targets_fn(pipeline), mode, backend=backend)
 
 
+_OVERHEAD: dict[tuple[str, str], int] = {}
+
+
 def row_overhead(mode: str, *, stacked: bool = False, backend: str = "auto") -> int:
-    """Bytes per output row beyond the 1-byte elements, as the chosen backend stores them: a float32 scale
-    (ours, torchao's fp8), plus torchao's int8 zero point (one byte) for int8 linears."""
+    """Bytes per output row beyond the 1-byte elements, as the backend the engine would pick stores them. Ours
+    keeps a float32 scale (4 bytes); torchao's layouts differ between versions (0.18's int8 adds a 1-byte zero
+    point, 0.17's more), so its overhead is measured once by quantizing a small probe linear."""
     linear_torchao = backend == "torchao" or (backend == "auto" and torchao_available())
-    return 5 if (mode == "int8" and linear_torchao and not stacked) else 4
+    if stacked or not linear_torchao:
+        return 4
+    key = (mode, "torchao")
+    if key not in _OVERHEAD:
+        rows, cols = 64, 32
+        probe = nn.Sequential(nn.Linear(cols, rows, bias=False))
+        quantize_module(probe, mode, ["0"], backend="torchao")
+        _OVERHEAD[key] = (resident_bytes(probe) - rows * cols) // rows
+    return _OVERHEAD[key]
