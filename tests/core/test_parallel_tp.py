@@ -86,3 +86,11 @@ def test_colwise_rowwise_dtensor_block_matches_the_full_block_on_gloo(tmp_path: 
     ckpt.parent.mkdir()
     save_file({k: v.contiguous() for k, v in Block().state_dict().items()}, str(ckpt))
     mp.spawn(tp_rank, args=(str(tmp_path / "rendezvous"), str(ckpt)), nprocs=2, join=True)
+
+
+def test_ep_sits_between_ulysses_and_tp_in_the_grid() -> None:
+    c = ParallelConfig.parse("ulysses=2,ep=2,tp=2")
+    assert c.world_size == 8 and c.dims() == ("ulysses", "tp", "ep")
+    assert c.grid4(3) == (0, 0, 1, 1) and c.grid4(6) == (0, 1, 1, 0)
+    assert c.tp_peers(3) == [2, 3] and c.ep_peers(3) == [1, 3] and c.ulysses_peers(3) == [3, 7]
+    assert ParallelConfig(ep=2).ep_peers(1) == [0, 1]

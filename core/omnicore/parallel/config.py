@@ -1,11 +1,12 @@
-"""``--parallel cfg=2,ulysses=2,tp=2``: the parallel degrees of one engine and the rank layout they imply.
+"""``--parallel cfg=2,ulysses=2,tp=2,ep=2``: the parallel degrees of one engine and the rank layout they imply.
 
-Ranks form a ``cfg x ulysses x tp`` grid, tp fastest, then ulysses, cfg slowest: rank
-``r = (cfg_rank * ulysses + sp_rank) * tp + tp_rank``. The dimension that talks most sits innermost: tensor
-parallelism all-reduces twice per block, so a TP group is consecutive ranks (one node, the fastest links); a
-Ulysses group (four all-to-alls per attention) is the next level out, its members ``tp`` ranks apart; the CFG
-exchange (once per step) crosses the slowest links. With ``tp=1`` this is the former ``cfg x ulysses`` layout.
-A rank's Ulysses shard holds the heads of its TP shard, so attention heads must divide by ``tp * ulysses``.
+Ranks form a ``cfg x ulysses x ep x tp`` grid, tp fastest, then ep, ulysses, cfg slowest: rank
+``r = ((cfg_rank * ulysses + sp_rank) * ep + ep_rank) * tp + tp_rank``. The dimension that talks most sits
+innermost: tensor parallelism all-reduces twice per block, so a TP group is consecutive ranks (one node, the
+fastest links); an expert-parallel group (one all-reduce per MoE layer) comes next, its members ``tp`` ranks
+apart; then a Ulysses group (four all-to-alls per attention); the CFG exchange (once per step) crosses the slowest
+links. With ``tp=ep=1`` this is the former ``cfg x ulysses`` layout. A rank's Ulysses shard holds the heads of its
+TP shard, so attention heads must divide by ``tp * ulysses``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import attrs
 
 from ..errors import ConfigError
 
-DIMENSIONS = ("cfg", "ulysses", "tp")
+DIMENSIONS = ("cfg", "ulysses", "tp", "ep")
 
 
 @attrs.frozen
@@ -28,6 +29,7 @@ class ParallelConfig:
     cfg: int = 1
     ulysses: int = 1
     tp: int = 1
+    ep: int = 1  # MoE experts partitioned over the ranks (their tokens are replicated there)
 
     def __attrs_post_init__(self) -> None:
         for name in DIMENSIONS:
@@ -40,7 +42,7 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.cfg * self.ulysses * self.tp
+        return self.cfg * self.ulysses * self.tp * self.ep
 
     @property
     def enabled(self) -> bool:
@@ -50,13 +52,19 @@ class ParallelConfig:
         """The dimensions in use (degree > 1)."""
         return tuple(name for name in DIMENSIONS if getattr(self, name) > 1)
 
+    def grid4(self, rank: int) -> tuple[int, int, int, int]:
+        """``(cfg_rank, sp_rank, ep_rank, tp_rank)`` of global ``rank`` (ep sits between ulysses and tp)."""
+        outer, tp_rank = divmod(rank, self.tp)
+        outer, ep_rank = divmod(outer, self.ep)
+        return outer // self.ulysses, outer % self.ulysses, ep_rank, tp_rank
+
     def grid(self, rank: int) -> tuple[int, int, int]:
         """``(cfg_rank, sp_rank, tp_rank)`` of global ``rank``."""
-        outer, tp_rank = divmod(rank, self.tp)
-        return outer // self.ulysses, outer % self.ulysses, tp_rank
+        c, sp, _, tp = self.grid4(rank)
+        return c, sp, tp
 
-    def rank_of(self, cfg_rank: int, sp_rank: int, tp_rank: int) -> int:
-        return (cfg_rank * self.ulysses + sp_rank) * self.tp + tp_rank
+    def rank_of(self, cfg_rank: int, sp_rank: int, tp_rank: int, ep_rank: int = 0) -> int:
+        return ((cfg_rank * self.ulysses + sp_rank) * self.ep + ep_rank) * self.tp + tp_rank
 
     def coords(self, rank: int) -> tuple[int, int]:
         """``(cfg_rank, sp_rank)`` of global ``rank``."""
@@ -64,18 +72,23 @@ class ParallelConfig:
 
     def cfg_peers(self, rank: int) -> list[int]:
         """The global ranks sharing ``rank``'s Ulysses and TP position (one per CFG branch)."""
-        _, sp, tp = self.grid(rank)
-        return [self.rank_of(c, sp, tp) for c in range(self.cfg)]
+        _, sp, ep, tp = self.grid4(rank)
+        return [self.rank_of(c, sp, tp, ep) for c in range(self.cfg)]
 
     def ulysses_peers(self, rank: int) -> list[int]:
         """The global ranks of ``rank``'s Ulysses group (one CFG branch, one TP position)."""
-        c, _, tp = self.grid(rank)
-        return [self.rank_of(c, s, tp) for s in range(self.ulysses)]
+        c, _, ep, tp = self.grid4(rank)
+        return [self.rank_of(c, s, tp, ep) for s in range(self.ulysses)]
 
     def tp_peers(self, rank: int) -> list[int]:
         """The global ranks of ``rank``'s TP group (consecutive ranks)."""
         base = (rank // self.tp) * self.tp
         return list(range(base, base + self.tp))
+
+    def ep_peers(self, rank: int) -> list[int]:
+        """The global ranks of ``rank``'s expert-parallel group (same position in every other dimension)."""
+        c, sp, _, tp = self.grid4(rank)
+        return [self.rank_of(c, sp, tp, e) for e in range(self.ep)]
 
     def __str__(self) -> str:
         return ",".join(f"{name}={getattr(self, name)}" for name in DIMENSIONS if getattr(self, name) > 1) or "none"

@@ -46,7 +46,8 @@ class ParallelContext:
 
     ``cfg_group`` joins the ranks holding the other guidance branch at the same sequence and TP position;
     ``sp_group`` the ranks of this rank's Ulysses group; ``tp_group`` those of its TP group, and ``tp_mesh`` the
-    1-D ``DeviceMesh`` over it that DTensor's tensor parallelism runs on. Each is ``None`` when its degree is 1.
+    1-D ``DeviceMesh`` over it that DTensor's tensor parallelism runs on; ``ep_group`` the ranks sharing out the MoE
+    experts. Each is ``None`` when its degree is 1.
     """
 
     config: ParallelConfig
@@ -56,6 +57,7 @@ class ParallelContext:
     stats: CommStats = attrs.Factory(CommStats)
     tp_group: Any = None
     tp_mesh: Any = None
+    ep_group: Any = None
 
     @property
     def world_size(self) -> int:
@@ -84,6 +86,14 @@ class ParallelContext:
     @property
     def tp_rank(self) -> int:
         return self.config.grid(self.rank)[2]
+
+    @property
+    def ep(self) -> int:
+        return self.config.ep
+
+    @property
+    def ep_rank(self) -> int:
+        return self.config.grid4(self.rank)[2]
 
     @property
     def is_driver(self) -> bool:
@@ -120,8 +130,9 @@ def build_groups(config: ParallelConfig, rank: int) -> ParallelContext:
         tp_group = _peer_groups(config, rank, config.tp_peers)
         device_type = {"nccl": "cuda", "hccl": "npu"}.get(str(dist.get_backend()), "cpu")
         tp_mesh = DeviceMesh.from_group(tp_group, device_type)
+    ep_group = _peer_groups(config, rank, config.ep_peers) if config.ep > 1 else None
     return ParallelContext(config=config, rank=rank, cfg_group=cfg_group, sp_group=sp_group, tp_group=tp_group,
-                           tp_mesh=tp_mesh)
+                           tp_mesh=tp_mesh, ep_group=ep_group)
 
 
 __all__ = ["CommStats", "ParallelContext", "build_groups"]

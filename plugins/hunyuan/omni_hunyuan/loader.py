@@ -150,7 +150,7 @@ def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None) 
         put(name.replace(".mlp.gate.wg.", ".mlp.gate."), tensor, name)
 
     if tp is not None:
-        object.__setattr__(model, "tp_bytes_read", read)  # what this rank read from the files (its shard and the replicated tensors)
+        object.__setattr__(model, "tp_bytes_read", read)  # this rank's shard and the replicated tensors
     missing = sorted(checkpoint_name(k) for k in needed - filled)
     problems = []
     if missing:

@@ -114,6 +114,8 @@ class HunyuanImage3(nn.Module):
 
     #: this rank's omnicore.parallel.ParallelContext when the language model is split (enable_tensor_parallel)
     tensor_parallel: Any = None
+    #: this rank's omnicore.parallel.ParallelContext when the experts are partitioned (enable_expert_parallel)
+    expert_parallel: Any = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -141,6 +143,30 @@ class HunyuanImage3(nn.Module):
                 module.register_forward_hook(reduce)
         parallelize(self, plan, ctx.tp_mesh, stats=ctx.stats)
         self.tensor_parallel = ctx
+
+    def enable_expert_parallel(self, ctx: Any) -> None:
+        """Partition every MoE layer's routed experts over ``ctx.ep`` ranks (rank ``e`` keeps a contiguous
+        ``1/ep`` of them; an expert count the degree does not divide is a ConfigError naming both). The router is
+        replicated, so each rank sees the same top-k choice; it computes the copies routed to its experts and the
+        ranks' shares are added with one all-reduce per MoE layer (the shared MLP is added once, after it)."""
+        from omnicore.plugin import ConfigError, all_reduce_sum
+
+        from .modules import StackedExperts
+
+        experts = self.config.num_experts
+        if experts % ctx.ep:
+            raise ConfigError("parallel", f"ep={ctx.ep} must divide the model's routed experts ({experts}); "
+                                          f"choose a degree among the divisors of {experts}")
+        per = experts // ctx.ep
+
+        def reduce(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+            return all_reduce_sum(output, ctx.ep_group, ctx.stats)
+
+        for module in self.modules():
+            if isinstance(module, StackedExperts):
+                module.keep_experts(ctx.ep_rank * per, per)
+                module.register_forward_hook(reduce)
+        self.expert_parallel = ctx
 
     # ------------------------------------------------------------------------------------------ inputs
     @staticmethod

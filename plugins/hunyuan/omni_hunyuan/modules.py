@@ -50,13 +50,25 @@ class MLP(nn.Module):
 class StackedExperts(nn.Module):
     """``E`` SwiGLU experts stored as ``[E, I, H]`` gate/up and ``[E, H, I]`` down tensors."""
 
+    #: expert parallel: this rank holds experts ``[first, first + len(w_gate))`` of ``total`` (``keep_experts``)
+    first: int = 0
+
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
+        self.total = num_experts
         self.w_gate = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.w_up = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         for w in (self.w_gate, self.w_up, self.w_down):
             nn.init.normal_(w, std=1.0 / math.sqrt(w.shape[-1]))
+
+    def keep_experts(self, first: int, count: int) -> None:
+        """Expert parallel: keep experts ``[first, first + count)`` only; the forward then returns their share of
+        the weighted sum (the model adds the ranks' shares with an all-reduce)."""
+        for name in ("w_gate", "w_up", "w_down"):
+            kept = getattr(self, name).data[first:first + count].clone()
+            setattr(self, name, nn.Parameter(kept, requires_grad=False))
+        self.first = first
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``; ``experts``/``weights`` ``[T, k]``: the weighted sum of each token's experts.
@@ -65,20 +77,24 @@ class StackedExperts(nn.Module):
         back in (token, slot) order with a gather and summed over the slots: no atomic scatter-adds, so the
         result does not depend on thread scheduling."""
         tokens, k = experts.shape
-        flat = experts.reshape(-1)
+        local = self.w_gate.shape[0]
+        flat = experts.reshape(-1) - self.first
+        if self.first or local != self.total:  # expert parallel: other ranks' experts go to a bucket left at zero
+            flat = torch.where((flat < 0) | (flat >= local), torch.full_like(flat, local), flat)
         order = torch.argsort(flat, stable=True)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
-        counts = torch.bincount(flat, minlength=self.w_gate.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=local).tolist()
         xs = x[order // k]
         ys = torch.empty_like(xs)
         start = 0
-        for e, n in enumerate(counts):
+        for e, n in enumerate(counts[:local]):
             if n == 0:
                 continue
             xe = xs[start:start + n]
             ys[start:start + n] = (F.silu(xe @ self.w_gate[e].t()) * (xe @ self.w_up[e].t())) @ self.w_down[e].t()
             start += n
+        ys[start:] = 0  # copies routed to another rank's experts (none without expert parallel)
         y = ys[inverse].reshape(tokens, k, -1) * weights[..., None].to(ys.dtype)
         return y.sum(dim=1)
 

@@ -26,8 +26,9 @@ CAPABILITIES = ModelCapabilities(
     inputs=(InputRole("edit_source", ("image",), 2, "condition image(s) of an edit (VAE + SigLIP2 tokens)"),),
     size_multiple_of=16,
     # --parallel: tp=N splits attention heads, MLPs and experts' widths over the ranks; cfg=2 puts the guided
-    # rows (conditional, unconditional) on two ranks, each keeping the prompt K/V of its row
-    parallel=("tp", "cfg"),
+    # rows (conditional, unconditional) on two ranks, each keeping the prompt K/V of its row; ep=N partitions the
+    # routed experts
+    parallel=("tp", "cfg", "ep"),
 )
 
 DEFAULTS = RequestDefaults(

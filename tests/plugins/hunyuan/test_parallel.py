@@ -116,3 +116,27 @@ def test_cfg_times_tp_on_four_processes(micro_dir: Path, reference: Any) -> None
         _assert_same(_images(engine, *PROMPTS), reference["batch"])
         calls = engine.group.ctx.stats.snapshot()["calls"]
         assert calls["all_gather"] > 0 and calls["all_reduce"] > 0
+
+
+def test_an_expert_count_the_ep_degree_does_not_divide_is_refused(pipe: Any) -> None:
+    experts = pipe.model.config.num_experts  # 4 in the tiny preset
+    with pytest.raises(ConfigError, match=rf"ep=3 must divide the model's routed experts \({experts}\)"):
+        pipe.model.enable_expert_parallel(SimpleNamespace(ep=3, ep_rank=0))
+    assert pipe.model.expert_parallel is None
+
+
+@pytest.mark.slow
+def test_expert_parallel_image_matches_single_process(micro_dir: Path, reference: Any) -> None:
+    """ep=2: each rank keeps half the routed experts of every MoE layer (same top-k routing), one all-reduce
+    per MoE layer and step adds the shares."""
+    from omni_hunyuan.config import HunyuanConfig
+
+    config = HunyuanConfig.from_file(micro_dir / "config.json")
+    with _engine(micro_dir, "ep=2") as engine:
+        experts = engine.pipeline.model.model.layers[0].mlp.experts
+        assert experts.w_gate.shape[0] == config.num_experts // 2 and experts.first == 0
+        _assert_same(_images(engine, PROMPTS[0]), reference["single"])
+        moe = sum(config.layer_is_moe(i) for i in range(config.num_hidden_layers))
+        calls = engine.group.ctx.stats.snapshot()["calls"]
+        assert calls == {"all_reduce": moe * PARAMS["num_inference_steps"]}, calls
+        _assert_same(_images(engine, *PROMPTS), reference["batch"])
