@@ -42,6 +42,7 @@ from omnicore.plugin import (
     PluginError,
     fast_path_gate,
     materialize,
+    output_seeds,
     schedule_key,
 )
 
@@ -421,8 +422,9 @@ class MiniMaxH3Pipeline(BasePipeline):
             lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
             layout = layout.with_latent_grid((r.num_latent_frames // patch[0], lh // patch[1], lw // patch[2]))
             plan = dit.prepare_request(layout, cond["embeds"])
+            first_seed = output_seeds(request)[0]  # the engine set it; a missing seed is an error naming the request
             for oi in range(r.num_outputs):
-                seed = int(request.params.seed) + oi
+                seed = first_seed + oi
                 v, a = self._noise_rows(r, seed, cond, patch)
                 items.append(Item(ri, oi, seed, r, layout, v.shape[0], a.shape[0]))
                 plans.append(plan)
