@@ -179,3 +179,29 @@ def test_hunyuan_compiled_equals_eager_within_tolerance(settings):
         assert eng.compile_handle is not None and eng.compile_handle.classes == ("DecoderLayer",)
         out = eng.generate("a cat", **kw)[0]
     assert np.abs(_frames(out) - _frames(ref)).max() <= FRAME_LEVELS
+
+
+def test_warmup_request_is_the_default_text_request_with_required_examples(settings):
+    from omnicore.engine.loading import find_preset, preset_spec
+    from omnicore.engine.warmup import warmup_request
+
+    host = PluginHost(settings)
+    h3 = preset_spec(*find_preset(host, "tiny:minimax-h3"))
+    req = warmup_request(h3)
+    assert req.params.num_inference_steps == 1 and req.params.output_type == "video"
+    assert req.extra == {"aspect_ratio": "16:9"} or set(req.extra) == {"aspect_ratio"}
+    ref_only = find_preset(host, "tiny:minimax-h3-ref2va")[1]
+    with pytest.raises(UnsupportedFeature, match="serves only conditioned modes"):
+        warmup_request(h3, ref_only.modes)
+
+
+@pytest.mark.slow
+def test_warmup_pays_the_compile_at_start_up(settings):
+    """With --compile --warmup the first real request of the default shape compiles nothing new."""
+    with engine(settings, "tiny:lingbot", compile=True, warmup=True) as eng:
+        assert eng.warmup_s is not None and eng.warmup_s > 0
+        graphs = compiled_graphs()
+        spec = eng.spec
+        eng.generate("a red fox", num_inference_steps=2, seed=1,
+                     output_type="image" if spec.capabilities.modes[0].endswith("i") else "video")
+        assert compiled_graphs() == graphs

@@ -99,8 +99,9 @@ def engine_kwargs(args: argparse.Namespace, model: str | None = None) -> dict[st
             "vae_decode_precision": getattr(args, "vae_decode_precision", None),
             "parallel": auto["parallel"] if auto else ParallelConfig.parse(getattr(args, "parallel", None)),
             "compile": getattr(args, "compile", "none") or "none",
-            # only when asked for, so an engine without quantization sees the keywords it always did
-            **({"quantization": quantization} if quantization not in (None, "none") else {})}
+            # only when asked for, so an engine without quantization or warm-up sees the keywords it always did
+            **({"quantization": quantization} if quantization not in (None, "none") else {}),
+            **({"warmup": True} if getattr(args, "warmup", False) else {})}
 
 
 def output_type_for(path: str) -> str:

@@ -83,6 +83,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="weight-only quantization of the model's DiT-block and text-encoder linears (per output "
                         "channel, float32 scales; torchao when installed, else a reference implementation); "
                         "`omnicore plan` shows what it saves (default: none)")
+    g.add_argument("--warmup", action="store_true",
+                   help="run one 1-step generation at the model's default request before serving, so one-time costs "
+                        "(with --compile: compiling that shape) are paid at start-up (default: off)")
     g.add_argument("--compile", nargs="?", const="blocks", default="none",
                    choices=("none", "blocks", "blocks-cudagraphs"),
                    help="regional torch.compile of the model's repeated transformer blocks (one compiled graph per "

@@ -98,6 +98,8 @@ class Engine:
     :param compile: ``True``/``"blocks"``: regional ``torch.compile`` of the model's repeated blocks (one compiled
         graph per block class, see :mod:`omnicore.regional_compile`); ``"blocks-cudagraphs"`` adds CUDA graphs (cuda
         platform only). Refused with offload and ``parallel``, before anything loads.
+    :param warmup: run one short generation at the model's default request before returning, so one-time costs
+        (compilation above all) are paid at start-up, not by the first request (see :mod:`omnicore.engine.warmup`).
 
     ``close()`` (or leaving a ``with`` block) stops admission; see :meth:`close` for running work.
     """
@@ -106,7 +108,8 @@ class Engine:
                  settings: Settings | None = None, platform: str | Platform | None = None,
                  cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
                  model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None,
-                 parallel: Any = None, compile: bool | str = False, quantization: str | None = None) -> None:
+                 parallel: Any = None, compile: bool | str = False, quantization: str | None = None,
+                 warmup: bool = False) -> None:
         from ..quantization import check_mode
 
         self.quantization = check_mode(quantization)  # a bad mode fails before anything loads
@@ -188,6 +191,27 @@ class Engine:
         self._running: list[Job] = []
         self._worker = threading.Thread(target=self._loop, name=f"omnicore-engine-{self.spec.name}", daemon=True)
         self._worker.start()
+        self.warmup_s: float | None = None
+        if warmup:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One default request, 1 step, through the normal queue (the engine is otherwise idle at this point)."""
+        from .loading import find_preset
+        from .warmup import warmup_request
+
+        modes = None
+        if self.resolved.preset is not None:
+            name = self.resolved.preset
+            modes = find_preset(self.host, name if name.startswith("tiny:") else f"tiny:{name}")[1].modes
+        start = time.perf_counter()
+        try:
+            self.submit(warmup_request(self.spec, modes)).result()
+        except BaseException:
+            self.close(cancel_running=True)
+            raise
+        self.warmup_s = time.perf_counter() - start
+        logger.info("warm-up of %s took %.1f s", self.spec.name, self.warmup_s)
 
     # ------------------------------------------------------------------ properties
     @property
