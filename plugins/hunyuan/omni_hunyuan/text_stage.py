@@ -103,7 +103,7 @@ def pick_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: floa
     if top_p < 1.0:
         order = torch.argsort(scores, descending=True)
         probs = torch.softmax(scores[order], dim=-1)
-        cut = torch.cumsum(probs, dim=-1) - probs > top_p  # drop a token once the ones before it cover top_p
+        cut = torch.cumsum(probs, dim=-1) - probs >= top_p  # the smallest set whose mass reaches top_p stays
         scores[order[cut]] = float("-inf")
     probs = torch.softmax(scores, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
@@ -315,7 +315,9 @@ class TextStage:
             for r in live:
                 r.fed += 1
         decode_s = time.perf_counter() - t0 - prefill_s
+        rate = steps / decode_s if decode_s > 0 else 0.0
         return {r.index: ({"text_prefill_s": prefill_s, "text_decode_s": decode_s, "text_pool_hit_tokens": float(hit),
+                           "text_tokens_per_s": rate,
                            "text_tokens": float(len(r.tokens)), "text_steps": float(steps),
                            "text_batch": float(len(group))},
                           [(k[j:j + 1], v[j:j + 1]) for k, v in past.layers]) for j, r in enumerate(group)}
