@@ -22,7 +22,11 @@ Records: the time; bytes rank 0 sent per step (each row-parallel layer's all-red
 sends it) vs the analytic ``blocks * 2 * T * hidden * 4 B * 2 (P-1)/P``; and rank 0's resident parameter bytes vs
 the analytic share of the plan and vs the single-rank model.
 
-Run: ``python benchmarks/parallel.py [--reps N] [--device cuda] [--case cfg2|ulysses2|tp2]``.
+Expert parallel (``ep2``): one HunyuanImage-3 MoE layer (hidden 1024, 16 experts of width 1024, top-4, a shared
+MLP; 2048 tokens) on rank 0 alone vs its experts partitioned over 2 ranks. Records the time, the all-reduce bytes
+per step vs the analytic ``T * hidden * 4 B * 2 (P-1)/P``, and rank 0's expert bytes vs half the layer's.
+
+Run: ``python benchmarks/parallel.py [--reps N] [--device cuda] [--case cfg2|ulysses2|tp2|ep2]``.
 """
 
 from __future__ import annotations
@@ -222,6 +226,87 @@ def _tp_main(args: Any) -> None:
                       "share_of_single_rank": r["local_bytes"] / r["full_bytes"]}, within(1.0, 0.001)))
 
 
+MOE = dict(hidden_size=1024, moe_topk=4, num_experts=16, moe_intermediate_size=1024, use_mixed_mlp_moe=True,
+           num_shared_expert=1)
+MOE_TOKENS = 2048
+
+
+def _ep_rank(rank: int, world: int, init: str, reps: int, warmup: int, out: str) -> None:
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+    from omni_hunyuan.model import HunyuanImage3
+    from omni_hunyuan.modules import MoE
+    from omnicore.parallel.config import ParallelConfig
+    from omnicore.parallel.context import build_groups
+    from omnicore.parallel.tensor_parallel import local_parameter_bytes
+
+    threads = max(1, (os.cpu_count() or 2) // world)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    ctx = build_groups(ParallelConfig(ep=world), rank)
+    torch.manual_seed(0)
+    config = SimpleNamespace(**MOE)
+    single = MoE(config).eval().requires_grad_(False)  # type: ignore[arg-type]
+    split = MoE(config).eval().requires_grad_(False)  # type: ignore[arg-type]
+    split.load_state_dict(single.state_dict())
+    holder = SimpleNamespace(config=SimpleNamespace(num_experts=MOE["num_experts"]), modules=lambda: [split.experts])
+    HunyuanImage3.enable_expert_parallel(holder, ctx)  # type: ignore[arg-type]  # the model's own partitioning
+    x = torch.randn(MOE_TOKENS, MOE["hidden_size"], generator=torch.Generator().manual_seed(1))
+    times: dict[str, list[float]] = {"world1": [], "ep2": []}
+    got: dict[str, Any] = {}
+    sent = 0
+    with torch.no_grad():
+        for i in range(warmup + reps):
+            for name in (["world1", "ep2"] if i % 2 == 0 else ["ep2", "world1"]):
+                dist.barrier()
+                if name == "world1" and rank != 0:
+                    continue
+                ctx.stats.reset()
+                start = time.perf_counter()
+                got[name] = (single if name == "world1" else split)(x)
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - start)
+                if name == "ep2":
+                    sent = ctx.stats.snapshot()["sent_bytes"].get("all_reduce", 0)
+            dist.barrier()
+    if rank == 0:
+        torch.save({"times": times, "sent": sent, "threads": threads,
+                    "diff": float((got["ep2"] - got["world1"]).abs().max()),
+                    "expert_bytes": local_parameter_bytes(split.experts),
+                    "single_expert_bytes": local_parameter_bytes(single.experts)}, out)
+    dist.destroy_process_group()
+
+
+def _ep_main(args: Any) -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.spawn(_ep_rank, args=(world, os.path.join(tmp, "rendezvous"), args.reps, args.warmup, out), nprocs=world,
+                 join=True)
+        r = torch.load(out)
+    base, med = statistics.median(r["times"]["world1"]), statistics.median(r["times"]["ep2"])
+    record = {"benchmark": "parallel", "case": f"hunyuan_moe_h1024_e16_{MOE_TOKENS}tok_ep2_cpu",
+              "arm_a": f"ep2 ({world} ranks x {r['threads']} threads)",
+              "arm_b": f"world1 (1 rank x {r['threads']} threads)", "a_median_s": med, "b_median_s": base,
+              "ratio": med / base, "speedup": base / med, "scaling_efficiency": base / med / world,
+              "max_abs_diff": r["diff"], "reps": args.reps, "env": environment()}
+    goal = ratio_at_most(0.556)
+    record["goal"] = goal.describe() + " (GPU goal; CPU reported)"
+    record["met"] = goal.met(record)
+    emit(record)
+    analytic = MOE_TOKENS * MOE["hidden_size"] * 4 * 2 * (world - 1) // world
+    emit(static_case("parallel", "ep2_bytes_per_step", "measured", "analytic",
+                     {"a_value": r["sent"], "b_value": analytic}, within(1.0, 0.01)))
+    emit(static_case("parallel", "ep2_rank0_expert_bytes", "resident", "analytic share",
+                     {"a_value": r["expert_bytes"], "b_value": r["single_expert_bytes"] // world,
+                      "single_rank_bytes": r["single_expert_bytes"]}, within(1.0, 0.001)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -229,13 +314,15 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", action="append", default=[])
     args = parser.parse_args()
-    if any("tp" in c for c in args.case):
-        if args.device != "cpu":
-            emit(skipped("parallel", "the tp2 case runs on CPU/gloo only so far"))
-        else:
-            _tp_main(args)
-        if all("tp" in c for c in args.case):
-            return 0
+    extra = {"tp": _tp_main, "ep": _ep_main}
+    for key, run in extra.items():
+        if any(key in c for c in args.case):
+            if args.device != "cpu":
+                emit(skipped("parallel", f"the {key}2 case runs on CPU/gloo only so far"))
+            else:
+                run(args)
+    if args.case and all(any(key in c for key in extra) for c in args.case):
+        return 0
     import torch
     import torch.multiprocessing as mp
 
