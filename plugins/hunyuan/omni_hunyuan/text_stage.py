@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -246,7 +247,7 @@ class TextStage:
         the key/value heads under tensor parallelism)."""
         out = []
         for layer in self.model.model.layers:
-            attn = layer.self_attn
+            attn: Any = layer.self_attn  # modules.Attention (kv_heads narrowed on a TP rank)
             shape = (rows, capacity, int(attn.kv_heads), int(attn.head_dim))
             out.append((torch.zeros(shape, device=self.device, dtype=self.model.dtype),
                         torch.zeros(shape, device=self.device, dtype=self.model.dtype)))
