@@ -76,7 +76,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--parallel", metavar="DIM=N[,DIM=N]", default=None,
                    help="run over several worker processes on torch.distributed (gloo on CPU, NCCL on CUDA, HCCL "
                         "on NPU): cfg=2 puts the two guidance branches on two ranks, ulysses=N shards the sequence "
-                        "over N ranks; e.g. cfg=2,ulysses=2 (4 processes). Under torchrun, attaches to its ranks. "
+                        "over N ranks, tp=N splits heads and MLP widths, ep=N a MoE model's experts; e.g. "
+                        "cfg=2,ulysses=2 (4 processes). Under torchrun, attaches to its ranks. "
                         "auto: the placement `omnicore plan` picks for the visible devices and this request "
                         "(a request nothing fits is refused before loading) (default: one process)")
     g.add_argument("--quantization", choices=("none", "int8", "fp8"), default="none",
