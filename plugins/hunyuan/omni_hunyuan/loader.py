@@ -64,9 +64,11 @@ def shard_files(root: Path) -> list[Path]:
     return weight_files(root, plugin=PLUGIN, weights_name=SINGLE)
 
 
-def iter_checkpoint(root: Path, tp: tuple[int, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(root: Path, tp: tuple[int, int] | None = None,
+                    experts: tuple[int, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every stored tensor; with ``tp = (rank, degree)`` the split ones as that rank's rows only (safetensors
-    slices, :func:`.tensor_parallel.checkpoint_plan`)."""
+    slices, :func:`.tensor_parallel.checkpoint_plan`); with ``experts = (first, count)`` (expert parallel) the
+    routed experts outside ``[first, first + count)`` are not read at all."""
     from safetensors import safe_open
 
     plan = None
@@ -79,6 +81,9 @@ def iter_checkpoint(root: Path, tp: tuple[int, int] | None = None) -> Iterator[t
     for path in shard_files(root):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                m = _EXPERT.match(key) if experts is not None else None
+                if m is not None and experts is not None and not 0 <= int(m.group(2)) - experts[0] < experts[1]:
+                    continue  # another expert-parallel rank's expert
                 module, _, param = key.rpartition(".")
                 split = None if plan is None else plan.param_split(module, param)
                 if split is None or tp is None:
@@ -91,13 +96,17 @@ def iter_checkpoint(root: Path, tp: tuple[int, int] | None = None) -> Iterator[t
                 yield key, parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
-def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None) -> None:
+def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None,
+               ep: tuple[int, int] | None = None) -> None:
     """Copy the checkpoint under ``root`` into ``model`` (already built from its config), strictly.
 
     ``tp = (rank, degree)``: ``model`` holds that tensor-parallel rank's shapes (``shard_module``) and only its rows
     are read (the grouped qkv rows of its key/value heads, each expert's and MLP's rows / columns)."""
     cfg: Any = model.config  # the HunyuanImage3 model's config record
     kv_heads = cfg.num_key_value_heads // (1 if tp is None else tp[1])
+    # expert parallel (``ep = (rank, degree)``): ``model`` holds experts [first, first + per) at slots 0..per-1
+    per = cfg.num_experts // (1 if ep is None else ep[1])
+    first = 0 if ep is None else ep[0] * per
     params = dict(model.named_parameters())
     needed: set[str] = set()
     for name, p in params.items():
@@ -124,7 +133,7 @@ def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None) 
         expected_names[key] = source
 
     read = 0
-    for name, tensor in iter_checkpoint(root, tp):
+    for name, tensor in iter_checkpoint(root, tp, None if ep is None else (first, per)):
         read += tensor.numel() * tensor.element_size()
         if name.startswith(DROPPED_PREFIXES):
             continue
@@ -133,7 +142,7 @@ def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None) 
             continue
         m = _EXPERT.match(name)
         if m:
-            prefix, e, kind = m.group(1), int(m.group(2)), m.group(3)
+            prefix, e, kind = m.group(1), int(m.group(2)) - first, m.group(3)
             if kind == "down_proj":
                 put(f"{prefix}.experts.w_down", tensor, name, e)
             else:
@@ -149,7 +158,7 @@ def load_state(model: nn.Module, root: Path, tp: tuple[int, int] | None = None) 
             continue
         put(name.replace(".mlp.gate.wg.", ".mlp.gate."), tensor, name)
 
-    if tp is not None:
+    if tp is not None or ep is not None:
         object.__setattr__(model, "tp_bytes_read", read)  # this rank's shard and the replicated tensors
     missing = sorted(checkpoint_name(k) for k in needed - filled)
     problems = []

@@ -70,24 +70,45 @@ def build_vision_model(config: dict[str, Any]) -> nn.Module:
     return getattr(model, "vision_model", model)
 
 
-def build_sharded(config: HunyuanConfig, attention_backend: Any, rank: int, degree: int) -> HunyuanImage3:
-    """A model whose tensor-parallel linears and experts have ``rank``'s shapes, with no full-size weights ever
-    allocated: built on the meta device, narrowed (:func:`omnicore.plugin.shard_module`), then given empty CPU
-    storage for :func:`.loader.load_state` to fill (every parameter comes from the checkpoint; the model holds no
-    buffers, which ``to_empty`` could not restore — checked)."""
+def build_sharded(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, int] | None,
+                  ep: tuple[int, int] | None = None) -> HunyuanImage3:
+    """A model whose tensor-parallel linears and experts have this rank's shapes (``tp = (rank, degree)``) and
+    that holds only its routed experts (``ep = (rank, degree)``), with no full-size weights ever allocated: built
+    on the meta device, narrowed (:func:`omnicore.plugin.shard_module`, ``StackedExperts.keep_experts``), then
+    given empty CPU storage for :func:`.loader.load_state` to fill (every parameter comes from the checkpoint; the
+    model holds no buffers, which ``to_empty`` could not restore — checked)."""
     from omnicore.plugin import ConfigError, shard_module
 
+    from .modules import StackedExperts
     from .tensor_parallel import module_plan
 
     plan = module_plan(config)
-    plan.check(degree)
+    if tp is not None:
+        plan.check(tp[1])
+    if ep is not None:
+        check_experts(config, ep[1])
     with torch.device("meta"):
         model = HunyuanImage3(config, attention_backend=attention_backend)
     buffers = [name for name, _ in model.named_buffers()]
     if buffers:
-        raise ConfigError("parallel", f"tp={degree}: cannot build a sharded model holding buffers ({buffers[0]})")
-    shard_module(model, plan, rank=rank, degree=degree)
+        raise ConfigError("parallel", f"cannot build a sharded model holding buffers ({buffers[0]})")
+    if tp is not None:
+        shard_module(model, plan, rank=tp[0], degree=tp[1])
+    if ep is not None:
+        per = config.num_experts // ep[1]
+        for module in model.modules():
+            if isinstance(module, StackedExperts):
+                module.keep_experts(ep[0] * per, per)
     return model.to_empty(device="cpu")
+
+
+def check_experts(config: HunyuanConfig, degree: int) -> None:
+    """Refuse an expert-parallel degree that does not divide the routed experts (a ConfigError naming both)."""
+    from omnicore.plugin import ConfigError
+
+    if config.num_experts % degree:
+        raise ConfigError("parallel", f"ep={degree} must divide the model's routed experts ({config.num_experts}); "
+                                      f"choose a degree among the divisors of {config.num_experts}")
 
 
 class HunyuanImage3(nn.Module):
@@ -149,22 +170,20 @@ class HunyuanImage3(nn.Module):
         ``1/ep`` of them; an expert count the degree does not divide is a ConfigError naming both). The router is
         replicated, so each rank sees the same top-k choice; it computes the copies routed to its experts and the
         ranks' shares are added with one all-reduce per MoE layer (the shared MLP is added once, after it)."""
-        from omnicore.plugin import ConfigError, all_reduce_sum
+        from omnicore.plugin import all_reduce_sum
 
         from .modules import StackedExperts
 
-        experts = self.config.num_experts
-        if experts % ctx.ep:
-            raise ConfigError("parallel", f"ep={ctx.ep} must divide the model's routed experts ({experts}); "
-                                          f"choose a degree among the divisors of {experts}")
-        per = experts // ctx.ep
+        check_experts(self.config, ctx.ep)
+        per = self.config.num_experts // ctx.ep
 
         def reduce(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
             return all_reduce_sum(output, ctx.ep_group, ctx.stats)
 
         for module in self.modules():
             if isinstance(module, StackedExperts):
-                module.keep_experts(ctx.ep_rank * per, per)
+                if module.w_gate.shape[0] != per:  # a model loaded whole keeps its share now
+                    module.keep_experts(ctx.ep_rank * per, per)
                 module.register_forward_hook(reduce)
         self.expert_parallel = ctx
 

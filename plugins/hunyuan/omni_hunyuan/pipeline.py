@@ -155,11 +155,13 @@ class HunyuanImage3Pipeline(BasePipeline):
                 except UnsupportedFeature:  # no backend serves spans here: the model's own mask-free attention
                     backend = None
         parallel = getattr(options, "parallel", None)
-        if parallel is not None and parallel.tp > 1:  # --parallel tp=N: this rank reads and keeps its shard only
+        tp = (parallel.tp_rank, parallel.tp) if parallel is not None and parallel.tp > 1 else None
+        ep = (parallel.ep_rank, parallel.ep) if parallel is not None and parallel.ep > 1 else None
+        if tp is not None or ep is not None:  # --parallel tp / ep: this rank reads and keeps its shard only
             from .model import build_sharded
 
-            model = build_sharded(config, backend, parallel.tp_rank, parallel.tp)
-            load_state(model, root, tp=(parallel.tp_rank, parallel.tp))
+            model = build_sharded(config, backend, tp, ep)
+            load_state(model, root, tp=tp, ep=ep)
         else:
             model = HunyuanImage3(config, attention_backend=backend)
             load_state(model, root)

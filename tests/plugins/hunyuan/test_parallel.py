@@ -140,3 +140,15 @@ def test_expert_parallel_image_matches_single_process(micro_dir: Path, reference
         calls = engine.group.ctx.stats.snapshot()["calls"]
         assert calls == {"all_reduce": moe * PARAMS["num_inference_steps"]}, calls
         _assert_same(_images(engine, *PROMPTS), reference["batch"])
+        # rank 0 never read the other rank's experts: the files less half of the routed experts' bytes
+        from omni_hunyuan.loader import _EXPERT
+        from safetensors import safe_open
+
+        total = routed = 0
+        for file in sorted(micro_dir.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118
+                    t = f.get_tensor(name)
+                    total += t.numel() * t.element_size()
+                    routed += t.numel() * t.element_size() if _EXPERT.match(name) else 0
+        assert routed > 0 and engine.pipeline.model.tp_bytes_read == total - routed // 2
