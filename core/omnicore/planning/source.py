@@ -3,7 +3,6 @@ directory; and the safetensors header reader (the only bytes of a weight file a 
 
 from __future__ import annotations
 
-import importlib
 import json
 import struct
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._lazy import resolve
 from ..errors import InvalidRequest, UnknownName
 from ..specs import ModelSpec, PresetSpec
 
@@ -84,7 +84,7 @@ def header_parameters(root: Path, counter: ByteCounter | None = None) -> dict[st
 def profile_module(spec: ModelSpec) -> Any:
     """The module of the spec's tiny presets, which holds its planning functions (``None`` if it has none)."""
     for preset in spec.presets:
-        module = importlib.import_module(preset.builder.partition(":")[0])
+        module = resolve(preset.builder.partition(":")[0])  # the module alone
         if hasattr(module, "plan_model") and hasattr(module, "plan_request"):
             return module
     return None
