@@ -143,4 +143,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({out.kind} {out.width}x{out.height}"
           + (f", {out.num_frames} frames at {out.fps:g} fps" if out.kind == "video" else "")
           + f", seed {out.seed}, {time.perf_counter() - t0:.1f} s)")
+    if out.text:  # text the model wrote before drawing (HunyuanImage-3's think / recaption): kept beside the output
+        text_path = Path(path).with_suffix(Path(path).suffix + ".txt")
+        text_path.write_text(out.text + "\n", encoding="utf-8")
+        print(f"wrote {text_path} (the model's text):\n{out.text}")
     return 0

@@ -43,3 +43,12 @@ def test_generate_then_edit(tmp_path):
     with Image.open(edit) as im:
         assert im.size == (256, 256)
         assert not np.array_equal(np.asarray(im), first)
+
+
+def test_think_recaption_writes_the_image_and_the_text_beside_it(tmp_path):
+    out = tmp_path / "fox.png"
+    proc = generate(tmp_path / "cache", "a fox", "--extra", 'bot_task="think_recaption"', "--extra",
+                    "max_new_tokens=8", "--steps", "1", "--seed", "2", "-o", str(out))
+    text = (tmp_path / "fox.png.txt").read_text(encoding="utf-8").strip()
+    assert out.is_file() and text  # random weights: the text is noise, but it is the model's and it is kept
+    assert f"wrote {tmp_path / 'fox.png.txt'} (the model's text)" in proc.stdout and text in proc.stdout
