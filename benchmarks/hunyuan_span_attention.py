@@ -4,7 +4,7 @@ The layout is an edit request's: 600 text tokens, a 1000-token joint condition i
 2400-token generated image and 46 trailing tokens (4096 in all); attention is causal plus bidirectional inside
 both images. Arms, one CFG row, 8 query heads of 64 with 2 K/V heads:
 
-- ``span_metadata``: the model's path with no engine backend (:func:`omni_hunyuan.attention.span_attention`, which
+- ``span_metadata``: the model's path with no engine backend (:func:`omni_hunyuan.transformer.attention.span_attention`, which
   calls omnicore's reference ``sdpa`` with span metadata: one SDPA per run of queries sharing a key prefix, no
   mask except a few rows for the short text runs between spans);
 - ``core_sdpa_metadata``: the same backend handed to the model's ``SpanAttention`` (what the engine selects on
@@ -45,7 +45,7 @@ def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def arm(name: str) -> Any:
-    from omni_hunyuan.attention import SpanAttention, dense_mask_attention, span_attention
+    from omni_hunyuan.transformer.attention import SpanAttention, dense_mask_attention, span_attention
 
     if name == "span_metadata":
         return lambda q, k, v: span_attention(q, k, v, SPANS)

@@ -49,7 +49,7 @@ def cases(threads: int) -> Any:
     from omni_minimax_h3.presets import build_tiny_fl2va
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="h3-e2e-"))

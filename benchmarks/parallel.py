@@ -236,8 +236,8 @@ def _ep_rank(rank: int, world: int, init: str, reps: int, warmup: int, out: str)
 
     import torch
     import torch.distributed as dist
-    from omni_hunyuan.model import HunyuanImage3
-    from omni_hunyuan.modules import MoE
+    from omni_hunyuan.transformer.model import HunyuanImage3
+    from omni_hunyuan.transformer.blocks import MoE
     from omnicore.parallel.config import ParallelConfig
     from omnicore.parallel.context import build_groups
     from omnicore.parallel.tensor_parallel import local_parameter_bytes

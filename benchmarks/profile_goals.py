@@ -190,7 +190,7 @@ def h3_e2e_case(reps: int, report: Report, steps: int) -> dict[str, Any]:
     from omni_minimax_h3.presets import build_tiny_fl2va
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     tmp = Path(tempfile.mkdtemp(prefix="h3-e2e-prof-"))
     repo = build_tiny_fl2va(tmp / "repo")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import Case, main, within  # noqa: E402
 from omnicore.cache import TeaCacheAdapter, TeaCacheConfig, apply_teacache  # noqa: E402
 from omnicore.engine.protocol import BasePipeline, DenoiseState  # noqa: E402
-from omnicore.plugins.host import PluginHost  # noqa: E402
+from omnicore.plugin_host.host import PluginHost  # noqa: E402
 
 TOTAL, REUSED = 49, 15
 

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 import pytest
-from omnicore.plugins import host as host_module
+from omnicore.plugin_host import host as host_module
 
 CALLS: dict[str, set[str]] = {}
 _current: list[str] = []

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from omnicore.cache.adaln_schedule import AdaLNScheduleConfig
 from omnicore.platforms.cpu import CpuPlatform
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 from test_cache_adaln_schedule import SCHED_A, Pipe, _loop
 
 SCHED_B = [[0.9, 0.7], [0.6]]

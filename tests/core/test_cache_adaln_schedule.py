@@ -22,7 +22,7 @@ from omnicore.cache.adaln_schedule import (
 from omnicore.cache.adaln_schedule import projection as projection_module
 from omnicore.engine.protocol import BasePipeline, DenoiseState
 from omnicore.errors import UnsupportedFeature
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 from torch import nn
 
 T_DIM, H = 8, 4

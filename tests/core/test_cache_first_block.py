@@ -9,7 +9,7 @@ from omnicore.cache.teacache import relative_l1
 from omnicore.engine.protocol import BasePipeline, DenoiseState
 from omnicore.errors import UnsupportedFeature
 from omnicore.module_hooks import HookRegistry, hook_context
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 from torch import nn
 
 N = 10

@@ -13,7 +13,7 @@ from omnicore.cache import TeaCacheAdapter, TeaCacheConfig, apply_teacache, reso
 from omnicore.cache.teacache import polyval
 from omnicore.engine.protocol import BasePipeline, DenoiseState
 from omnicore.errors import ConfigError, UnsupportedFeature
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 
 N = 12
 COEFFS = (0.5, -0.2, 1.3, 0.01)  # highest power first

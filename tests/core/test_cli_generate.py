@@ -74,7 +74,7 @@ def test_parse_extra():
 
 
 def test_serve_auto_without_model_plugin_exits_2(monkeypatch, tmp_path, capsys):
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     monkeypatch.setattr(generate_cmd, "make_host", lambda s: PluginHost(s, autoload=False))
     assert main(["serve", "auto"]) == 2

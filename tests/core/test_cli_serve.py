@@ -123,7 +123,7 @@ def test_a_model_that_fails_to_load_ends_serve_with_exit_2(tmp_path):
     pytest.importorskip("omni_lingbot")
     from omnicore.config import Settings
     from omnicore.engine.loading import ensure_preset, find_preset
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     host = PluginHost(Settings(cache_dir=str(tmp_path / "cache"), plugins=("lingbot",)))
     built = ensure_preset(*find_preset(host, "tiny:lingbot"), tmp_path / "cache")

@@ -10,7 +10,7 @@ import pytest
 from omnicore import hookimpl
 from omnicore.config import resolve_settings
 from omnicore.errors import DuplicateRegistration, PluginError, UnknownName
-from omnicore.plugins import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginHost
+from omnicore.plugin_host import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginHost
 from omnicore.specs import CacheMethodSpec, ModelSpec, PlatformSpec
 
 GOOD_PLUGIN = """
@@ -231,7 +231,7 @@ def test_registration_hooks_reject_wrappers():
 
 def test_empty_entry_point_group_is_silent(caplog):
     h = host()
-    with caplog.at_level("DEBUG", logger="omnicore.plugins"):
+    with caplog.at_level("DEBUG", logger="omnicore.plugin_host"):
         h.load_entry_points([])
     assert h.problems == []
     assert [r.levelname for r in caplog.records] == ["DEBUG"]

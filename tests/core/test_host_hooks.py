@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omnicore import hookimpl
 from omnicore.config import Settings
-from omnicore.plugins import PluginHost
+from omnicore.plugin_host import PluginHost
 
 
 class RecordingPipeline:

@@ -6,7 +6,7 @@ import pytest
 from omnicore import hookimpl
 from omnicore.config import resolve_settings
 from omnicore.errors import PlatformUnavailable, PluginError, UnknownName, UnsupportedFeature
-from omnicore.plugins import PluginHost
+from omnicore.plugin_host import PluginHost
 from omnicore.specs import (
     AttentionBackendSpec,
     AttentionCapabilities,

@@ -21,7 +21,7 @@ from omnicore.engine.protocol import LoadOptions  # noqa: E402
 from omnicore.planning import SCHEMA_VERSION  # noqa: E402
 from omnicore.planning.source import read_safetensors_header  # noqa: E402
 from omnicore.platforms.cpu import CpuPlatform  # noqa: E402
-from omnicore.plugins.host import PluginHost  # noqa: E402
+from omnicore.plugin_host.host import PluginHost  # noqa: E402
 
 H3_REQUEST = {"duration": 5, "extra": {"aspect_ratio": "16:9"}}
 

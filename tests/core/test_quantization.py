@@ -109,7 +109,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 def _run(model: str, cache: Any, quantization: str | None, **request: Any) -> tuple[Any, Any, Any]:
     import omnicore
     from omnicore.config import resolve_settings
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     settings = resolve_settings({"cache_dir": str(cache)})
     latents: list[Any] = []
@@ -167,7 +167,7 @@ def test_plan_quantized_bytes_match_a_quantized_load(model: str, tmp_path_factor
     import omnicore
     from omnicore.cli.plan_cmd import build_plan
     from omnicore.config import resolve_settings
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     cache = tmp_path_factory.getbasetemp() / "quant-cache"
     settings = resolve_settings({"cache_dir": str(cache)})
@@ -185,7 +185,7 @@ def test_plan_quantized_bytes_match_a_quantized_load(model: str, tmp_path_factor
 def test_engine_refuses_bad_quantization_before_loading(tmp_path: Any) -> None:
     import omnicore
     from omnicore.config import resolve_settings
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     settings = resolve_settings({"cache_dir": str(tmp_path)})
     host = PluginHost(settings)
@@ -198,7 +198,7 @@ def test_engine_refuses_bad_quantization_before_loading(tmp_path: Any) -> None:
 
 def test_a_model_without_quantization_targets_is_refused() -> None:
     from omnicore.errors import UnsupportedFeature
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
     from omnicore.quantization import apply_to_pipeline
 
     spec = next((s for s in PluginHost().models if s.name == "diffusers"), None)

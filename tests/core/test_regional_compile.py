@@ -16,7 +16,7 @@ from omnicore.cli.main import build_parser
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
 from omnicore.errors import InvalidRequest, UnsupportedFeature
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 from omnicore.regional_compile import (
     apply_regional_compile,
     check_compile,

@@ -75,7 +75,7 @@ def test_num_frames_out_of_range_reports_the_value_sent(tmp_path):
     from _server_helpers import LiveServer
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
     from omnicore.server import ServerSettings, create_app
 
     settings = Settings(cache_dir=str(tmp_path / "cache"), plugins=("lingbot",))

@@ -19,7 +19,7 @@ from .plugin import TOY_SPEC, ToyPlugin
 
 def toy_host(settings: Settings | None = None, *, plugin: Any = None) -> Any:
     """An isolated host (built-ins only, no entry points) with the toy plugin added."""
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     host = PluginHost(settings if settings is not None else Settings(), autoload=False)
     host.add_plugin(plugin if plugin is not None else ToyPlugin(), "toy")

@@ -25,7 +25,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def make_host(settings: Settings) -> Any:
     """The plugin host for a CLI run (installed plugins, the CLI's settings). Tests replace this."""
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
 
     return PluginHost(settings)
 

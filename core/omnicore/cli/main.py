@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version_text() -> str:
-    from ..plugins import LOADED, default_host
+    from ..plugin_host import LOADED, default_host
 
     lines = [f"omnicore {__version__} (plugin API {PLUGIN_API_VERSION})"]
     for rec in default_host().records.values():

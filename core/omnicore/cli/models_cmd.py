@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from ..plugins import PluginHost
+from ..plugin_host import PluginHost
 
 
 def preset_card(preset: Any) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def make_host() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    log = logging.getLogger("omnicore.plugins")
+    log = logging.getLogger("omnicore.plugin_host")
     previous = log.level
     log.setLevel(logging.ERROR)  # problems are printed once below, as `omnicore plugins` does
     try:

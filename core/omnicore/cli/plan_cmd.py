@@ -67,7 +67,7 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
     from ..config import resolve_settings
     from ..planning import make_plan, resolve_source
     from ..planning.source import ByteCounter, header_parameters
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
 
     if devices < 1:
         raise InvalidRequest("devices", f"must be >= 1, got {devices}")

@@ -17,12 +17,12 @@ import logging
 import sys
 from typing import Any
 
-from ..plugins import LOADED, PluginHost
+from ..plugin_host import LOADED, PluginHost
 from .models_cmd import preset_card
 
 
 def run(args: argparse.Namespace) -> int:
-    log = logging.getLogger("omnicore.plugins")
+    log = logging.getLogger("omnicore.plugin_host")
     previous = log.level
     log.setLevel(logging.ERROR)  # this command prints each problem itself, exactly once
     try:

@@ -39,7 +39,7 @@ from .scheduler import Scheduler, admission_wait
 if TYPE_CHECKING:
     from ..outputs.output import Output
     from ..platforms.base import Platform
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
     from ..specs import ModelSpec
 
 logger = logging.getLogger("omnicore.engine")
@@ -114,7 +114,7 @@ class Engine:
 
         self.quantization = check_mode(quantization)  # a bad mode fails before anything loads
         if host is None:
-            from ..plugins.host import default_host
+            from ..plugin_host.host import default_host
 
             host = default_host()
         self.host = host

@@ -25,7 +25,7 @@ from ..specs import ModelSpec, PresetSpec, resolve
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
     from .protocol import LoadOptions
 
 logger = logging.getLogger("omnicore.engine")

@@ -23,7 +23,7 @@ from .jobs import Job
 if TYPE_CHECKING:
     from ..outputs.output import Output
     from ..platforms.base import Platform
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
 
 logger = logging.getLogger("omnicore.engine")
 

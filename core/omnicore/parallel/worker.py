@@ -71,7 +71,7 @@ def load_rank_pipeline(spec: RankSpec, ctx: Any) -> tuple[Any, Any]:
     from ..engine.model_options import resolve_model_options
     from ..engine.protocol import LoadOptions
     from ..offload.policy import apply_offload
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
 
     settings = Settings(**dict(spec.settings)) if spec.settings is not None else None
     host = PluginHost(settings)

@@ -17,7 +17,7 @@ from ..specs import ModelSpec, PresetSpec
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
 
 REAL_PREFIX = "real:"
 #: safetensors dtype names -> bytes per element

@@ -16,7 +16,7 @@ import pytest
 
 from ..config import Settings
 from ..errors import UnsupportedFeature
-from ..plugins.host import PluginHost
+from ..plugin_host.host import PluginHost
 from ..specs import AttentionBackendSpec, AttentionRequirement
 from .plugin import add_loaded, isolated_host
 

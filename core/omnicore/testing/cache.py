@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ..config import Settings
-from ..plugins.host import PluginHost
+from ..plugin_host.host import PluginHost
 from ..specs import CacheMethodSpec
 from .model import output_bytes
 from .plugin import add_loaded, isolated_host

@@ -14,7 +14,7 @@ import pytest
 
 from ..config import Settings
 from ..errors import Cancelled, InvalidRequest, UnsupportedFeature
-from ..plugins.host import PluginHost
+from ..plugin_host.host import PluginHost
 from .plugin import add_loaded, isolated_host
 from .runtime import (
     SPY_BACKEND,

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from ..ops.names import OP_NAMES
-from ..plugins.host import PluginHost
+from ..plugin_host.host import PluginHost
 from ..specs import OpSpec, resolve
 from .plugin import add_loaded, isolated_host
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ..errors import PlatformUnavailable
-from ..plugins.host import PluginHost
+from ..plugin_host.host import PluginHost
 from ..specs import PlatformSpec
 from .plugin import add_loaded, isolated_host
 

@@ -21,9 +21,9 @@ import pytest
 
 from .. import hookspecs
 from ..config import Settings
-from ..plugins._compat import api_mismatch
-from ..plugins.host import PluginHost
-from ..plugins.records import LOADED, PluginRecord
+from ..plugin_host._compat import api_mismatch
+from ..plugin_host.host import PluginHost
+from ..plugin_host.records import LOADED, PluginRecord
 from ..specs import SPEC_KINDS, resolve
 from .imports import internal_imports
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from ..plugins.host import PluginHost
+    from ..plugin_host.host import PluginHost
 
 
 @pytest.fixture

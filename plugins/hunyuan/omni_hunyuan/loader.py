@@ -75,7 +75,7 @@ def iter_checkpoint(root: Path, tp: tuple[int, int] | None = None,
     if tp is not None:
         from omnicore.plugin import local_ranges
 
-        from .tensor_parallel import checkpoint_plan
+        from .transformer.tensor_parallel import checkpoint_plan
 
         plan = checkpoint_plan()
     for path in shard_files(root):

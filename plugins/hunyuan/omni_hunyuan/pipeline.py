@@ -2,7 +2,7 @@
 
 ``preprocess`` (once, at admission, outside engine locks) resolves the request (mode, bucket, steps, guidance,
 ``bot_task``, CoT, system prompt), loads condition images and — in the ``paged_scheduler`` KV mode — tokenises
-and attaches the :class:`~omni_hunyuan.layout.PreparedLayout` (layout, one KV request per CFG row, block
+and attaches the :class:`~omni_hunyuan.transformer.layout.PreparedLayout` (layout, one KV request per CFG row, block
 hashes). ``encode`` builds per request the layout (taken from the prepared one, or tokenised here in
 ``dense_legacy``), the RoPE table and the initial latents (a CPU generator seeded with the request's seed).
 ``predict`` runs the model per request over its CFG rows ``[cond, uncond]``: step 0 from position 0 (or from
@@ -34,11 +34,9 @@ from omnicore.plugin import (
     random_seed,
 )
 
-from .config import ConfigFileError, GenerationConfig, HunyuanConfig
+from .conditions import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
 from .kv_pool import PrefixKVPool, block_hashes, row_identity
-from .layout import PreparedLayout, SequenceLayout, kv_requests
 from .loader import PLUGIN, CheckpointError, load_state
-from .model import CondFeatures, HunyuanImage3, PrefixKV
 from .plugin import MODEL_SPEC
 from .request_rules import (
     PROMPT_FIELDS,
@@ -57,8 +55,10 @@ from .request_rules import (
 from .sampler import GRIDS, euler_step, guide, initial_noise, model_timesteps, sigmas
 from .text_stage import TextJob, TextPlan, TextStage
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
+from .transformer.config import ConfigFileError, GenerationConfig, HunyuanConfig
+from .transformer.layout import PreparedLayout, SequenceLayout, kv_requests
+from .transformer.model import CondFeatures, HunyuanImage3, PrefixKV
 from .vae import install_fast_paths as install_vae_fast_paths
-from .vision import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
 
 MODES = ("t2i", "edit")
 __all__ = ["PROMPT_FIELDS", "HunyuanImage3Pipeline", "Resolved"]
@@ -158,7 +158,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         tp = (parallel.tp_rank, parallel.tp) if parallel is not None and parallel.tp > 1 else None
         ep = (parallel.ep_rank, parallel.ep) if parallel is not None and parallel.ep > 1 else None
         if tp is not None or ep is not None:  # --parallel tp / ep: this rank reads and keeps its shard only
-            from .model import build_sharded
+            from .transformer.model import build_sharded
 
             model = build_sharded(config, backend, tp, ep)
             load_state(model, root, tp=tp, ep=ep)

@@ -17,9 +17,9 @@ import torch
 from omnicore.plugin import byte_level_tokenizer, init_visible_weights
 
 from .buckets import ResolutionGroup
-from .config import MODEL_TYPE
 from .detect import ARCHITECTURE
 from .tokenizer import SPECIAL_TOKENS
+from .transformer.config import MODEL_TYPE
 
 SEED = 20251001
 BASE_SIZE = 256
@@ -84,7 +84,7 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
     """Non-trivial values everywhere (zero-initialised convs would hide bugs): matrices and kernels
     ~ N(0, 1/fan_in), norm weights (GroupNorm, LayerNorm, RMSNorm modules) ~ 1 + N(0, 0.1²), everything else
     ~ N(0, 0.1²)."""
-    from .modules import RMSNorm
+    from .transformer.blocks import RMSNorm
 
     norms = {f"{n}.weight" for n, m in module.named_modules()
              if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm, RMSNorm))}
@@ -96,9 +96,9 @@ def build_tiny(target_dir: str | Path, seed: int = SEED, base_size: int = BASE_S
     """Write the tiny repository; ``base_size`` (default 256) sets the bucket base and the ``<img_size_B>`` token
     (tests use 64 for 64x64 images, which only the square bucket supports); ``overrides`` replaces top-level
     ``config.json`` fields (benchmarks use it for a mid-size model)."""
-    from .config import HunyuanConfig
     from .loader import save_checkpoint
-    from .model import HunyuanImage3
+    from .transformer.config import HunyuanConfig
+    from .transformer.model import HunyuanImage3
 
     root = Path(target_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -176,8 +176,8 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     """The model as :meth:`HunyuanImage3Pipeline.from_pretrained` holds it (everything in ``dtype``, the VAE in
     float32), built on the meta device and split into the language model, its heads, the VAE and the vision
     tower."""
-    from .config import HunyuanConfig
-    from .model import HunyuanImage3
+    from .transformer.config import HunyuanConfig
+    from .transformer.model import HunyuanImage3
 
     config = HunyuanConfig.from_file(Path(root) / "config.json")
     with torch.device("meta"):
@@ -212,9 +212,9 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
     from omnicore.plugin import SamplingParams
 
     from .buckets import ResolutionGroup
-    from .config import HunyuanConfig
     from .plugin import DEFAULTS
     from .request_rules import check_extra, resolve_guidance, snap_size
+    from .transformer.config import HunyuanConfig
 
     config = HunyuanConfig.from_file(Path(root) / "config.json")
     SamplingParams(**{k: v for k, v in request.items() if k not in ("extra", "prompt")})  # names a bad field

@@ -33,10 +33,10 @@ import torch
 from omnicore.plugin import raise_if_cancelled
 
 from .kv_pool import PrefixKVPool, block_hashes
-from .layout import SequenceLayout
-from .model import CondFeatures, HunyuanImage3, PrefixKV
-from .rope import rope_table
 from .tokenizer import HunyuanTokenizer, LayoutSpec
+from .transformer.layout import SequenceLayout
+from .transformer.model import CondFeatures, HunyuanImage3, PrefixKV
+from .transformer.rope import rope_table
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from .buckets import ResolutionGroup, instruct_extras
-from .layout import CondSection, SequenceLayout
+from .transformer.layout import CondSection, SequenceLayout
 
 SPECIAL_TOKENS = {
     "bos": "<|startoftext|>", "eos": "<|endoftext|>", "pad": "<pad>", "boi": "<boi>", "eoi": "<eoi>",

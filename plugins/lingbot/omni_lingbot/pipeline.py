@@ -41,14 +41,14 @@ from omnicore.plugin import (
     resolve_roles,
 )
 
-from .image_condition import align_image, apply_clean_prefix, load_image
+from .conditions import align_image, apply_clean_prefix, load_image
 from .loader import PLUGIN, CheckpointError, load_transformer
 from .plan import PLAN_KEY, LingBotPlan, Sampling, caption_of, plan_of
 from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
 from .refiner import refiner_sigmas, refiner_stage, start_latents
 from .request_rules import resolve_request
-from .scheduler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
+from .sampler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
 from .text_encoder import LingBotTextEncoder
 from .vae import LingBotVAE
 

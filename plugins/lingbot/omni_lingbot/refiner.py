@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from omnicore.plugin import MAX_SEED, StageWork
 from PIL import Image
 
-from .image_condition import apply_clean_prefix
+from .conditions import apply_clean_prefix
 from .plan import plan_of
-from .scheduler import low_noise_sigmas
+from .sampler import low_noise_sigmas
 from .stage_options import RefinerOptions
 
 _MASK64 = (1 << 64) - 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .image_condition import vlm_image
+from .conditions import vlm_image
 from .prompts import IMAGE_PAD_TOKEN, PROMPT_TEMPLATE, build_prompt, split_template
 
 MAX_LENGTH = 37698

@@ -66,7 +66,7 @@ from .request_rules import (
     canvas_for_ratio,
     resolve_request,
 )
-from .scheduler import euler_step, paired_sigmas, timesteps
+from .sampler import euler_step, paired_sigmas, timesteps
 from .teacache import BLOCK_RESIDUAL, KEEP_RESIDUAL
 from .text_encoder import H3TextEncoder, VideoCondition
 from .transformer.attention import enable_sparse_attention

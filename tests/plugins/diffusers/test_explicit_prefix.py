@@ -15,7 +15,7 @@ def _image(engine) -> np.ndarray:
 
 def test_the_prefix_names_the_model_that_serves_a_directory(settings):
     from omnicore.engine.loading import resolve_model
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     host = PluginHost(settings)
     preset = resolve_model("tiny:diffusers-flux", host, settings)
@@ -29,7 +29,7 @@ def test_a_prefix_without_a_checkpoint_is_refused_naming_it(settings, tmp_path):
     from omnicore.cli.checks import resolve_before_load
     from omnicore.engine.loading import resolve_model
     from omnicore.errors import InvalidRequest
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     host = PluginHost(settings)
     missing = tmp_path / "nowhere" / "x"

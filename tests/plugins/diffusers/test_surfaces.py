@@ -107,7 +107,7 @@ def test_dedicated_plugins_win_over_the_adapter(flux_dir: Path, wan_dir: Path, t
                                                                     "Version: 0.1\n")
     (site / "fake_dedicated-0.1.dist-info" / "entry_points.txt").write_text(
         "[omnicore]\nfake_dedicated = fake_dedicated\n")
-    script = ("import sys; from omnicore.plugins import PluginHost; "  # settings from the environment
+    script = ("import sys; from omnicore.plugin_host import PluginHost; "  # settings from the environment
               "from omnicore.engine.loading import resolve_model; h = PluginHost(); s = h.settings; "
               "print([resolve_model(p, h, s).spec.name for p in sys.argv[1:]])")
     args = [sys.executable, "-c", script, str(flux_dir), str(wan_dir)]

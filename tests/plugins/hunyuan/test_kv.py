@@ -52,7 +52,7 @@ def test_kv_request_lengths_for_one_and_two_rows(paged_pipe):
 
 
 def test_kv_request_validation():
-    from omni_hunyuan.layout import DiffusionKVRequest, kv_requests
+    from omni_hunyuan.transformer.layout import DiffusionKVRequest, kv_requests
 
     with pytest.raises(ValueError, match="must not exceed seq_len"):
         DiffusionKVRequest("r", 0, prefix_len=5, target_len=4, seq_len=8)

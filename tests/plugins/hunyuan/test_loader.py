@@ -29,7 +29,7 @@ def test_qkv_ungroup_follows_the_kv_head_groups():
 def test_fused_up_gate_split_keeps_the_release_math():
     """Release MLP: x1, x2 = gate_and_up_proj(x).chunk(2); out = down(x1 * silu(x2)) -> x1 is 'up', x2 'gate'."""
     from omni_hunyuan.loader import split_up_gate
-    from omni_hunyuan.modules import MLP
+    from omni_hunyuan.transformer.blocks import MLP
 
     fused, down = torch.randn(12, 8), torch.randn(8, 6)
     x = torch.randn(3, 8)
@@ -65,7 +65,7 @@ def test_checkpoint_uses_release_names(micro_dir):
 
 def test_save_load_round_trip(pipe, tmp_path):
     from omni_hunyuan.loader import load_state, save_checkpoint
-    from omni_hunyuan.model import HunyuanImage3
+    from omni_hunyuan.transformer.model import HunyuanImage3
 
     save_checkpoint(pipe.model, tmp_path, shards=3)
     other = HunyuanImage3(pipe.config)
@@ -88,7 +88,7 @@ def _copy(src, dst, mutate):
 
 def test_missing_and_unexpected_tensors_are_named(pipe, micro_dir, tmp_path):
     from omni_hunyuan.loader import CheckpointError, load_state
-    from omni_hunyuan.model import HunyuanImage3
+    from omni_hunyuan.transformer.model import HunyuanImage3
 
     def drop(t):
         t.pop("model.layers.1.mlp.experts.2.gate_and_up_proj.weight", None)
@@ -106,7 +106,7 @@ def test_missing_and_unexpected_tensors_are_named(pipe, micro_dir, tmp_path):
 
 def test_shape_mismatch_is_named(pipe, micro_dir, tmp_path):
     from omni_hunyuan.loader import CheckpointError, load_state
-    from omni_hunyuan.model import HunyuanImage3
+    from omni_hunyuan.transformer.model import HunyuanImage3
 
     def shrink(t):
         if "lm_head.weight" in t:
@@ -119,7 +119,7 @@ def test_shape_mismatch_is_named(pipe, micro_dir, tmp_path):
 
 def test_vision_head_weights_are_dropped(pipe, micro_dir, tmp_path):
     from omni_hunyuan.loader import load_state
-    from omni_hunyuan.model import HunyuanImage3
+    from omni_hunyuan.transformer.model import HunyuanImage3
 
     def add_head(t):
         if "model.wte.weight" in t:
@@ -130,7 +130,7 @@ def test_vision_head_weights_are_dropped(pipe, micro_dir, tmp_path):
 
 
 def test_config_errors_name_the_field():
-    from omni_hunyuan.config import ConfigFileError, HunyuanConfig
+    from omni_hunyuan.transformer.config import ConfigFileError, HunyuanConfig
     from omni_hunyuan.presets import tiny_config
 
     cfg = tiny_config()
@@ -151,7 +151,7 @@ def test_detect(micro_dir, tmp_path):
 
 
 def test_per_layer_lists_must_be_uniform():
-    from omni_hunyuan.config import ConfigFileError, HunyuanConfig
+    from omni_hunyuan.transformer.config import ConfigFileError, HunyuanConfig
     from omni_hunyuan.presets import tiny_config
 
     cfg = tiny_config()

@@ -13,7 +13,7 @@ from _hunyuan_helpers import request, square_image
 
 # ---------------------------------------------------------------------------------------------- RoPE
 def test_text_only_2d_rope_is_1d_rope():
-    from omni_hunyuan.rope import positions_2d, rope_table
+    from omni_hunyuan.transformer.rope import positions_2d, rope_table
 
     pos = positions_2d(7, [])
     assert pos.tolist() == [[p, p] for p in range(7)]
@@ -26,7 +26,7 @@ def test_text_only_2d_rope_is_1d_rope():
 
 
 def test_image_span_positions_follow_the_release_offsets():
-    from omni_hunyuan.rope import positions_2d
+    from omni_hunyuan.transformer.rope import positions_2d
 
     # text 0..4, a 2x3 image at 5 (6 tokens), text resumes at 5 + 6 = 11
     pos = positions_2d(13, [(5, 2, 3)])
@@ -40,7 +40,7 @@ def test_image_span_positions_follow_the_release_offsets():
 
 
 def test_rope_pairs_alternate_between_y_and_x():
-    from omni_hunyuan.rope import rope_table
+    from omni_hunyuan.transformer.rope import rope_table
 
     cos, _ = rope_table(torch.tensor([[3, 0]]), 8)  # y = 3, x = 0
     inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
@@ -53,7 +53,7 @@ def test_rope_pairs_alternate_between_y_and_x():
 @pytest.mark.parametrize("spans,lq", [((), 20), (((3, 9),), 20), (((2, 5), (8, 14)), 20), (((2, 5), (8, 14)), 7),
                                       (((12, 20),), 9), (((0, 20),), 20)])
 def test_span_attention_equals_the_dense_mask_reference(spans, lq):
-    from omni_hunyuan.attention import dense_mask_attention, span_attention
+    from omni_hunyuan.transformer.attention import dense_mask_attention, span_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, lq, 4, 8, generator=g)
@@ -65,7 +65,7 @@ def test_span_attention_equals_the_dense_mask_reference(spans, lq):
 
 
 def test_dense_mask_is_causal_plus_bidirectional_spans():
-    from omni_hunyuan.attention import dense_mask
+    from omni_hunyuan.transformer.attention import dense_mask
     from omnicore.attention.metadata import AttentionSpan, QueryRun, query_runs
 
     m = dense_mask(6, 6, [(2, 4)])
@@ -81,7 +81,7 @@ def test_dense_mask_is_causal_plus_bidirectional_spans():
 def test_span_attention_hands_metadata_to_a_backend():
     """A backend receives packed tensors and causal span metadata (document-relative key positions)."""
     pytest.importorskip("omnicore.attention.metadata")
-    from omni_hunyuan.attention import SpanAttention, dense_mask_attention
+    from omni_hunyuan.transformer.attention import SpanAttention, dense_mask_attention
 
     seen = []
 
@@ -123,7 +123,7 @@ def test_moe_matches_a_per_token_loop(pipe):
 
 # ---------------------------------------------------------------------------------------------- embedders, VAE
 def test_timestep_features_are_cos_then_sin():
-    from omni_hunyuan.modules import timestep_embedding
+    from omni_hunyuan.transformer.blocks import timestep_embedding
 
     emb = timestep_embedding(torch.tensor([500.0]), 8)
     freqs = torch.exp(-math.log(10000.0) * torch.arange(4) / 4)
@@ -219,7 +219,7 @@ def test_later_steps_compute_only_the_target(pipe, monkeypatch):
 def test_core_sdpa_backend_serves_the_span_metadata():
     """Through omnicore's reference backend (what the engine selects on CPU) the result equals the dense mask."""
     reference = pytest.importorskip("omnicore.attention.reference")
-    from omni_hunyuan.attention import SpanAttention, dense_mask_attention
+    from omni_hunyuan.transformer.attention import SpanAttention, dense_mask_attention
 
     attend = SpanAttention(reference.sdpa_attention)
     g = torch.Generator().manual_seed(1)

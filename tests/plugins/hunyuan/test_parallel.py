@@ -20,7 +20,7 @@ PROMPTS = ("a lighthouse at dusk", "a red fox in the snow")
 
 
 def _engine(path: Path, parallel: str | None = None) -> Engine:
-    from omnicore.plugins.host import default_host
+    from omnicore.plugin_host.host import default_host
 
     settings = default_host().settings.evolve(request_batch_max_wait_ms=400.0)  # lets two submits form a batch
     return Engine(str(path), settings=settings, parallel=parallel)
@@ -56,9 +56,9 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_at_load(pipe: Any) -
 @pytest.mark.slow
 def test_tp_image_matches_single_process_and_each_rank_holds_its_share(micro_dir: Path, reference: Any) -> None:
     import torch
-    from omni_hunyuan.config import HunyuanConfig
-    from omni_hunyuan.model import HunyuanImage3
-    from omni_hunyuan.tensor_parallel import checkpoint_plan, module_plan
+    from omni_hunyuan.transformer.config import HunyuanConfig
+    from omni_hunyuan.transformer.model import HunyuanImage3
+    from omni_hunyuan.transformer.tensor_parallel import checkpoint_plan, module_plan
     from omnicore.plugin import local_parameter_bytes, sharded_parameter_bytes
 
     config = HunyuanConfig.from_file(micro_dir / "config.json")
@@ -129,7 +129,7 @@ def test_an_expert_count_the_ep_degree_does_not_divide_is_refused(pipe: Any) -> 
 def test_expert_parallel_image_matches_single_process(micro_dir: Path, reference: Any) -> None:
     """ep=2: each rank keeps half the routed experts of every MoE layer (same top-k routing), one all-reduce
     per MoE layer and step adds the shares."""
-    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.transformer.config import HunyuanConfig
 
     config = HunyuanConfig.from_file(micro_dir / "config.json")
     with _engine(micro_dir, "ep=2") as engine:

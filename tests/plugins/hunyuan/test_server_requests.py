@@ -25,7 +25,7 @@ def server(micro_dir, tmp_path_factory):
     from _server_helpers import LiveServer
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
     from omnicore.server import ServerSettings, create_app
 
     root = tmp_path_factory.mktemp("hunyuan-http")

@@ -164,7 +164,7 @@ def test_reused_text_kv_equals_a_full_recompute_and_the_text_is_returned(pipe):
 
 @pytest.mark.slow
 def test_img_ratio_picks_the_bucket_from_the_ratio_token(pipe):
-    from omni_hunyuan.rope import rope_table
+    from omni_hunyuan.transformer.rope import rope_table
 
     res = _resolved(pipe, bot_task="img_ratio", auto_size=True)
     assert res.text.task is None and res.text.ratio
@@ -312,7 +312,7 @@ def server(micro_dir, tmp_path_factory):
     from _server_helpers import LiveServer
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
     from omnicore.server import ServerSettings, create_app
 
     root = tmp_path_factory.mktemp("hunyuan-text-http")
@@ -366,7 +366,7 @@ def test_the_text_stage_runs_on_the_parallel_ranks(micro_dir, parallel):
     equals the single-process engine's."""
     import numpy as np
     from omnicore.engine.api import Engine, make_request
-    from omnicore.plugins.host import default_host
+    from omnicore.plugin_host.host import default_host
 
     settings = default_host().settings
     params = {"height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 4.0, "seed": 5,

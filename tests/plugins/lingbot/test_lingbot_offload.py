@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from omnicore.config import Settings
 from omnicore.engine.api import Engine
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from omnicore.config import Settings
 from omnicore.engine.api import Engine
 from omnicore.engine.request import MediaInput
 from omnicore.errors import InvalidRequest
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 from PIL import Image
 
 SMALL = {"height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2, "guidance_scale": 2.0, "seed": 7,

@@ -30,7 +30,7 @@ def test_head_count_the_ulysses_degree_does_not_divide_is_refused_at_load(pipe: 
 
 
 def _engine(path: Path, parallel: str | None = None) -> Engine:
-    from omnicore.plugins.host import default_host
+    from omnicore.plugin_host.host import default_host
 
     settings = default_host().settings.evolve(request_batch_max_wait_ms=400.0)  # lets two submits form a batch
     return Engine(str(path), settings=settings, parallel=parallel)

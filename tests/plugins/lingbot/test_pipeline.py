@@ -186,7 +186,7 @@ def test_ti2v_clean_prefix_at_every_call_and_at_the_end(pipe, recorder, guidance
 
 
 def test_ti2v_clean_latent_is_the_aligned_image_through_the_vae(pipe):
-    from omni_lingbot.image_condition import align_image
+    from omni_lingbot.conditions import align_image
 
     prepared = pipe.preprocess(request(images=[_image()], num_frames=9))
     state = pipe.encode([prepared])
@@ -266,7 +266,7 @@ def test_moe_preset_generates(tiny_moe_dir):
 def test_first_block_cache_on_the_declared_block_loop(tiny_dir, batch_cfg):
     from _lingbot_helpers import load
     from omnicore.cache import FirstBlockCacheConfig, apply_first_block_cache
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     req = request(num_inference_steps=5, extra={"batch_cfg": batch_cfg})
     fresh = load(tiny_dir)

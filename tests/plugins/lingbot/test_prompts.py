@@ -92,7 +92,7 @@ def test_engine_model_options_reach_the_pipeline(tmp_path):
     """``Engine(..., model_options=...)`` (CLI ``--model-option``) sets the deployment's default negative prompt."""
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     host = PluginHost(Settings(cache_dir=str(tmp_path / "cache"), plugins=("lingbot",)))
     with Engine("tiny:lingbot", host=host, settings=Settings(cache_dir=str(tmp_path / "cache")),

@@ -16,7 +16,7 @@ from omni_lingbot.loader import CheckpointError, WeightMismatch
 from omni_lingbot.plan import plan_of
 from omni_lingbot.presets import TINY_MOE, build_transformer
 from omni_lingbot.refiner import refiner_seed, resample_indices
-from omni_lingbot.scheduler import model_timestep
+from omni_lingbot.sampler import model_timestep
 from omni_lingbot.stage_options import RefinerOptions, resolve_refiner
 from omnicore.engine.request import MAX_SEED
 from omnicore.errors import InvalidRequest
@@ -296,7 +296,7 @@ def test_refiner_loads_strictly(tiny_moe_dir, tmp_path):
 def test_engine_progress_counts_both_stages_and_model_offload_covers_the_refiner(moe, tiny_moe_dir, tmp_path):
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
 
     settings = Settings(cache_dir=str(tmp_path / "cache"))
     engine = Engine(tiny_moe_dir, host=PluginHost(settings), settings=settings, offload="model")

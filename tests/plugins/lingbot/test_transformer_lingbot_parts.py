@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from omni_lingbot.transformer.block import LingBotBlock
+from omni_lingbot.transformer.blocks import LingBotBlock
 from omni_lingbot.transformer.config import LingBotTransformerConfig
 from omni_lingbot.transformer.embeddings import patchify, sinusoidal_timestep_embedding, unpatchify
 from omni_lingbot.transformer.layout import JointLayout

@@ -18,7 +18,7 @@ from omnicore.engine.api import Engine
 from omnicore.hookspecs import hookimpl
 from omnicore.module_hooks import get_hook
 from omnicore.offload.layerwise import HOOK_NAME as LAYERWISE_HOOK
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 
 ADALN = ("adaln_schedule", {"offload_weights": True})
 PARAMS = {"num_inference_steps": 3, "height": 64, "width": 64, "duration": 4.0, "seed": 5,

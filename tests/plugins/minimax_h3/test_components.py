@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from omni_minimax_h3 import packing
-from omni_minimax_h3.scheduler import euler_step, paired_sigmas, sigmas, timesteps
+from omni_minimax_h3.sampler import euler_step, paired_sigmas, sigmas, timesteps
 
 LAYOUT_FIELDS = ("position_ids", "token_tags", "video_indices", "audio_indices", "text_indices",
                  "num_condition_video_rows", "num_condition_audio_rows")

@@ -20,7 +20,7 @@ PROMPTS = ("rain on a tin roof", "a dog barking at the sea")
 
 
 def _engine(path: Path, parallel: str | None = None) -> Engine:
-    from omnicore.plugins.host import default_host
+    from omnicore.plugin_host.host import default_host
 
     settings = default_host().settings.evolve(request_batch_max_wait_ms=400.0)  # lets two submits form a batch
     return Engine(str(path), settings=settings, parallel=parallel)

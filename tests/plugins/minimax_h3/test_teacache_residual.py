@@ -11,7 +11,7 @@ import torch
 from _h3_helpers import request
 from omnicore.cache.teacache import TeaCacheConfig, apply_teacache
 from omnicore.config import Settings
-from omnicore.plugins.host import PluginHost
+from omnicore.plugin_host.host import PluginHost
 
 
 def _blocks(dit, state, step):

@@ -18,7 +18,7 @@ from omnicore.plugin import AttentionMetadata, SequenceShard, UlyssesAttention, 
 from torch import nn
 
 from .attention import AttentionFn
-from .block import LingBotBlock
+from .blocks import LingBotBlock
 from .config import LingBotTransformerConfig
 from .embeddings import TextEmbedder, TimestepEmbedding, linear, patchify, sinusoidal_timestep_embedding, unpatchify
 from .metadata import ForwardMetadata, build_forward_metadata

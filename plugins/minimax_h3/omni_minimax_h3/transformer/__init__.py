@@ -90,8 +90,8 @@ _EXPORTS = {
     "MiniMaxH3TransformerConfig": "config",
     "MiniMaxH3DiT": "model",
     "RequestLayout": "layout",
-    "RequestPlan": "plan",
-    "BatchPlan": "plan",
+    "RequestPlan": "metadata",
+    "BatchPlan": "metadata",
 }
 
 __all__ = ["BatchPlan", "MiniMaxH3DiT", "MiniMaxH3TransformerConfig", "RequestLayout", "RequestPlan"]

@@ -23,8 +23,8 @@ from .attention import AttentionFn, Documents, PackedAttention
 from .blocks import DiTBlock, FinalLayer, TimeEmbedder, TokenRefiner
 from .config import MODALITY_NUM, MiniMaxH3TransformerConfig
 from .layout import RequestLayout
+from .metadata import BatchPlan, RequestPlan, _pad_tags
 from .ops import resolve_ops
-from .plan import BatchPlan, RequestPlan, _pad_tags
 from .rope import H3Rope
 
 #: Module name segments kept in float32 when the model runs in a lower precision (the release checkpoint's

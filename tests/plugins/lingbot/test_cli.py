@@ -60,7 +60,7 @@ def test_text_to_image_writes_a_png(cache, tmp_path):
 
 def test_image_to_video_first_frame_is_the_vae_round_trip_of_the_aligned_image(cache, tmp_path):
     import torch
-    from omni_lingbot.image_condition import align_image
+    from omni_lingbot.conditions import align_image
     from omni_lingbot.vae import LingBotVAE
 
     rng = np.random.default_rng(0)

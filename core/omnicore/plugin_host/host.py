@@ -48,7 +48,7 @@ from .records import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginRecord
 if TYPE_CHECKING:
     from ..ops.table import PlatformOps
 
-logger = logging.getLogger("omnicore.plugins")
+logger = logging.getLogger("omnicore.plugin_host")
 
 ENTRY_POINT_GROUP = "omnicore"
 BUILTIN_NAME = "omnicore"

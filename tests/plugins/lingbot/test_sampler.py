@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-from omni_lingbot.scheduler import (
+from omni_lingbot.sampler import (
     base_sigmas,
     low_noise_sigmas,
     make_scheduler,

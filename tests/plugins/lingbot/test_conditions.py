@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from omni_lingbot.image_condition import align_image, apply_clean_prefix, load_image, smart_resize, vlm_image
+from omni_lingbot.conditions import align_image, apply_clean_prefix, load_image, smart_resize, vlm_image
 from PIL import Image, ImageDraw
 
 GREEN = (0, 255, 0)

@@ -20,12 +20,12 @@ import attrs
 import torch
 from torch import nn
 
+from ..vae import AutoencoderKLConv3D
 from .attention import SpanAttention
+from .blocks import DecoderLayer, LightProjector, RMSNorm, TimestepEmbedder, UNetDown, UNetUp
 from .config import HunyuanConfig
 from .layout import SequenceLayout
-from .modules import DecoderLayer, LightProjector, RMSNorm, TimestepEmbedder, UNetDown, UNetUp
 from .rope import rope_table
-from .vae import AutoencoderKLConv3D
 
 
 @attrs.define
@@ -79,7 +79,7 @@ def build_sharded(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, 
     model holds no buffers, which ``to_empty`` could not restore — checked)."""
     from omnicore.plugin import ConfigError, shard_module
 
-    from .modules import StackedExperts
+    from .blocks import StackedExperts
     from .tensor_parallel import module_plan
 
     plan = module_plan(config)
@@ -149,7 +149,7 @@ class HunyuanImage3(nn.Module):
         with one all-reduce (the router is replicated, so every rank routes every token alike)."""
         from omnicore.plugin import all_reduce_sum, parallelize, shard_module
 
-        from .modules import Attention, StackedExperts
+        from .blocks import Attention, StackedExperts
         from .tensor_parallel import module_plan
 
         plan = module_plan(self.config)
@@ -172,7 +172,7 @@ class HunyuanImage3(nn.Module):
         ranks' shares are added with one all-reduce per MoE layer (the shared MLP is added once, after it)."""
         from omnicore.plugin import all_reduce_sum
 
-        from .modules import StackedExperts
+        from .blocks import StackedExperts
 
         check_experts(self.config, ctx.ep)
         per = self.config.num_experts // ctx.ep

@@ -22,7 +22,7 @@ def srv(tmp_path_factory):
     from omni_minimax_h3.presets import build_tiny_combined
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
     from omnicore.server import ServerSettings, create_app
 
     root = tmp_path_factory.mktemp("h3")

@@ -19,7 +19,7 @@ def lingbot_server(tmp_path_factory):
     from _server_helpers import LiveServer
     from omnicore.config import Settings
     from omnicore.engine.api import Engine
-    from omnicore.plugins.host import PluginHost
+    from omnicore.plugin_host.host import PluginHost
     from omnicore.server import ServerSettings, create_app
 
     root = tmp_path_factory.mktemp("lingbot")
