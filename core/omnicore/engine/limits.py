@@ -8,7 +8,7 @@ and the caller's budget (the server's ``--max-image-pixels`` / ``--max-work``). 
 :class:`LimitExceeded` naming the limit, so the server answers 400 before any work starts.
 
 A model that runs a further stage of its own (LingBot's refiner: another DiT at another size and step count) lists
-it as :class:`StageWork` records under ``request.extra[STAGES_KEY]`` from its ``preprocess``: each stage is held to
+it as :class:`StageWork` records in ``request.stages`` from its ``preprocess``: each stage is held to
 the same per-frame limits, and its work counts into the job's ``--max-work`` total, so a request cannot escape
 the budget through model-specific size or step fields.
 """
@@ -32,6 +32,17 @@ class LimitExceeded(InvalidRequest):
         self.code = "image_too_large" if limit == "max_pixels" else "limit_exceeded"  # the HTTP error code
 
 
+class MemoryLimitExceeded(LimitExceeded):
+    """The request's estimated per-rank memory (weights already resident + its activation peak and caches, from
+    :mod:`omnicore.planning.admission`) is over the device memory limit; ``estimate_bytes`` / ``limit_bytes`` /
+    ``placement`` say by how much and where. HTTP: 400 ``memory_limit_exceeded``."""
+
+    def __init__(self, field: str, rule: str, *, estimate_bytes: int, limit_bytes: int, placement: str) -> None:
+        super().__init__(field, rule, "device_memory")
+        self.estimate_bytes, self.limit_bytes, self.placement = estimate_bytes, limit_bytes, placement
+        self.code = "memory_limit_exceeded"
+
+
 @attrs.frozen
 class WorkLimits:
     """Caps on one request; ``None`` = no cap. ``source`` says whose limits they are, for messages."""
@@ -52,7 +63,8 @@ class WorkLimits:
                    max_pixel_frames=getattr(caps, "max_pixel_frames", None), source=f"model {spec.name}")
 
 
-#: ``GenerationRequest.extra`` key of the :class:`StageWork` records a model's ``preprocess`` declares.
+#: ``GenerationRequest.extra`` key of the :class:`StageWork` records a model's ``preprocess`` declares (deprecated:
+#: ``preprocess`` sets ``GenerationRequest.stages`` instead; the key is still read).
 STAGES_KEY = "omnicore_stages"
 
 
@@ -80,8 +92,9 @@ class StageWork:
 
 
 def declared_stages(request: Any) -> tuple[StageWork, ...]:
-    """The stages a prepared request declares (none unless its model listed some)."""
-    stages = (getattr(request, "extra", None) or {}).get(STAGES_KEY, ())
+    """The stages a prepared request declares (none unless its model listed some): ``request.stages``, else the
+    older ``request.extra[STAGES_KEY]`` (still read for plugins written before the typed slot)."""
+    stages = getattr(request, "stages", ()) or (getattr(request, "extra", None) or {}).get(STAGES_KEY, ())
     if isinstance(stages, StageWork):
         stages = (stages,)
     if not isinstance(stages, Sequence) or not all(isinstance(s, StageWork) for s in stages):

@@ -10,13 +10,19 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from ..errors import InvalidRequest
 from ..ids import new_id
 from ..specs import RequestDefaults
+
+if TYPE_CHECKING:
+    from .limits import StageWork
+
+#: the type of a model's own plan record (:meth:`GenerationRequest.plan_as`)
+PlanT = TypeVar("PlanT")
 
 OUTPUT_TYPES = ("auto", "image", "video")
 QUALITIES = ("draft", "standard", "high")
@@ -198,6 +204,11 @@ class GenerationRequest:
     the ``images``/``videos``/``audios`` properties read the data of each kind back. ``extra`` carries
     model-specific fields validated by the model's ``preprocess``. ``prepared`` is set by preprocess and lets
     the engine assert it ran exactly once.
+
+    ``plan`` and ``stages`` are written by the model's ``preprocess`` only (a caller leaves them unset): ``plan``
+    is the model's own typed record of what it decided for this request (read back with :meth:`plan_as`),
+    ``stages`` the :class:`~omnicore.engine.limits.StageWork` it runs besides the base loop. Neither is part of
+    :meth:`batch_key`, equality or the persisted job, and neither ever lands in the caller's ``extra``.
     """
 
     prompt: str | Mapping[str, Any] = attrs.field()
@@ -209,6 +220,8 @@ class GenerationRequest:
     extra: dict[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     request_id: str = attrs.field(factory=_new_id)
     prepared: bool = False
+    plan: object | None = attrs.field(default=None, eq=False, repr=False)
+    stages: tuple[StageWork, ...] = attrs.field(default=(), eq=False, repr=False, converter=_tuple)
 
     @prompt.validator
     def _check_prompt(self, attribute: attrs.Attribute, value: Any) -> None:
@@ -231,11 +244,13 @@ class GenerationRequest:
     def __init__(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
                  negative_prompt: str | None = None, images: Any = (), videos: Any = (), audios: Any = (),
                  modalities: Any = None, quality: str = "standard", extra: Mapping[str, Any] | None = None,
-                 request_id: str | None = None, prepared: bool = False, *, inputs: Any = ()) -> None:
+                 request_id: str | None = None, prepared: bool = False, *, inputs: Any = (),
+                 plan: object | None = None, stages: Any = ()) -> None:
         self.__attrs_init__(prompt=prompt, params=SamplingParams() if params is None else params,
                             negative_prompt=negative_prompt,
                             inputs=media_inputs(images, videos, audios, inputs), modalities=modalities,
-                            quality=quality, extra=extra, request_id=request_id or _new_id(), prepared=prepared)
+                            quality=quality, extra=extra, request_id=request_id or _new_id(), prepared=prepared,
+                            plan=plan, stages=stages)
 
     @property
     def images(self) -> tuple[Any, ...]:
@@ -249,6 +264,15 @@ class GenerationRequest:
     @property
     def audios(self) -> tuple[Any, ...]:
         return tuple(m.data for m in self.inputs if m.kind == "audio")
+
+    def plan_as(self, kind: type[PlanT]) -> PlanT:
+        """The plan ``preprocess`` stored, checked to be a ``kind`` (``ValueError`` naming both otherwise: the
+        request was not prepared by that model's pipeline)."""
+        if not isinstance(self.plan, kind):
+            got = "no plan" if self.plan is None else f"a {type(self.plan).__name__}"
+            raise ValueError(f"request {self.request_id} carries {got}, not a {kind.__name__}: it was not prepared "
+                             f"by the pipeline that reads it (call that pipeline's preprocess first)")
+        return self.plan
 
     def media(self, kind: str | None = None, role: str | None = None) -> tuple[MediaInput, ...]:
         """The inputs of ``kind`` and/or ``role`` (``None`` matches any), in request order."""
