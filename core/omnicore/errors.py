@@ -101,3 +101,13 @@ class Cancelled(OmnicoreError):
 
 class EngineClosed(OmnicoreError, RuntimeError):
     """The engine no longer admits work (shut down or shutting down)."""
+
+
+class ModelUnavailable(OmnicoreError):
+    """One model of a :class:`~omnicore.pool.ModelPool` cannot serve: its load failed, or it cannot fit the memory
+    budget. Only that model's requests fail; the pool's other models keep serving."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"model {model!r} is unavailable: {reason}")

@@ -1,0 +1,192 @@
+"""Device memory for the model pool: budgets as text, resident bytes measured from a pipeline's own tensors,
+and moving a pipeline's weights to host memory and back (the pool's ``offloaded`` state).
+
+Resident bytes are counted from the parameters and buffers of the ``nn.Module``s a pipeline holds (its attributes,
+and modules inside dicts, lists and tuples there), each storage once, on the pool's device. Tensors outside modules
+(small tables) are not counted. A parameter that an engine-level offload (``offload="model"``/``"layerwise"``)
+already keeps on the host has no device storage between forwards, so it counts 0 and is left alone by the swap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def parse_bytes(name: str, value: Any) -> int | None:
+    """``"24GiB"``, ``"1.5G"``, ``"800MB"`` or a plain byte count -> bytes; ``None``/``""`` -> ``None`` (unset).
+
+    Decimal units (``G`` = 10^9) and binary ones (``GiB`` = 2^30) as written; a bad value is a ``ConfigError``
+    naming ``name`` and the accepted forms."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(name, f"must be a size such as 24GiB, 1.5G or 800MB, got {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        m = _SIZE.match(str(value))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ConfigError(name, f"must be a size such as 24GiB, 1.5G or 800MB (units B, K/KB, M/MB, G/GB, "
+                                    f"T/TB, KiB, MiB, GiB, TiB), got {value!r}")
+        number, unit = float(m.group(1)), m.group(2).lower()
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ConfigError(name, f"must be more than 0 bytes, got {value!r}")
+    return size
+
+
+def format_bytes(n: int) -> str:
+    """``1610612736`` -> ``"1.50 GiB"`` (for messages)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def device_capacity(platform: Any) -> int:
+    """The memory of the platform's device: the accelerator's total memory, or the host's physical memory on the
+    CPU platform (where "device" and "host" are the same memory)."""
+    import torch
+
+    device = platform.device()
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "mem_get_info"):
+        try:
+            return int(module.mem_get_info(device)[1])
+        except Exception:  # a platform without the query: fall through to the host's memory
+            pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 1 << 40
+
+
+def checkpoint_bytes(path: str | os.PathLike[str]) -> int:
+    """Sum of the weight files under a checkpoint directory: the pool's estimate of a model's resident size
+    before it was ever loaded (replaced by the measured size after the first load)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            if name.endswith(WEIGHT_SUFFIXES):
+                try:
+                    total += (Path(root) / name).stat().st_size
+                except OSError:
+                    continue
+    return total
+
+
+def pipeline_modules(pipeline: Any) -> list[Any]:
+    """The ``nn.Module``s a pipeline holds: attributes, and modules in dict/list/tuple attributes (each once)."""
+    from torch import nn
+
+    found: dict[int, nn.Module] = {}
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, nn.Module):
+            found.setdefault(id(value), value)
+        elif depth < 2 and isinstance(value, dict):
+            for v in value.values():
+                visit(v, depth + 1)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, depth + 1)
+
+    if isinstance(pipeline, nn.Module):
+        visit(pipeline, 0)
+    for value in list(vars(pipeline).values()) if hasattr(pipeline, "__dict__") else ():
+        visit(value, 0)
+    return list(found.values())
+
+
+def _tensors(pipeline: Any) -> Iterator[Any]:
+    """Every parameter and buffer of the pipeline's modules, each tensor object once."""
+    seen: set[int] = set()
+    for module in pipeline_modules(pipeline):
+        for tensor in (*module.parameters(), *module.buffers()):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield tensor
+
+
+def _distributed(t: Any) -> bool:
+    from ..offload._swap import is_distributed
+
+    return is_distributed(t)
+
+
+def resident_bytes(pipeline: Any, device: Any) -> int:
+    """Bytes of the pipeline's parameters and buffers stored on ``device`` (each storage counted once)."""
+    import torch
+
+    device = torch.device(device)
+    storages: dict[tuple[int, int], int] = {}
+    for t in _tensors(pipeline):
+        if t.device.type != device.type or (device.index is not None and t.device.index not in (None, device.index)):
+            continue
+        if _distributed(t) or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        storages[(storage.data_ptr(), t.device.index or 0)] = storage.nbytes()
+    return sum(storages.values())
+
+
+class HostSwap:
+    """A pipeline's device-resident parameters and buffers moved to host memory (and back on :meth:`restore`).
+
+    Parameter objects stay the same (hooks, caches and optimizers that hold them keep working); only their
+    ``.data`` changes: host copies (pinned on CUDA, so the copy back is fast) while offloaded, device tensors
+    again after :meth:`restore`. On the CPU platform the device *is* the host: the tensors themselves are kept
+    aside (no copy) and the modules hold empty tensors, so the swap is cheap and the model counts 0 resident.
+    """
+
+    def __init__(self, pipeline: Any, device: Any) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self._held: list[tuple[Any, Any]] = []  # (tensor in the module, host tensor with its values)
+        pin = self.device.type == "cuda"
+        same = self.device.type == "cpu"
+        with torch.no_grad():
+            for t in _tensors(pipeline):
+                if t.device.type != self.device.type or t.numel() == 0 or _distributed(t):
+                    continue
+                if same:
+                    host = t.data
+                else:
+                    host = t.detach().to("cpu", copy=True)
+                    if pin:
+                        host = host.pin_memory()
+                self._held.append((t, host))
+                t.data = torch.empty(0, dtype=t.dtype, device=self.device)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes the swapped-out tensors occupy."""
+        return sum(h.numel() * h.element_size() for _, h in self._held)
+
+    def restore(self) -> None:
+        """Put every swapped tensor back on the device with its values (idempotent)."""
+        import torch
+
+        same = self.device.type == "cpu"
+        with torch.no_grad():
+            for t, host in self._held:
+                t.data = host if same else host.to(self.device, non_blocking=True)
+        if not same and self._held:
+            module = getattr(torch, self.device.type, None)
+            if module is not None and hasattr(module, "synchronize"):
+                module.synchronize()
+        self._held = []
