@@ -1,4 +1,4 @@
-"""Work limits over a model's own extra stages (``StageWork`` in ``extra[STAGES_KEY]``, e.g. LingBot's refiner):
+"""Work limits over a model's own extra stages (``StageWork`` in ``request.stages``, e.g. LingBot's refiner):
 each stage is held to the per-frame limits and counted into the job's ``--max-work`` total, naming its field."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ SERVER = WorkLimits(max_pixels=64 * 64, max_work=200_000, source="the server")
 
 def _request(*stages: StageWork) -> GenerationRequest:
     params = SamplingParams(height=32, width=32, num_frames=5, num_inference_steps=3)  # 15,360 work units
-    return GenerationRequest("x", params, extra={STAGES_KEY: stages} if stages else {}, prepared=True)
+    return GenerationRequest("x", params, stages=stages, prepared=True)
 
 
 def _stage(**kw) -> StageWork:
@@ -56,6 +56,11 @@ def test_a_stage_is_held_to_the_pixel_limits():
 def test_no_limits_no_check_and_malformed_declarations_are_bugs():
     check_limits(_request(_stage(width=10**5, height=10**5, steps=10**6)))
     assert declared_stages(_request()) == ()
-    bad = GenerationRequest("x", SamplingParams(), extra={STAGES_KEY: ({"width": 1},)}, prepared=True)
+    bad = GenerationRequest("x", SamplingParams(), stages=({"width": 1},), prepared=True)
     with pytest.raises(TypeError, match="StageWork"):
         check_limits(bad, SERVER)
+
+
+def test_the_older_extra_key_is_still_read():
+    legacy = GenerationRequest("x", SamplingParams(), extra={STAGES_KEY: (_stage(),)}, prepared=True)
+    assert declared_stages(legacy) == (_stage(),)

@@ -98,7 +98,7 @@ def declared_stages(request: Any) -> tuple[StageWork, ...]:
     if isinstance(stages, StageWork):
         stages = (stages,)
     if not isinstance(stages, Sequence) or not all(isinstance(s, StageWork) for s in stages):
-        raise TypeError(f"request.extra[{STAGES_KEY!r}] must be StageWork records, got {stages!r}")
+        raise TypeError(f"request.stages must be StageWork records, got {stages!r}")
     return tuple(stages)
 
 

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 from omnicore.plugin import (
-    STAGES_KEY,
     AttentionRequirement,
     BasePipeline,
     ConfigError,
@@ -43,7 +42,7 @@ from omnicore.plugin import (
 
 from .conditions import align_image, apply_clean_prefix, load_image
 from .loader import PLUGIN, CheckpointError, load_transformer
-from .plan import PLAN_KEY, LingBotPlan, Sampling, caption_of, plan_of
+from .plan import LingBotPlan, Sampling, caption_of, plan_of
 from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
 from .refiner import refiner_sigmas, refiner_stage, start_latents
@@ -180,12 +179,12 @@ class LingBotPipeline(BasePipeline):
             fps=resolved.fps, flow_shift=resolved.shift,
             output_type="image" if resolved.mode == "t2i" else "video",
         )
-        extra: dict[str, Any] = {PLAN_KEY: LingBotPlan.from_resolved(resolved)}  # the record encode/decode read
-        if resolved.refiner is not None:  # the refiner's work, for the engine's limits and work budget
-            extra[STAGES_KEY] = (refiner_stage(resolved.refiner, params, request.extra),)
+        # the refiner's work, for the engine's limits and work budget
+        stages = () if resolved.refiner is None else (refiner_stage(resolved.refiner, params, request.extra),)
         return request.evolve(
             prompt=resolved.caption, negative_prompt=negative, inputs=inputs, params=params,
-            modalities=("image",) if resolved.mode == "t2i" else ("video",), extra=extra, prepared=True,
+            modalities=("image",) if resolved.mode == "t2i" else ("video",), prepared=True,
+            plan=LingBotPlan.from_resolved(resolved), stages=stages,  # the record encode/decode read
         )
 
     def batch_key(self, request: GenerationRequest) -> Hashable:

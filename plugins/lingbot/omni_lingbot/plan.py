@@ -1,8 +1,9 @@
 """The typed state ``LingBotPipeline.preprocess`` prepares for a request (issue 14 §3).
 
-A prepared request's ``extra`` holds exactly one entry, :data:`PLAN_KEY` → :class:`LingBotPlan`: the request rules'
-decisions (mode, CFG layout, schedule, optional stages) as one frozen, hashable record, read back with
-:func:`plan_of` — no loose string keys for ``encode``/``decode`` to agree on.
+A prepared request carries a :class:`LingBotPlan` in its typed ``plan`` slot (``GenerationRequest.plan``): the
+request rules' decisions (mode, CFG layout, schedule, optional stages) as one frozen, hashable record, read back
+with :func:`plan_of` — no loose string keys for ``encode``/``decode`` to agree on, and the caller's ``extra`` stays
+the caller's.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import attrs
 
 from .request_rules import LowNoiseOptions, ResolvedRequest
 from .stage_options import RefinerOptions, VaeTiling
-
-PLAN_KEY = "lingbot_plan"
 
 
 @attrs.frozen
@@ -44,9 +43,7 @@ class LingBotPlan:
 
 def plan_of(request: Any) -> LingBotPlan:
     """The plan of a request prepared by ``LingBotPipeline.preprocess`` (``ValueError`` for any other request)."""
-    plan = request.extra.get(PLAN_KEY)
-    if not isinstance(plan, LingBotPlan):
-        raise ValueError("this request was not prepared by LingBotPipeline.preprocess (no LingBotPlan in extra)")
+    plan: LingBotPlan = request.plan_as(LingBotPlan)
     return plan
 
 

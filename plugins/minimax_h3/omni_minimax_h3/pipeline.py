@@ -56,6 +56,7 @@ from .conditions import (
     to_rgb,
     video_at_24fps,
 )
+from .plan import H3Plan, plan_of, resolved_of
 from .plugin import DEFAULTS, MODEL_SPEC
 from .request_rules import (
     SAMPLE_RATE,
@@ -290,21 +291,20 @@ class MiniMaxH3Pipeline(BasePipeline):
             self.spec.defaults, height=resolved.height, width=resolved.width, num_frames=resolved.num_frames,
             fps=FPS, num_inference_steps=resolved.steps, flow_shift=resolved.video_shift, guidance_scale=1.0,
             seed=seed, output_type="video")
-        extra = {"h3": resolved, "media": tuple(media)}
-        return request.evolve(params=params, extra=extra, prepared=True)
+        return request.evolve(params=params, prepared=True, plan=H3Plan(resolved, tuple(media)))
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
         """Sizes, frame counts and tasks may differ inside a batch (each output is its own packed document);
         the DiT (partition), the step count and both shifts may not."""
-        r: ResolvedRequest = request.extra["h3"]
+        r = resolved_of(request)
         return ("minimax-h3", r.partition, r.steps, r.video_shift, r.audio_shift, request.quality)
 
     # ------------------------------------------------------------------------------------------ encode
     def _conditions(self, request: GenerationRequest) -> dict[str, Any]:
         """Per request (shared by its outputs): text rows and tags, conditioning latents, reference audio rows
         and the reference blocks of the layout."""
-        r: ResolvedRequest = request.extra["h3"]
-        media = request.extra["media"]
+        plan = plan_of(request)
+        r, media = plan.resolved, plan.media
         items: list[tuple[str, Any]] = []
         visual: list[torch.Tensor] = []
         ref_audio: list[torch.Tensor] = []
@@ -399,14 +399,14 @@ class MiniMaxH3Pipeline(BasePipeline):
         from .transformer.layout import RequestLayout
 
         reqs = self.batch_requests(requests)
-        first: ResolvedRequest = reqs[0].extra["h3"]
+        first = resolved_of(reqs[0])
         dit = self.transformers[first.partition]
         materialize(dit)  # prepare_request runs DiT modules outside forward: load model-offloaded weights first
         patch = tuple(dit.config.patch_size)
         items: list[Item] = []
         plans, video, audio = [], [], []
         for ri, request in enumerate(reqs):
-            r: ResolvedRequest = request.extra["h3"]
+            r = resolved_of(request)
             cond = self._conditions(request)
             lay = self._layout(r, cond, patch)
             try:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from _lingbot_helpers import request, run
 from omni_lingbot.pipeline import pad_embeddings
-from omni_lingbot.plan import PLAN_KEY, LingBotPlan, plan_of
+from omni_lingbot.plan import LingBotPlan, plan_of
 from omni_lingbot.prompts import DEFAULT_NEGATIVE_PROMPT_IMAGE, DEFAULT_NEGATIVE_PROMPT_VIDEO
 from omnicore.errors import InvalidRequest
 from PIL import Image
@@ -70,7 +70,7 @@ def test_preprocess_normalises_once(pipe):
     assert prepared.params.num_frames == 9  # 1 s x 8 fps -> 8 -> 9
     assert prepared.negative_prompt == DEFAULT_NEGATIVE_PROMPT_VIDEO
     assert prepared.modalities == ("video",) and plan_of(prepared).mode == "t2v"
-    assert list(prepared.extra) == [PLAN_KEY] and isinstance(prepared.extra[PLAN_KEY], LingBotPlan)
+    assert prepared.extra == raw.extra and isinstance(prepared.plan, LingBotPlan)  # the caller's extra untouched
     assert pipe.preprocess(prepared) is prepared  # admission happens once
     t2i = pipe.preprocess(request(modalities=("image",)))
     assert t2i.negative_prompt == DEFAULT_NEGATIVE_PROMPT_IMAGE and t2i.params.num_frames == 1

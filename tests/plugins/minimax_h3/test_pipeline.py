@@ -32,7 +32,16 @@ def test_preprocess_fills_the_request_once(pipe):
     prepared = pipe.preprocess(request(extra={"aspect_ratio": "1:1"}))
     p = prepared.params
     assert (p.height, p.width, p.num_frames, p.fps, p.num_inference_steps, p.flow_shift) == (64, 64, 107, 24.0, 2, 12.0)
-    assert prepared.extra["h3"].task == "t2va" and pipe.preprocess(prepared) is prepared
+    assert prepared.plan.resolved.task == "t2va" and pipe.preprocess(prepared) is prepared
+
+
+def test_preprocess_keeps_the_callers_extra(pipe):
+    """The plan lives in the request's typed ``plan`` slot: the prepared request's ``extra`` is still exactly what
+    the caller sent (preprocess used to replace it with its own ``{"h3": ..., "media": ...}``)."""
+    sent = {"aspect_ratio": "1:1", "duration": 4}
+    prepared = pipe.preprocess(request(extra=sent))
+    assert prepared.extra == sent and prepared.plan.resolved.height == 64
+    assert prepared.batch_key() == pipe.preprocess(request(extra=sent)).batch_key()
 
 
 def test_fl2va_keyframes_are_held_and_change_the_video(pipe):
@@ -42,7 +51,7 @@ def test_fl2va_keyframes_are_held_and_change_the_video(pipe):
                                       extra={"aspect_ratio": "16:9"}))
     assert state.extras["items"][0].layout.num_condition_video_rows == 2 * (4 // 2) * (8 // 2)
     # the generated video's token grid (conditioning frames excluded) on the DiT's attention metadata
-    frames = state.requests[0].extra["h3"].num_latent_frames
+    frames = state.requests[0].plan.resolved.num_latent_frames
     assert state.extras["batch"].docs.metadata.latent_grid == (frames, 4 // 2, 8 // 2)
     assert out.frames.shape == plain.frames.shape and not np.array_equal(out.frames, plain.frames)
     # the anchors never move: the conditioning rows after the loop are the noised latents from encode
@@ -98,10 +107,10 @@ def test_ref2va_on_a_combined_deployment(combined):
     assert state.extras["partition"] == "ref2va"
     items = state.extras["items"]
     assert items[0].layout.num_condition_audio_rows == 2 * 100  # 2.5 s of audio = 100 latents per channel
-    assert items[0].layout.latent_grid == (state.requests[0].extra["h3"].num_latent_frames, 4 // 2, 8 // 2)
+    assert items[0].layout.latent_grid == (state.requests[0].plan.resolved.num_latent_frames, 4 // 2, 8 // 2)
     assert out.frames.shape == (107, 64, 128, 3) and out.audio.shape == (2, 178 * 800)
     _, (t2va,) = run(combined, request())
-    assert combined.preprocess(request()).extra["h3"].partition == "fl2va"
+    assert combined.preprocess(request()).plan.resolved.partition == "fl2va"
     assert not np.array_equal(out.frames, t2va.frames)
 
 

@@ -69,7 +69,7 @@ def test_a_diffusers_written_repository_loads_with_its_own_canvas_and_shifts(mod
     assert (d.canvas_short_edge, d.canvas_max_pixels, d.canvas_multiple) == (CANVAS_SHORT_EDGE, CANVAS_MAX_PIXELS, 32)
     assert (d.video_shift, d.audio_shift) == (VIDEO_SHIFT, AUDIO_SHIFT)
     prepared = pipe.preprocess(request(extra={"aspect_ratio": "16:9"}, num_inference_steps=2))
-    r = prepared.extra["h3"]
+    r = prepared.plan.resolved
     assert (r.height, r.width) == (64, 128)  # the repo's 64-pixel canvas (its default would be 768x1344)
     assert (r.video_shift, r.audio_shift) == (VIDEO_SHIFT, AUDIO_SHIFT)
     state = pipe.encode([prepared])
@@ -123,7 +123,7 @@ def test_the_official_partition_layout_loads_both_partitions(tiny_combined_dir: 
     _, (theirs,) = run(combined, ref2va)  # same weights, same shifts: the same output as the diffusers layout
     assert (ours.frames == theirs.frames).all() and (ours.audio == theirs.audio).all()
     prepared = pipe.preprocess(request(num_inference_steps=2, extra={}, inputs=(reference("image", image(320, 256)),)))
-    assert (prepared.extra["h3"].video_shift, prepared.extra["h3"].audio_shift) == (9.0, 2.0)
+    assert (prepared.plan.resolved.video_shift, prepared.plan.resolved.audio_shift) == (9.0, 2.0)
 
 
 def test_a_component_the_index_points_elsewhere_is_named(modular_dir: Path, tmp_path: Path) -> None:
