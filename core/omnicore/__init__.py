@@ -17,6 +17,7 @@ _LAZY = {
     "GenerationRequest": "omnicore.engine.request:GenerationRequest",
     "SamplingParams": "omnicore.engine.request:SamplingParams",
     "MediaInput": "omnicore.engine.request:MediaInput",
+    "LoRA": "omnicore.lora.records:LoRA",
     "Output": "omnicore.outputs.output:Output",
 }
 

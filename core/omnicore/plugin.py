@@ -138,6 +138,12 @@ _LAZY: dict[str, str] = {
     "ByteLevelTokenizer": "omnicore.tiny_checkpoints:ByteLevelTokenizer",
     # -- wrapping diffusers models ---------------------------------------------------------------------------
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
+    # -- per-request LoRA: the spec's target map, the request record, how packed rows map to samples ------------
+    "LoRA": "omnicore.lora.records:LoRA",
+    "LoRATargets": "omnicore.lora.records:LoRATargets",
+    "LoRAError": "omnicore.lora.errors:LoRAError",
+    "lora_packed_rows": "omnicore.lora.rows:lora_packed_rows",
+    "lora_sample_rows": "omnicore.lora.rows:lora_sample_rows",
 }
 
 
@@ -193,6 +199,11 @@ if TYPE_CHECKING:
     from .errors import UnsupportedFeature as UnsupportedFeature
     from .hookspecs import CacheHandle as CacheHandle
     from .integrations.diffusers import route_diffusers_attention as route_diffusers_attention
+    from .lora.errors import LoRAError as LoRAError
+    from .lora.records import LoRA as LoRA
+    from .lora.records import LoRATargets as LoRATargets
+    from .lora.rows import lora_packed_rows as lora_packed_rows
+    from .lora.rows import lora_sample_rows as lora_sample_rows
     from .media import AudioClip as AudioClip
     from .media import VideoClip as VideoClip
     from .media import load_media as load_media

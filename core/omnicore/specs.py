@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from ._lazy import resolve
+from .lora.records import LoRATargets
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.:\-]*$")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -209,6 +210,8 @@ class ModelSpec:
     # described with the same typed record as options; the model's own validation stays the authority.
     request_fields: tuple[ModelOption, ...] = ()
     provider: str = ""
+    # The linears per-request LoRA adapters may target (``None``: the model refuses ``loras``).
+    lora: LoRATargets | None = None
 
     def load_impl(self) -> Any:
         return resolve(self.impl)

@@ -49,6 +49,8 @@ PUBLIC_NAMES = frozenset({
     "CheckpointError", "WeightMismatch", "read_json", "weight_files", "read_state_dict", "load_strict",
     # tiny random-weight presets
     "init_visible_weights", "byte_level_tokenizer", "ByteLevelTokenizer",
+    # per-request LoRA (1.6)
+    "LoRA", "LoRATargets", "LoRAError", "lora_packed_rows", "lora_sample_rows",
 })
 
 

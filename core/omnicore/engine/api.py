@@ -21,6 +21,10 @@ import attrs
 
 from ..config import Settings
 from ..errors import EngineClosed, InvalidRequest, PluginError, UnsupportedFeature
+from ..lora.errors import LoRAError
+from ..lora.records import LoRA
+from ..lora.registry import AdapterRegistry
+from ..lora.runtime import LoRARuntime
 from ..offload.policy import OFFLOAD_MODES, apply_offload
 from ..parallel.config import ParallelConfig
 from ..parallel.launch import start_group
@@ -95,6 +99,11 @@ class Engine:
         are spawned, so they import the caller's main module: scripts guard it with ``if __name__ == "__main__"``.
     :param quantization: ``"int8"`` or ``"fp8"``: weight-only per-output-channel quantization of the linears the
         model declares (its DiT blocks and text encoder; see :mod:`omnicore.quantization`), after loading.
+    :param lora_registry: where requests' ``loras`` are resolved, read and cached (see
+        :class:`~omnicore.lora.AdapterRegistry`: preloaded names, the only directories paths may name, the device
+        LRU budget); its preloaded adapters are checked against the model here. Default: an empty registry, which
+        refuses every adapter. Adapters run unmerged per row of a mixed batch (:mod:`omnicore.lora.runtime`);
+        refused with ``parallel`` and ``compile`` for now.
     :param compile: ``True``/``"blocks"``: regional ``torch.compile`` of the model's repeated blocks (one compiled
         graph per block class, see :mod:`omnicore.regional_compile`); ``"blocks-cudagraphs"`` adds CUDA graphs (cuda
         platform only). Refused with offload and ``parallel``, before anything loads.
@@ -109,6 +118,7 @@ class Engine:
                  cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
                  model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None,
                  parallel: Any = None, compile: bool | str = False, quantization: str | None = None,
+                 lora_registry: AdapterRegistry | None = None,
                  warmup: bool = False) -> None:
         from ..quantization import check_mode
 
@@ -171,6 +181,8 @@ class Engine:
                                                  cache_methods=[s.name for s in method_specs])
             for spec, (_, cfg) in zip(method_specs, methods):
                 self.cache_handles.append(host.enable_cache(self.pipeline, spec, cfg))
+            self.lora_registry = lora_registry if lora_registry is not None else AdapterRegistry()
+            self.lora = self._lora_runtime([s.name for s in method_specs])
             if self.compile_mode != "none":  # last: caches and hooks are in place around the compiled blocks
                 self.compile_handle = apply_regional_compile(self.pipeline, self.compile_mode,
                                                              log_recompiles=logger.isEnabledFor(logging.INFO))
@@ -185,7 +197,7 @@ class Engine:
             request_batch_max_wait_ms=self.settings.request_batch_max_wait_ms,
             supports_batching=caps.supports_batching)
         self._stats = EngineStats()
-        self._runner = BatchRunner(host, self.pipeline, self.platform, self._stats, group=self.group)
+        self._runner = BatchRunner(host, self.pipeline, self.platform, self._stats, group=self.group, lora=self.lora)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._running: list[Job] = []
@@ -194,6 +206,24 @@ class Engine:
         self.warmup_s: float | None = None
         if warmup:
             self._warm_up()
+
+    def _lora_runtime(self, cache_methods: list[str]) -> LoRARuntime | None:
+        """The model's LoRA runtime (None for a model that declares no targets), with what this deployment rules
+        out; the registry's preloaded adapters are read and checked now, so a bad one fails at start-up."""
+        if self.spec.lora is None:
+            if self.lora_registry.list_modules():
+                raise InvalidRequest("lora_modules", f"model {self.spec.name!r} does not support LoRA adapters")
+            return None
+        runtime = LoRARuntime(self.lora_registry, self.spec, self.pipeline, self.platform.ops)
+        if self.parallel.enabled:
+            runtime.refusal = ("LoRA is not supported with --parallel yet (the worker ranks would need the adapters "
+                               "too, tensor-parallel shards of A/B included); serve adapters without --parallel")
+        elif self.compile_mode != "none":
+            runtime.refusal = ("LoRA is not supported with --compile yet (the adapters' hooks run inside the compiled "
+                               "blocks and change per batch); serve adapters without --compile")
+        runtime.adaln_cache = "adaln_schedule" in cache_methods
+        self.lora_registry.preload(runtime.target_map)
+        return runtime
 
     def _warm_up(self) -> None:
         """One default request, 1 step, through the normal queue (the engine is otherwise idle at this point)."""
@@ -250,6 +280,11 @@ class Engine:
         if self._closed:
             raise EngineClosed("engine is closed")
         request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
+        if request.loras:  # read and checked against the model before anything is queued (LoRAError -> 400)
+            if self.lora is None:
+                raise LoRAError(request.loras[0].name_or_path, None,
+                                f"model {self.spec.name!r} does not support LoRA adapters")
+            self.lora.check(request.loras)
         if request.params.seed is None:
             default = self.spec.defaults.seed
             seed = default if default is not None else random_seed(request.params.num_outputs)
@@ -291,14 +326,16 @@ class Engine:
                  audios: Sequence[Any] = (), inputs: Sequence[MediaInput] = (),
                  negative_prompt: str | None = None, modalities: Sequence[str] | None = None,
                  extra: Mapping[str, Any] | None = None, quality: str = "standard",
-                 timeout: float | None = None, **sampling_params: Any) -> list[Output]:
+                 loras: Sequence[LoRA | str] = (), timeout: float | None = None,
+                 **sampling_params: Any) -> list[Output]:
         """Submit and wait: ``engine.generate("a cat", height=512, seed=0)`` -> outputs.
 
         Conditioning media: ``inputs=[MediaInput("image", "first_frame", path), ...]`` with roles, or
-        ``images=``/``videos=``/``audios=`` which take the model's default role for their kind."""
+        ``images=``/``videos=``/``audios=`` which take the model's default role for their kind. Adapters:
+        ``loras=[LoRA("name-or-path", scale=0.8), ...]`` (resolved by the engine's ``lora_registry``)."""
         request = make_request(prompt, images=images, videos=videos, audios=audios, inputs=inputs,
                                negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality,
-                               **sampling_params)
+                               loras=loras, **sampling_params)
         return self.submit(request).result(timeout)
 
     def _cancel(self, job: Job) -> None:
@@ -390,6 +427,10 @@ class Engine:
         """Undo compilation, then cache methods (newest first, restoring weights they offloaded), then weight
         offload."""
         handles = [*reversed(self.cache_handles), *reversed(self.offload_handles)]
+        lora = getattr(self, "lora", None)
+        if lora is not None:  # the LoRA hooks come off first (the model is as loaded again)
+            handles.insert(0, lora)
+            self.lora = None
         if self.compile_handle is not None:
             handles.insert(0, self.compile_handle)
         self.cache_handles, self.offload_handles, self.compile_handle = [], [], None
@@ -424,14 +465,16 @@ def _as_requested(exc: BaseException, request: GenerationRequest) -> BaseExcepti
 def make_request(prompt: str | Mapping[str, Any], *, images: Sequence[Any] = (), videos: Sequence[Any] = (),
                  audios: Sequence[Any] = (), inputs: Sequence[MediaInput] = (), negative_prompt: str | None = None,
                  modalities: Sequence[str] | None = None, extra: Mapping[str, Any] | None = None,
-                 quality: str = "standard", **sampling_params: Any) -> GenerationRequest:
+                 quality: str = "standard", loras: Sequence[LoRA | str] = (),
+                 **sampling_params: Any) -> GenerationRequest:
     """Build a request from keyword arguments; an unknown keyword is an ``InvalidRequest`` naming it."""
     unknown = sorted(set(sampling_params) - _SAMPLING_FIELDS)
     if unknown:
         raise InvalidRequest(unknown[0], f"is not a sampling parameter (known: {sorted(_SAMPLING_FIELDS)})")
     return GenerationRequest(prompt=prompt, params=SamplingParams(**sampling_params), images=tuple(images),
                              videos=tuple(videos), audios=tuple(audios), inputs=tuple(inputs),
-                             negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality)
+                             negative_prompt=negative_prompt, modalities=modalities, extra=extra, quality=quality,
+                             loras=tuple(loras))
 
 
 def _resolve_once(done: asyncio.Future[None]) -> None:

@@ -16,6 +16,7 @@ import attrs
 
 from ..errors import InvalidRequest
 from ..ids import new_id
+from ..lora.records import LoRA, as_loras
 from ..specs import RequestDefaults
 
 if TYPE_CHECKING:
@@ -203,7 +204,8 @@ class GenerationRequest:
     are still accepted and become inputs without a role (the engine gives them the model's default role), and
     the ``images``/``videos``/``audios`` properties read the data of each kind back. ``extra`` carries
     model-specific fields validated by the model's ``preprocess``. ``prepared`` is set by preprocess and lets
-    the engine assert it ran exactly once.
+    the engine assert it ran exactly once. ``loras`` lists :class:`~omnicore.lora.LoRA` adapters (a string is
+    ``LoRA(string)``; at most :data:`~omnicore.lora.MAX_LORAS_PER_REQUEST`), checked by the engine at admission.
 
     ``plan`` and ``stages`` are written by the model's ``preprocess`` only (a caller leaves them unset): ``plan``
     is the model's own typed record of what it decided for this request (read back with :meth:`plan_as`),
@@ -220,6 +222,9 @@ class GenerationRequest:
     extra: dict[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     request_id: str = attrs.field(factory=_new_id)
     prepared: bool = False
+    #: per-request LoRA adapters, composed (ranks concatenated) and applied without merging; not part of the batch
+    #: key, so requests with different adapters share a batch
+    loras: tuple[LoRA, ...] = attrs.field(factory=tuple, converter=as_loras)
     plan: object | None = attrs.field(default=None, eq=False, repr=False)
     stages: tuple[StageWork, ...] = attrs.field(default=(), eq=False, repr=False, converter=_tuple)
 
@@ -245,12 +250,12 @@ class GenerationRequest:
                  negative_prompt: str | None = None, images: Any = (), videos: Any = (), audios: Any = (),
                  modalities: Any = None, quality: str = "standard", extra: Mapping[str, Any] | None = None,
                  request_id: str | None = None, prepared: bool = False, *, inputs: Any = (),
-                 plan: object | None = None, stages: Any = ()) -> None:
+                 plan: object | None = None, stages: Any = (), loras: Any = ()) -> None:
         self.__attrs_init__(prompt=prompt, params=SamplingParams() if params is None else params,
                             negative_prompt=negative_prompt,
                             inputs=media_inputs(images, videos, audios, inputs), modalities=modalities,
                             quality=quality, extra=extra, request_id=request_id or _new_id(), prepared=prepared,
-                            plan=plan, stages=stages)
+                            loras=loras, plan=plan, stages=stages)
 
     @property
     def images(self) -> tuple[Any, ...]:

@@ -54,7 +54,7 @@ class EngineStats:
 
 class BatchRunner:
     def __init__(self, host: PluginHost, pipeline: Any, platform: Platform, stats: EngineStats,
-                 group: Any = None) -> None:
+                 group: Any = None, lora: Any = None) -> None:
         self.host = host
         self.pipeline = pipeline
         self.platform = platform
@@ -62,6 +62,9 @@ class BatchRunner:
         # rank 0's omnicore.parallel.group.WorkerGroup (``--parallel``): told each batch's plan before every
         # pipeline call so the workers run the same calls; None in a single-process engine
         self.group = group
+        # the model's omnicore.lora.LoRARuntime (None: the model takes no adapters): told the batch's requests
+        # before encode and before every step (so a shrunk batch drops its rows' adapters), cleared after the batch
+        self.lora = lora
 
     def run(self, jobs: list[Job]) -> None:
         with self.stats.lock:  # counted before any job finishes, so a caller woken by a result sees it
@@ -73,7 +76,10 @@ class BatchRunner:
             if members:  # VAE fast-path gates on iff the batch asks for quality "high" (docs/contracts-status.md C7.1)
                 with request_fast_paths(self.pipeline, {j.request.quality for j in members}):
                     try:
-                        self._run(members)
+                        try:
+                            self._run(members)
+                        finally:
+                            self._set_loras([])
                     except BaseException as exc:
                         if self.group is not None:  # ends the batch on the workers, or the group if out of step
                             self.group.fail_batch(exc)
@@ -121,6 +127,7 @@ class BatchRunner:
             job.emit("encode")
         t = time.perf_counter()
         self._announce("batch", [j.request for j in members])
+        self._set_loras(members)
         state = pipeline.encode([j.request for j in members])
         platform.synchronize()
         timings["encode_s"] = time.perf_counter() - t
@@ -131,6 +138,7 @@ class BatchRunner:
             if all(j.done for j in members):
                 return
             self._announce("step", step)
+            self._set_loras(members)
             new_state = self.host.denoise(pipeline=pipeline, state=state, step=step)
             if new_state is None:
                 raise RuntimeError(f"omnicore_denoise returned None at step {step}")
@@ -183,6 +191,10 @@ class BatchRunner:
                 })
                 finished.append(out)
             job.finish("succeeded", outputs=finished, on_finish=self._counter("jobs_succeeded"))
+
+    def _set_loras(self, members: list[Job]) -> None:
+        if self.lora is not None:
+            self.lora.activate([j.request for j in members])
 
     def _drop_cancelled(self, state: Any, members: list[Job]) -> tuple[Any, list[Job]]:
         cancelled = [j for j in members if j.cancel_requested and not j.done]

@@ -32,5 +32,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [  # noqa: RUF022 - grouped: names, records, then the ops in OP_NAMES order
     "OP_NAMES", "OpSpec", "PlatformOps", "rms_norm", "modulate", "gated_residual", "gated_residual_norm_modulate",
     "rope_rotate_half", "group_norm_silu", "rms_norm_silu", "swiglu", "upsample2x_conv",
+    "lora_segment_delta",
 ]
 assert set(__all__) == {"OP_NAMES", *_LAZY}

@@ -13,4 +13,5 @@ OP_NAMES: tuple[str, ...] = (
     "rms_norm_silu",
     "swiglu",
     "upsample2x_conv",
+    "lora_segment_delta",
 )

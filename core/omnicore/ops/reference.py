@@ -119,7 +119,44 @@ def upsample2x_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return F.conv2d(up, weight, bias, padding=padding)
 
 
+def lora_segment_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, seg_ends: torch.Tensor) -> torch.Tensor:
+    """The LoRA deltas of a batch whose rows use different adapters (grouped, punica-style "SGMV").
+
+    ``x [N, in]`` rows; ``a [S, R, in]`` and ``b [S, out, R]`` one slot per segment (the adapter's ``lora_A`` and
+    ``lora_B``, every scale already folded into ``b``; smaller ranks zero-padded to ``R``; several adapters on one
+    request are their ranks concatenated, which is exact); ``seg_ends [S]`` int64 cumulative row ends on the host:
+    segment ``s`` covers rows ``[seg_ends[s-1], seg_ends[s])`` (``seg_ends[-1] == N``; a row without adapters sits
+    in a segment whose slot is zero). Returns ``delta [N, out]`` = ``(x_s a_s^T) b_s^T`` per segment, in ``x``'s
+    dtype (accumulated in the promoted dtype of ``x`` and the slots).
+
+    Equal-length segments run as one batched matmul pair; unequal ones (packed sequences) one pair per segment.
+    """
+    if x.dim() != 2 or a.dim() != 3 or b.dim() != 3:
+        raise ValueError(f"lora_segment_delta takes x [N, in], a [S, R, in], b [S, out, R]; got "
+                         f"{tuple(x.shape)}, {tuple(a.shape)}, {tuple(b.shape)}")
+    n, s = x.shape[0], a.shape[0]
+    if b.shape[0] != s or b.shape[2] != a.shape[1] or a.shape[2] != x.shape[1] or seg_ends.shape != (s,):
+        raise ValueError(f"lora_segment_delta shapes disagree: x {tuple(x.shape)}, a {tuple(a.shape)}, "
+                         f"b {tuple(b.shape)}, seg_ends {tuple(seg_ends.shape)}")
+    ends = [int(e) for e in seg_ends.tolist()]
+    if s == 0 or ends[-1] != n or any(e1 < e0 for e0, e1 in zip([0, *ends], ends)):
+        raise ValueError(f"seg_ends must be non-decreasing row ends ending at N={n}, got {ends}")
+    dtype = torch.promote_types(x.dtype, a.dtype)
+    lengths = [e1 - e0 for e0, e1 in zip([0, *ends], ends)]
+    if len(set(lengths)) == 1:  # one bmm pair over [S, L, in]
+        xs = x.to(dtype).reshape(s, lengths[0], x.shape[1])
+        out = torch.bmm(torch.bmm(xs, a.to(dtype).transpose(1, 2)), b.to(dtype).transpose(1, 2))
+        return out.reshape(n, b.shape[1]).to(x.dtype)
+    out = x.new_zeros((n, b.shape[1]), dtype=dtype)
+    start = 0
+    for i, end in enumerate(ends):
+        if end > start:
+            out[start:end] = (x[start:end].to(dtype) @ a[i].to(dtype).t()) @ b[i].to(dtype).t()
+        start = end
+    return out.to(x.dtype)
+
+
 __all__ = [
-    "gated_residual", "gated_residual_norm_modulate", "group_norm_silu", "modulate", "rms_norm", "rms_norm_silu",
-    "rope_rotate_half", "swiglu", "upsample2x_conv",
+    "gated_residual", "gated_residual_norm_modulate", "group_norm_silu", "lora_segment_delta", "modulate", "rms_norm",
+    "rms_norm_silu", "rope_rotate_half", "swiglu", "upsample2x_conv",
 ]

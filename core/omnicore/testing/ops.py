@@ -74,6 +74,18 @@ def op_cases(op: str, dtype: Any, device: Any, seed: int = 0) -> Iterator[Case]:
         yield "bias", (t(2, 8, 5, 6), t(12, 8, 3, 3, scale=0.2), t(12)), {}
         yield "no-bias", (t(1, 16, 4, 3), t(16, 16, 3, 3, scale=0.2), None), {}
         yield "odd-channels", (t(1, 5, 3, 7), t(3, 5, 3, 3, scale=0.2), t(3)), {"padding": 1}
+    elif op == "lora_segment_delta":
+        def ends(*values: int) -> Any:
+            return torch.tensor(values, dtype=torch.int64)
+
+        # equal segments (a batched layout), ragged ones (packed documents, an empty one), mixed ranks zero-padded
+        yield "equal-segments", (t(4 * 9, 64), t(4, 8, 64, scale=0.1), t(4, 48, 8, scale=0.1), ends(9, 18, 27, 36)), {}
+        a, b = t(3, 12, 40, scale=0.1), t(3, 72, 12, scale=0.1)
+        a[1, 4:] = 0
+        b[1, :, 4:] = 0
+        b[2] = 0  # a segment without adapters
+        yield "ragged+padded-ranks", (t(37, 40), a, b, ends(13, 13, 37)), {}
+        yield "one-segment", (t(5, 16), t(1, 4, 16, scale=0.1), t(1, 24, 4, scale=0.1), ends(5)), {}
     else:
         raise KeyError(f"no cases for op {op!r}")
 

@@ -1,0 +1,80 @@
+"""How the rows an adapted linear sees map to the batch's samples (no torch import).
+
+An adapted linear's input is ``[B, ..., in]`` with the sample on the leading dim (the default), or — inside a
+model's :func:`packed_rows` scope — ``[T, in]`` rows of one packed sequence whose documents are the samples.
+Forward sample ``j`` is output ``j % N`` of the batch's ``N`` outputs (``[cond ; uncond]`` CFG batches repeat the
+outputs), unless the pipeline said otherwise with :func:`sample_rows` (a forward over a subset of the batch).
+Both scopes are cheap context variables; they cost nothing when no adapter is active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class PackedRows:
+    """``ends[j]``: cumulative end row of sample ``j``'s document in a packed sequence of ``num_rows`` rows
+    (rows past ``ends[-1]`` are padding and get no adapter)."""
+
+    ends: tuple[int, ...]
+    num_rows: int
+
+
+_PACKED: contextvars.ContextVar[PackedRows | None] = contextvars.ContextVar("omnicore_lora_packed", default=None)
+_SAMPLES: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("omnicore_lora_samples",
+                                                                                     default=None)
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return tuple(int(v) for v in values)
+
+
+@contextlib.contextmanager
+def packed_rows(ends: Sequence[int] | Any, num_rows: int, *, starts_at_zero: bool = True) -> Iterator[None]:
+    """Within this scope an adapted linear whose input is 2-D with ``num_rows`` rows reads them as a packed
+    sequence: sample ``j`` covers rows ``[ends[j-1], ends[j])``. ``ends`` are host integers (a list, or a CPU
+    tensor such as ``cu_seqlens[1:]``); ``starts_at_zero=False`` takes the full ``cu_seqlens`` (leading 0)."""
+    values = _ints(ends)
+    if not starts_at_zero:
+        values = values[1:]
+    token = _PACKED.set(PackedRows(values, int(num_rows)))
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
+
+
+@contextlib.contextmanager
+def sample_rows(outputs: Sequence[int] | Any) -> Iterator[None]:
+    """Within this scope forward sample ``j`` is the batch's output ``outputs[j]`` (a pipeline that runs a forward
+    over a subset or a reordering of its batch says which outputs it holds)."""
+    token = _SAMPLES.set(_ints(outputs))
+    try:
+        yield
+    finally:
+        _SAMPLES.reset(token)
+
+
+#: the names ``omnicore.plugin`` exports them under
+lora_packed_rows = packed_rows
+lora_sample_rows = sample_rows
+
+
+def current_packed() -> PackedRows | None:
+    return _PACKED.get()
+
+
+def current_samples() -> tuple[int, ...] | None:
+    return _SAMPLES.get()
+
+
+__all__ = ["PackedRows", "current_packed", "current_samples", "lora_packed_rows", "lora_sample_rows", "packed_rows",
+           "sample_rows"]

@@ -1,0 +1,79 @@
+"""The adaptable linears of one loaded model (:class:`TargetMap`), built from its spec's :class:`LoRATargets`.
+
+Adapter files are checked and converted against this map (module names, ``in``/``out`` features), so the same
+adapter is refused or accepted identically at admission and when it runs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from .records import LoRATargets
+
+
+def _frozen_shapes(value: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    return {str(k): (int(v[0]), int(v[1])) for k, v in value.items()}
+
+
+@attrs.frozen
+class TargetMap:
+    """``shapes``: qualified name (under the targets' root) -> ``(in_features, out_features)`` of every adaptable
+    ``nn.Linear``; ``adaln``: those the AdaLN schedule cache precomputes; ``linears``: every linear of the root
+    (to tell "not adaptable" from "no such module"); ``model`` names the model in messages; ``itemsize`` is the
+    bytes per element of the compute dtype (device bytes of an adapter)."""
+
+    model: str
+    targets: LoRATargets
+    shapes: dict[str, tuple[int, int]] = attrs.field(converter=_frozen_shapes)
+    adaln: frozenset[str] = frozenset()
+    linears: frozenset[str] = frozenset()
+    itemsize: int = 4
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Identity of the conversion (an adapter converted for one map is valid for an equal one)."""
+        return (self.model, self.targets, tuple(sorted(self.shapes.items())), self.itemsize)
+
+    @property
+    def kohya_names(self) -> dict[str, str]:
+        """kohya's flattened name (``blocks_0_attn_to_q``) -> module name, for every adaptable module."""
+        return {name.replace(".", "_"): name for name in self.shapes}
+
+    @classmethod
+    def build(cls, root: Any, targets: LoRATargets, model: str) -> TargetMap:
+        """Scan ``root`` (an ``nn.Module``) for the ``nn.Linear`` modules the patterns name."""
+        from torch import nn
+
+        shapes: dict[str, tuple[int, int]] = {}
+        linears = set()
+        itemsize = 4
+        for name, module in root.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            linears.add(name)
+            if any(fnmatch.fnmatchcase(name, p) for p in targets.modules):
+                shapes[name] = (module.in_features, module.out_features)
+                weight = module.weight
+                if weight.is_floating_point():
+                    itemsize = weight.element_size()
+        if not shapes:
+            raise ValueError(f"model {model!r}: LoRATargets.modules {list(targets.modules)} match no nn.Linear "
+                             f"under {targets.root!r}")
+        adaln = frozenset(n for n in shapes if any(fnmatch.fnmatchcase(n, p) for p in targets.adaln))
+        return cls(model=model, targets=targets, shapes=shapes, adaln=adaln, linears=frozenset(linears),
+                   itemsize=itemsize)
+
+
+def resolve_root(pipeline: Any, targets: LoRATargets) -> Any:
+    """The module at ``targets.root`` on ``pipeline`` (an AttributeError names the missing part)."""
+    obj = pipeline
+    for part in targets.root.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+__all__ = ["TargetMap", "resolve_root"]
