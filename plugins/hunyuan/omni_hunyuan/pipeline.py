@@ -82,7 +82,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 @attrs.frozen
 class Resolved:
-    """What preprocess decided for one request (kept in ``request.extra["hunyuan"]``)."""
+    """What preprocess decided for one request: the request's typed ``plan`` (``GenerationRequest.plan``), read
+    back with ``request.plan_as(Resolved)``; the caller's ``extra`` is left as sent."""
 
     mode: str
     spec: LayoutSpec
@@ -93,6 +94,7 @@ class Resolved:
     images: tuple[Any, ...] = ()  # PIL images (edits)
     identity: str = ""  # prefix identity beyond the tokens (edits: reference content, grids, VAE seed)
     text: TextPlan | None = None  # the text stage (think / recaption / the ratio token), None: none
+    prepared_layout: PreparedLayout | None = None  # paged_scheduler mode: the tokens and the rows' KV requests
 
 
 class HunyuanImage3Pipeline(BasePipeline):
@@ -315,14 +317,12 @@ class HunyuanImage3Pipeline(BasePipeline):
         if request.prepared:
             return request
         resolved, changes = self.resolve(request)
-        extra = dict(request.extra)
-        extra["hunyuan"] = resolved
         if self.kv_mode == "paged_scheduler":
-            extra["prepared_layout"] = self.prepare_layout(request.request_id, resolved)
-        return request.evolve(params=changes["params"], extra=extra, modalities=("image",), prepared=True)
+            resolved = attrs.evolve(resolved, prepared_layout=self.prepare_layout(request.request_id, resolved))
+        return request.evolve(params=changes["params"], modalities=("image",), prepared=True, plan=resolved)
 
     def batch_key(self, request: GenerationRequest) -> Hashable:
-        r = request.extra.get("hunyuan")
+        r = request.plan if isinstance(request.plan, Resolved) else None
         if r is not None and r.text is not None and r.text.ratio:
             return (request.batch_key(), request.request_id)  # its bucket is known only after the text stage
         return (request.batch_key(), None if r is None else (r.mode, r.cfg_factor, r.guidance_rescale))
@@ -330,8 +330,8 @@ class HunyuanImage3Pipeline(BasePipeline):
     # ------------------------------------------------------------------------------------------ encode
     def layout_of(self, request: GenerationRequest) -> SequenceLayout:
         """The prepared layout (paged mode) or a local tokenisation (dense mode); equal by construction."""
-        prepared = request.extra.get("prepared_layout")
-        resolved: Resolved = request.extra["hunyuan"]
+        resolved = request.plan_as(Resolved)
+        prepared = resolved.prepared_layout
         if self.kv_mode == "paged_scheduler" and prepared is None:
             raise ValueError(f"paged_scheduler request {request.request_id} did not produce DiffusionKVRequest "
                              "records (it was not preprocessed by this pipeline)")
@@ -350,7 +350,7 @@ class HunyuanImage3Pipeline(BasePipeline):
 
     def cond_features(self, request: GenerationRequest, layout: SequenceLayout) -> CondFeatures | None:
         """VAE latents (sampled with the request's seed) and aligned ViT tokens of the condition images."""
-        resolved: Resolved = request.extra["hunyuan"]
+        resolved = request.plan_as(Resolved)
         if not resolved.images:
             return None
         gen = torch.Generator(device="cpu").manual_seed(output_seeds(request)[0])
@@ -373,7 +373,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         reqs = list(requests)
         if not reqs:
             raise ValueError("encode() needs at least one request")
-        if not all(r.prepared and "hunyuan" in r.extra for r in reqs):
+        if not all(r.prepared and isinstance(r.plan, Resolved) for r in reqs):
             raise ValueError("encode() takes preprocessed requests (call preprocess() first)")
         first = reqs[0].params
         steps, shift = first.num_inference_steps, first.flow_shift
@@ -417,7 +417,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         resident prompt blocks skip the text prefill and the rows' prefix blocks are published."""
         jobs, where = [], []
         for i, r in enumerate(reqs):
-            resolved: Resolved = r.extra["hunyuan"]
+            resolved = r.plan_as(Resolved)
             if resolved.text is not None and resolved.text.active:
                 # an edit's condition features (the same for the text and the image stage: grids precede the CoT)
                 cond = self.cond_features(r, self.tokenizer.layout(resolved.spec)) if resolved.images else None
@@ -448,7 +448,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         """On a pool hit: the common leading blocks of every CFG row (of ``row`` only, on a CFG rank) as a prefix
         cache (pins released after the copy). Returns the cache (or None) and the rows' block hashes for
         publishing."""
-        prepared = item["request"].extra.get("prepared_layout")
+        prepared = item["request"].plan_as(Resolved).prepared_layout
         if self.pool is None or prepared is None:
             return None, []
         hashes = [kr.block_hashes for kr in prepared.kv_requests]
@@ -472,7 +472,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         preds = []
         t_value = float(state.timesteps[step])
         for i, item in enumerate(state.extras["items"]):
-            resolved: Resolved = item["request"].extra["hunyuan"]
+            resolved = item["request"].plan_as(Resolved)
             layout: SequenceLayout = item["layout"]
             rows = layout.rows
             mine = self._cfg_row(rows)  # CFG-parallel: this rank computes one row, the other rank the other

@@ -42,7 +42,7 @@ def test_the_engine_checks_the_declared_option():
 def test_kv_request_lengths_for_one_and_two_rows(paged_pipe):
     for guidance, rows in ((1.0, 1), (4.0, 2)):
         prepared = paged_pipe.preprocess(request(guidance_scale=guidance))
-        pl = prepared.extra["prepared_layout"]
+        pl = prepared.plan.prepared_layout
         lay = pl.layout
         assert [kr.sequence_id for kr in pl.kv_requests] == list(range(rows))
         for kr in pl.kv_requests:
@@ -73,11 +73,11 @@ def test_kv_request_validation():
 def test_prepared_layout_equals_local_tokenisation(pipe, paged_pipe, guidance, with_image):
     images = (square_image(),) if with_image else ()
     req = request("make it blue" if images else "a red fox", guidance_scale=guidance, images=images)
-    prepared = paged_pipe.preprocess(req).extra["prepared_layout"].layout
+    prepared = paged_pipe.preprocess(req).plan.prepared_layout.layout
     local = pipe.layout_of(pipe.preprocess(req))  # dense mode tokenises in encode
     import attrs
 
-    assert "prepared_layout" not in pipe.preprocess(req).extra
+    assert pipe.preprocess(req).plan.prepared_layout is None
     for field in attrs.fields(type(local)):
         assert getattr(prepared, field.name) == getattr(local, field.name), field.name
     for name in ("gen_image_mask", "cond_vae_image_mask", "cond_vit_image_mask", "gen_timestep_scatter_index",
@@ -137,10 +137,10 @@ def test_a_different_prompt_misses(paged_pipe):
 def test_a_different_reference_image_or_seed_misses(paged_pipe):
     pool = _fresh(paged_pipe)
     a = square_image(seed=1)
-    r1 = paged_pipe.preprocess(request("edit", images=(a,), seed=5)).extra["prepared_layout"]
-    r2 = paged_pipe.preprocess(request("edit", images=(square_image(seed=2),), seed=5)).extra["prepared_layout"]
-    r3 = paged_pipe.preprocess(request("edit", images=(a,), seed=6)).extra["prepared_layout"]
-    r4 = paged_pipe.preprocess(request("edit", images=(a.copy(),), seed=5)).extra["prepared_layout"]
+    r1 = paged_pipe.preprocess(request("edit", images=(a,), seed=5)).plan.prepared_layout
+    r2 = paged_pipe.preprocess(request("edit", images=(square_image(seed=2),), seed=5)).plan.prepared_layout
+    r3 = paged_pipe.preprocess(request("edit", images=(a,), seed=6)).plan.prepared_layout
+    r4 = paged_pipe.preprocess(request("edit", images=(a.copy(),), seed=5)).plan.prepared_layout
     h = [r.kv_requests[0].block_hashes for r in (r1, r2, r3, r4)]
     assert h[0] and h[0] != h[1] and h[0] != h[2] and h[0][0] != h[1][0]
     assert h[0] == h[3]  # same pixels, same VAE seed: same identity
@@ -190,10 +190,10 @@ def test_mode_ownership_of_prepared_layouts(pipe, paged_pipe):
         paged_pipe.layout_of(dense_req)
     with pytest.raises(ValueError, match="dense_legacy request .* unexpectedly contains"):
         pipe.layout_of(paged_req)
-    one_row = paged_pipe.preprocess(request(guidance_scale=1.0)).extra["prepared_layout"]
-    bad = paged_req.evolve(extra={**paged_req.extra, "prepared_layout": one_row})
+    one_row = paged_pipe.preprocess(request(guidance_scale=1.0)).plan.prepared_layout
+    bad = paged_req.evolve(plan=attrs.evolve(paged_req.plan, prepared_layout=one_row))
     with pytest.raises(ValueError, match="prepared branches do not match execution CFG layout"):
         paged_pipe.layout_of(bad)
     with pytest.raises(TypeError, match="PreparedLayout"):
-        paged_pipe.layout_of(paged_req.evolve(extra={**paged_req.extra, "prepared_layout": {"layout": 1}}))
-    assert attrs.has(type(paged_req.extra["prepared_layout"]))
+        paged_pipe.layout_of(paged_req.evolve(plan=attrs.evolve(paged_req.plan, prepared_layout={"layout": 1})))
+    assert attrs.has(type(paged_req.plan.prepared_layout))

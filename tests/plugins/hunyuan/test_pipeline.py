@@ -11,14 +11,25 @@ from omnicore.errors import InvalidRequest
 
 def test_defaults_and_resolution(pipe):
     r = pipe.preprocess(request(guidance_scale=None, num_inference_steps=None, height=None, width=None))
-    res = r.extra["hunyuan"]
+    res = r.plan
     assert (r.params.height, r.params.width) == (64, 64)  # the checkpoint's image base size
     assert res.guidance == 5.0 and res.cfg_factor == 2  # guidance 5.0 when not given: CFG on
     assert r.params.num_inference_steps == pipe.gen_config.diff_infer_steps and r.params.flow_shift == 3.0
     assert res.spec.template == "instruct" and res.bot_task == "image" and res.mode == "t2i"
-    one = pipe.preprocess(request(guidance_scale=1.0)).extra["hunyuan"]
+    one = pipe.preprocess(request(guidance_scale=1.0)).plan
     assert one.cfg_factor == 1
     assert pipe.preprocess(r) is r  # preprocess runs once
+
+
+def test_the_plan_is_typed_and_the_callers_extra_is_left_as_sent(pipe, paged_pipe):
+    from omni_hunyuan.pipeline import Resolved
+
+    sent = {"guidance_rescale": 0.25}
+    for p in (pipe, paged_pipe):
+        r = p.preprocess(request(extra=sent))
+        assert r.extra == sent and r.plan_as(Resolved).guidance_rescale == 0.25  # no "hunyuan"/"prepared_layout"
+    with pytest.raises(ValueError, match="not a Resolved"):
+        request().plan_as(Resolved)
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -38,7 +49,7 @@ def test_bad_inputs_give_one_clear_error(pipe, kwargs, field):
 
 def test_edit_resolution_defaults_to_the_image(pipe):
     r = pipe.preprocess(request("make it blue", images=(square_image(80),), height=None, width=None))
-    res = r.extra["hunyuan"]
+    res = r.plan
     assert res.mode == "edit" and (r.params.height, r.params.width) == (64, 64)
     (cond,) = res.spec.cond_images
     assert (cond.vae_h, cond.vae_w) == (4, 4) and cond.vit_h * cond.vit_w <= 16
@@ -139,7 +150,7 @@ def test_cfg_distilled_checkpoint_uses_the_guidance_token(tmp_path):
     preds = {}
     for g in (2.0, 6.0):
         req = distilled.preprocess(request(guidance_scale=g, num_inference_steps=2))
-        res = req.extra["hunyuan"]
+        res = req.plan
         assert res.cfg_factor == 1 and res.spec.guidance_token
         state = distilled.encode([req])
         layout = state.extras["items"][0]["layout"]
@@ -154,10 +165,10 @@ def test_prompt_mapping_fields_fall_back_behind_extra(pipe):
 
     params = SamplingParams(height=64, width=64, num_inference_steps=2, seed=1)
     prompt = {"prompt": "a red fox", "bot_task": "vanilla", "use_system_prompt": "en_unified"}
-    res = pipe.preprocess(GenerationRequest(prompt, params, extra={"bot_task": "think_recaption"})).extra["hunyuan"]
+    res = pipe.preprocess(GenerationRequest(prompt, params, extra={"bot_task": "think_recaption"})).plan
     assert res.bot_task == "think" and res.spec.prompt == "a red fox"
     assert res.spec.system_prompt is not None and "multimodal" in res.spec.system_prompt
-    res2 = pipe.preprocess(GenerationRequest(prompt, params)).extra["hunyuan"]
+    res2 = pipe.preprocess(GenerationRequest(prompt, params)).plan
     assert res2.bot_task == "image"
     with pytest.raises(InvalidRequest) as info:
         pipe.preprocess(GenerationRequest({"text": "x"}, params))

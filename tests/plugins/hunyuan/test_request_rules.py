@@ -65,7 +65,7 @@ def test_every_field_the_pipeline_reads_is_accepted(pipe):
     extra = {"mode": "t2i", "bot_task": "image", "use_system_prompt": "en_vanilla", "ar_generated_text": "</think>",
              "sequence_template": "instruct", "drop_think": False, "guidance_rescale": 0.5}
     assert set(extra) <= set(EXTRA_FIELDS)
-    assert pipe.preprocess(request(extra=extra)).extra["hunyuan"].guidance_rescale == 0.5
+    assert pipe.preprocess(request(extra=extra)).plan.guidance_rescale == 0.5
 
 
 def test_unknown_prompt_mapping_keys_are_refused(pipe):

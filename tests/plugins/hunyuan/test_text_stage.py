@@ -23,7 +23,7 @@ def _resolved(pipe, **extra):
     kw = {}
     if extra.pop("auto_size", False):
         kw = {"height": None, "width": None}
-    return pipe.preprocess(request(extra=extra, **kw)).extra["hunyuan"]
+    return pipe.preprocess(request(extra=extra, **kw)).plan
 
 
 def _prompt(pipe, resolved):
@@ -293,7 +293,7 @@ def test_an_edit_thinks_over_its_condition_image_and_reuses_the_kv(pipe):
     full = pipe.model.full_forward(layout, item["tokens"], lat, t, cond=item["cond"])
     assert torch.allclose(pred, guide(full[:1], full[1:], 4.0, 0.0), atol=1e-5, rtol=0)
     # the first generated token is the argmax of a full forward of the prompt (condition image included)
-    res = req.extra["hunyuan"]
+    res = req.plan
     base = pipe.tokenizer.layout(attrs.evolve(res.spec, cfg_factor=1))
     prompt = list(base.tokens[0][:base.cot_slice[0]]) + [pipe.tokenizer.ids["think"]]
     stage = TextStage(pipe.model, pipe.tokenizer, pipe.device)
@@ -378,3 +378,18 @@ def test_the_text_stage_runs_on_the_parallel_ranks(micro_dir, parallel):
     single, multi = outs
     assert single.text is not None and multi.text == single.text
     assert np.abs(single.frames.astype(int) - multi.frames.astype(int)).max() <= 1
+
+
+def test_re_prefilling_after_the_text_stage_equals_reusing_its_kv(pipe):
+    """``reuse_text_kv = False`` (the benchmark's re-prefill arm) recomputes the prefix at the first step: the same
+    latents as starting from the text stage's K/V, and the reuse really skips positions."""
+    req = request(extra={"bot_task": "think", "max_new_tokens": 6}, num_inference_steps=2)
+    reused, _ = run(pipe, req, decode=False)
+    pipe.reuse_text_kv = False
+    try:
+        again, _ = run(pipe, req, decode=False)
+    finally:
+        pipe.reuse_text_kv = True
+    assert reused.extras["items"][0]["text"] == again.extras["items"][0]["text"]
+    assert torch.allclose(reused.latents, again.latents, atol=1e-5, rtol=0)
+    assert reused.extras["items"][0]["text_metrics"]["text_reused_tokens"] > 0
