@@ -101,7 +101,8 @@ def engine_kwargs(args: argparse.Namespace, model: str | None = None) -> dict[st
             "compile": getattr(args, "compile", "none") or "none",
             # only when asked for, so an engine without quantization or warm-up sees the keywords it always did
             **({"quantization": quantization} if quantization not in (None, "none") else {}),
-            **({"warmup": True} if getattr(args, "warmup", False) else {})}
+            **({"warmup": True} if getattr(args, "warmup", False) else {}),
+            **({"device_memory": args.device_memory} if getattr(args, "device_memory", None) is not None else {})}
 
 
 def output_type_for(path: str) -> str:
@@ -120,15 +121,19 @@ def run(args: argparse.Namespace) -> int:
     host = make_host(settings)
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded
     from ..engine.request import GenerationRequest, SamplingParams  # torch-free: checks run before torch loads
+    from .lora_args import check_model_takes_lora, generate_loras
 
+    loras, lora_kwargs = generate_loras(args)  # --lora: parsed, found and read before anything loads
     request = GenerationRequest(args.prompt, params=SamplingParams(**sampling), images=tuple(args.image),
                                 inputs=media_inputs_from_args(args), negative_prompt=args.negative_prompt,
-                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard")
-    kwargs = engine_kwargs(args)
+                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard",
+                                loras=loras)
+    kwargs = {**engine_kwargs(args), **lora_kwargs}
     flags = input_flags(args)
     # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
     # the request again at submit (cheap, pure) because Python callers reach it without this CLI
-    precheck(args.model, host, request, kwargs["model_options"], flags)
+    spec, _ = precheck(args.model, host, request, kwargs["model_options"], flags)
+    check_model_takes_lora(spec, loras)
     from ..engine.api import Engine  # imports torch: only once the platform and the request are known to be usable
 
     t0 = time.perf_counter()

@@ -84,6 +84,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="weight-only quantization of the model's DiT-block and text-encoder linears (per output "
                         "channel, float32 scales; torchao when installed, else a reference implementation); "
                         "`omnicore plan` shows what it saves (default: none)")
+    g.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+                   help="per-device memory limit: a request whose estimated peak (the placement's weights + its "
+                        "activations and caches, as `omnicore plan` prices them) exceeds it is refused before it "
+                        "runs (HTTP 400 memory_limit_exceeded); 0 turns the check off (default: a CUDA device's "
+                        "total memory; no check on CPU)")
     g.add_argument("--warmup", action="store_true",
                    help="run one 1-step generation at the model's default request before serving, so one-time costs "
                         "(with --compile: compiling that shape) are paid at start-up (default: off)")
@@ -112,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list registered models: modes, input roles, presets and options",
                        allow_abbrev=False)
     m.add_argument("--json", action="store_true", help="machine-readable output")
+    from .lora_args import add_models_lora_flags
+
+    add_models_lora_flags(m)
 
     p = sub.add_parser("plugins", help="list installed plugins and what they register", allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -157,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--extra", action="append", default=[], metavar="KEY=JSON",
                    help="model-specific field (repeatable), e.g. --extra aspect_ratio=16:9; `omnicore models` "
                         "lists each model's fields and which are required (default: none)")
+    from .lora_args import add_lora_flag
+
+    add_lora_flag(g)
     g.add_argument("--no-progress", action="store_true", help="do not draw the progress bar (default: drawn)")
     g.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="show third-party progress bars and warnings (default: hidden)")

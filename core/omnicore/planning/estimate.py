@@ -67,6 +67,7 @@ class Placement:
     ulysses: int = 1
     tp: int = 1
     cfg: int = 1
+    ep: int = 1
     offload: str = "none"
     quantization: str = "none"
     weights: Mapping[str, int] = attrs.field(factory=dict)  # component -> bytes resident per rank (peak phase)
@@ -85,7 +86,7 @@ class Placement:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "devices": self.devices, "ulysses": self.ulysses, "tp": self.tp,
-                "cfg": self.cfg, "offload": self.offload, "quantization": self.quantization,
+                "cfg": self.cfg, "ep": self.ep, "offload": self.offload, "quantization": self.quantization,
                 "weights_bytes": dict(self.weights), "cache_bytes": dict(self.caches),
                 "activation_bytes": self.activations, "reserve_bytes": self.reserve,
                 "per_rank_bytes": self.per_rank, "per_rank_gib": round(self.per_rank / GIB, 3),
@@ -208,15 +209,17 @@ def activation_bytes(shape: Mapping[str, int], rows: int, dtype_bytes: int, tp: 
 
 
 def step_seconds(shape: Mapping[str, int], rows: int, branches: int, cost: CostModel, *, ulysses: int, tp: int,
-                 cfg: int, dtype_bytes: int, host_traffic: int = 0, quantized: bool = False) -> float:
-    """The cost model's seconds per denoise step on one rank."""
+                 cfg: int, dtype_bytes: int, host_traffic: int = 0, quantized: bool = False, ep: int = 1) -> float:
+    """The cost model's seconds per denoise step on one rank (expert parallelism divides only the MLP's work:
+    its tokens are replicated)."""
     layers, hidden = shape["layers"], shape["hidden"]
     inner, ffn = shape["heads"] * shape["head_dim"], shape["ffn"]
     total_rows = rows * branches
-    linear = 2 * total_rows * layers * (4 * hidden * inner + 3 * hidden * ffn)
+    attn_linear = 2 * total_rows * layers * 4 * hidden * inner
+    mlp = 2 * total_rows * layers * 3 * hidden * ffn
     attention = 4 * branches * rows * rows * inner * layers
     degree = ulysses * tp * cfg
-    compute = (linear + attention) / degree / (cost.device_tflops * 1e12)
+    compute = (attn_linear + attention + mlp / ep) / degree / (cost.device_tflops * 1e12)
     if quantized:
         compute *= cost.dequant_overhead
     rank_rows = total_rows / cfg / ulysses
@@ -225,9 +228,58 @@ def step_seconds(shape: Mapping[str, int], rows: int, branches: int, cost: CostM
         comm += 4 * layers * rank_rows * inner / tp * dtype_bytes * (ulysses - 1) / ulysses
     if tp > 1:
         comm += 2 * layers * rank_rows * hidden * dtype_bytes * 2 * (tp - 1) / tp
+    if ep > 1:  # one all-reduce of the MoE output per layer
+        comm += layers * rank_rows * hidden * dtype_bytes * 2 * (ep - 1) / ep
     if cfg > 1:
         comm += rows * hidden * dtype_bytes
     return compute + comm / (cost.link_gbps * 1e9) + host_traffic / (cost.host_link_gbps * 1e9)
+
+
+def rank_rows(rows: int, branches: int, *, cfg: int = 1, ulysses: int = 1) -> int:
+    """DiT rows one rank computes per forward: both guidance branches batched unless CFG-parallel splits them,
+    then a Ulysses share (rounded up)."""
+    per_rank_branches = branches // cfg if branches % cfg == 0 else branches
+    return -(-rows * per_rank_branches // ulysses)
+
+
+def request_cache_bytes(request: Mapping[str, Any], shape: Mapping[str, Any], dtype_bytes: int,
+                        caches: tuple[str, ...] = ()) -> dict[str, int]:
+    """Cache bytes a request adds (``plan_request``'s ``cache_elements``; the AdaLN schedule's tables when that
+    cache is enabled)."""
+    out: dict[str, int] = {}
+    steps = int(request.get("steps", 1))
+    if "adaln_schedule" in caches and request.get("adaln_rows_per_step"):
+        # one [steps, rows, 6H] table per block, in the DiT dtype (the AdaLN schedule cache)
+        out["adaln_tables"] = (shape["layers"] * steps * int(request["adaln_rows_per_step"])
+                               * 6 * shape["hidden"] * dtype_bytes)
+    for name, elements in dict(request.get("cache_elements") or {}).items():  # e.g. a prompt K/V cache
+        out[name] = int(elements) * dtype_bytes
+    return out
+
+
+def expert_saving(module: Any, patterns: tuple[str, ...], degree: int, *, quant: str = "none",
+                  quantizable: tuple[str, ...] = ()) -> int:
+    """Bytes one expert-parallel rank does not hold: ``(degree - 1) / degree`` of every parameter of the
+    modules ``patterns`` name (stacked experts ``[E, ...]``, split on the expert dim), priced quantized when
+    ``quant`` is set and ``quantizable`` names them."""
+    from ..quantization import row_overhead
+
+    quantized = {id(p) for _, p in quantizable_weights(module, quantizable)} if quant != "none" else set()
+    saved = 0
+    for name, sub in module.named_modules():
+        if any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
+            for p in sub.parameters(recurse=False):
+                if id(p) in quantized:
+                    size = p.numel() + row_overhead(quant, stacked=True) * (p.numel() // p.shape[-1])
+                else:
+                    size = p.numel() * p.element_size()
+                saved += size - size // degree
+    return saved
+
+
+#: parallel dims this build runs with weight-only quantization (replicated or expert-partitioned weights are
+#: quantized after the load on every rank; tensor-parallel shards are DTensors, which the quantizers do not take)
+QUANTIZED_DIMS = ("cfg", "ulysses", "ep")
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -237,12 +289,20 @@ def _divisors_up_to(n: int, limit: int) -> list[int]:
     return [d for d in range(2, limit + 1) if n % d == 0]
 
 
+def placement_name(*, cfg: int = 1, ulysses: int = 1, ep: int = 1, tp: int = 1, quant: str = "none") -> str:
+    """``cfg=2,tp=2,ulysses=2+int8``-style row names (``single`` without parallelism)."""
+    parts = [f"{d}={n}" for d, n in (("cfg", cfg), ("tp", tp), ("ep", ep), ("ulysses", ulysses)) if n > 1]
+    return (",".join(parts) or "single") + ("" if quant == "none" else f"+{quant}")
+
+
 def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any], request: Mapping[str, Any],
               dtype: Any, devices: int, device_memory_bytes: int, cost: CostModel | None = None,
               caches: tuple[str, ...] = (), header_bytes_read: int = 0, extra_notes: tuple[str, ...] = (),
-              parallel_dims: tuple[str, ...] = ("cfg", "ulysses", "tp")) -> Plan:
+              parallel_dims: tuple[str, ...] = ("cfg", "ulysses", "tp"),
+              quantizations: tuple[str, ...] = QUANTIZATIONS,
+              quantized_dims: tuple[str, ...] = QUANTIZED_DIMS) -> Plan:
     """Price every candidate placement of ``profile`` (``plan_model``'s dict) for ``request`` (``plan_request``'s)
-    on ``devices`` devices of ``device_memory_bytes`` each."""
+    on ``devices`` devices of ``device_memory_bytes`` each (``quantizations``: the modes priced)."""
     import torch
 
     cost = cost or CostModel()
@@ -263,34 +323,68 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
                          "quantizable_weights": len(quantizable_weights(m, tuple(quantizable.get(name, ()))))}
                   for name, m in comps.items()}
     savings = {q: {name: quantized_saving(m, tuple(quantizable.get(name, ())), mode=q)[0]
-                   for name, m in comps.items()} for q in ("int8", "fp8")}
+                   for name, m in comps.items()} for q in quantizations if q != "none"}
     rows = int(request["tokens"])
     branches = int(request.get("cfg_branches", 1))
     steps = int(request.get("steps", 1))
-    cache_bytes: dict[str, int] = {}
-    if "adaln_schedule" in caches and request.get("adaln_rows_per_step"):
-        # one [steps, rows, 6H] table per block, in the DiT dtype (the AdaLN schedule cache)
-        cache_bytes["adaln_tables"] = (shape["layers"] * steps * int(request["adaln_rows_per_step"])
-                                       * 6 * shape["hidden"] * dtype_bytes)
-    for name, elements in dict(request.get("cache_elements") or {}).items():  # e.g. a prompt K/V cache
-        cache_bytes[name] = int(elements) * dtype_bytes
+    cache_bytes = request_cache_bytes(request, shape, dtype_bytes, caches)
     biggest_block, outside_blocks = block_bytes(dit, str(shape.get("block_prefix", "blocks.")))
     reserve = int(cost.runtime_reserve_gib * GIB)
     host_total = sum(weights.values())
     candidates: list[Placement] = []
+    shard_fn = profile.get("shard")  # (tp, ep) -> rank 0's narrowed meta components, by the loader's own code
+    experts: Mapping[str, Any] = profile.get("experts") or {}
+    narrowed: dict[tuple[int, int], dict[str, Any] | None] = {}
 
-    def add(name: str, *, ulysses: int = 1, tp: int = 1, cfg: int = 1, offload: str = "none",
+    def narrowed_modules(tp: int, ep: int) -> dict[str, Any] | None:
+        if (tp, ep) not in narrowed:
+            from ..errors import ConfigError
+
+            assert shard_fn is not None
+            try:
+                narrowed[(tp, ep)] = dict(shard_fn(tp, ep))
+            except (ConfigError, ValueError):  # a degree the model refuses (heads, experts it does not divide)
+                narrowed[(tp, ep)] = None
+        return narrowed[(tp, ep)]
+
+    def sharded(tp: int, ep: int, quant: str) -> dict[str, int] | None:
+        """Rank 0's bytes of the components ``(tp, ep)`` narrows (quantized as ``quant``), or None (refused)."""
+        if shard_fn is not None:
+            mods = narrowed_modules(tp, ep)
+            if mods is None:
+                return None
+            return {k: tensor_bytes(m) - (quantized_saving(m, tuple(quantizable.get(k, ())), mode=quant)[0]
+                                          if quant != "none" else 0) for k, m in mods.items()}
+        out: dict[str, int] = {}
+        if tp > 1:
+            shard = tp_dit_bytes(dit, tp_plan, tp)
+            if shard is None:
+                return None
+            saved = (quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp, mode=quant)[0]
+                     if quant != "none" else 0)
+            out[dit_name] = shard - saved
+        if ep > 1:
+            count = int(experts.get("count", 0))
+            if not count or count % ep:
+                return None
+            for name, patterns in dict(experts.get("modules") or {}).items():
+                base = out.get(name, weights[name] - (savings[quant][name] if quant != "none" else 0))
+                saved = expert_saving(comps[name], tuple(patterns), ep, quant=quant,
+                                      quantizable=tuple(quantizable.get(name, ())))
+                out[name] = base - saved // tp  # a TP rank's experts are already 1/tp of each
+
+        return out
+
+    def add(*, ulysses: int = 1, tp: int = 1, cfg: int = 1, ep: int = 1, offload: str = "none",
             quant: str = "none") -> None:
         per = dict(weights)
         if quant != "none":
             per = {k: v - savings[quant][k] for k, v in per.items()}
-        if tp > 1:
-            shard = tp_dit_bytes(dit, tp_plan, tp)
-            if shard is None:
+        if tp > 1 or ep > 1:
+            narrowed_bytes = sharded(tp, ep, quant)
+            if narrowed_bytes is None:
                 return
-            saved = (quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp, mode=quant)[0]
-                     if quant != "none" else 0)
-            per[dit_name] = shard - saved
+            per.update(narrowed_bytes)
         resident = dict(per)
         host_traffic = 0
         if offload == "model":  # the declared offload modules visit the device one at a time; the rest stay
@@ -305,13 +399,15 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             resident = {k: v for k, v in per.items() if k != dit_name}
             resident[dit_name] = int((outside_blocks + 2 * biggest_block) * scale)
             host_traffic = per[dit_name]
-        rank_rows = -(-rows * (branches // cfg if branches % cfg == 0 else branches) // ulysses)
-        act = activation_bytes(shape, rank_rows, dtype_bytes, tp)
+        act = activation_bytes(shape, rank_rows(rows, branches, cfg=cfg, ulysses=ulysses), dtype_bytes, tp)
         secs = step_seconds(shape, rows, branches, cost, ulysses=ulysses, tp=tp, cfg=cfg, dtype_bytes=dtype_bytes,
-                            host_traffic=host_traffic, quantized=quant != "none")
-        dims = [d for d, n in (("cfg", cfg), ("ulysses", ulysses), ("tp", tp)) if n > 1]
-        runnable = all(d in parallel_dims for d in dims) and not (dims and quant != "none")
-        p = Placement(name=name, devices=ulysses * tp * cfg, ulysses=ulysses, tp=tp, cfg=cfg, offload=offload,
+                            host_traffic=host_traffic, quantized=quant != "none", ep=ep)
+        dims = [d for d, n in (("cfg", cfg), ("ulysses", ulysses), ("tp", tp), ("ep", ep)) if n > 1]
+        runnable = all(d in parallel_dims for d in dims) and (
+            quant == "none" or all(d in quantized_dims for d in dims))
+        p = Placement(name=placement_name(cfg=cfg, ulysses=ulysses, ep=ep, tp=tp, quant=quant) if (
+                          offload == "none") else f"offload={offload}" + ("" if quant == "none" else f"+{quant}"),
+                      devices=ulysses * tp * cfg * ep, ulysses=ulysses, tp=tp, cfg=cfg, ep=ep, offload=offload,
                       quantization=quant, weights=resident, caches=dict(cache_bytes), activations=act,
                       reserve=reserve, host_bytes=host_total if offload != "none" else 0, step_seconds=secs,
                       runnable=runnable)
@@ -320,28 +416,33 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     heads = int(shape["heads"])
     cfg_options = [1, 2] if profile.get("cfg_capable") and branches == 2 and devices >= 2 else [1]
     tp_plan = (profile.get("tp_plans") or {}).get(dit_name)
-    tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, tp_plan, d) is not None]
+    if shard_fn is not None:
+        tp_ok = [d for d in _divisors_up_to(heads, devices) if sharded(d, 1, "none") is not None]
+    else:
+        tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, tp_plan, d) is not None]
     if not tp_ok and devices > 1:
-        notes.append(f"tp: left out ({dit_name} declares no tensor-parallel plan)" if tp_plan is None else
-                     f"tp: no degree up to {devices} divides the plan's counts")
-    missing = sorted({"cfg", "ulysses", "tp"} - set(parallel_dims))
+        notes.append(f"tp: left out ({dit_name} declares no tensor-parallel plan)" if tp_plan is None and
+                     shard_fn is None else f"tp: no degree up to {devices} divides the plan's counts")
+    count = int(experts.get("count", 0))
+    ep_ok = _divisors_up_to(count, devices) if count else []
+    missing = sorted({"cfg", "ulysses", "tp", *(["ep"] if ep_ok else [])} - set(parallel_dims))
     if devices > 1 and missing:
         notes.append(f"{', '.join(missing)}: not implemented by {spec} here; such rows are what-if estimates "
                      "(runnable: false; shown with --what-if), never picked by auto")
-    if devices > 1:
-        notes.append("quantization with --parallel is not supported yet: quantized parallel rows are what-if")
-    for quant in QUANTIZATIONS:
-        qs = "" if quant == "none" else f"+{quant}"
-        add(f"single{qs}", quant=quant)
+    if devices > 1 and any(q != "none" for q in quantizations):
+        notes.append(f"quantization runs with {', '.join(quantized_dims)} here; quantized tp rows are what-if "
+                     "(tensor-parallel shards are not quantized yet)")
+    for quant in quantizations:
+        add(quant=quant)
         for mode in offload_modes:
-            add(f"offload={mode}{qs}", offload=mode, quant=quant)
+            add(offload=mode, quant=quant)
         for cfg in cfg_options:
             for ul in [1, *_divisors_up_to(heads, devices // cfg)]:
                 for tp in [1, *tp_ok]:
-                    if (cfg, ul, tp) == (1, 1, 1) or cfg * ul * tp > devices or heads % (ul * tp):
-                        continue
-                    parts = [f"cfg={cfg}"] * (cfg > 1) + [f"tp={tp}"] * (tp > 1) + [f"ulysses={ul}"] * (ul > 1)
-                    add(",".join(parts) + qs, ulysses=ul, tp=tp, cfg=cfg, quant=quant)
+                    for ep in [1, *ep_ok]:
+                        if (cfg, ul, tp, ep) == (1, 1, 1, 1) or cfg * ul * tp * ep > devices or heads % (ul * tp):
+                            continue
+                        add(ulysses=ul, tp=tp, cfg=cfg, ep=ep, quant=quant)
     feasible = [p for p in candidates if p.fits and p.runnable and p.devices <= devices]
     if feasible:
         best = min(feasible, key=lambda p: (round(p.step_seconds, 9), p.devices, p.per_rank))
@@ -355,4 +456,3 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
                     "tokens": rows, "cfg_branches": branches, "steps": steps},
                 components=components, placements=tuple(candidates), cost_model=cost, notes=tuple(notes),
                 header_bytes_read=header_bytes_read)
-
