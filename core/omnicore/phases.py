@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 QUEUED = "queued"
+LOADING = "loading"  # waiting for its model to be brought onto the device (a model pool)
 PREPARING = "preparing"
 PREPROCESS = "preprocess"
 ENCODE = "encode"
+THINK = "think"  # a model writing text before it draws (step = tokens written, total_steps = the budget)
 DENOISE = "denoise"
 DECODE = "decode"
 POSTPROCESS = "postprocess"
@@ -26,15 +28,18 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 
 #: What the engine's progress events carry, in order; the last three end a job.
-ENGINE_PHASES: tuple[str, ...] = (QUEUED, PREPROCESS, ENCODE, DENOISE, DECODE, POSTPROCESS, DONE, FAILED, CANCELLED)
+ENGINE_PHASES: tuple[str, ...] = (QUEUED, LOADING, PREPROCESS, ENCODE, THINK, DENOISE, DECODE, POSTPROCESS,
+                                  DONE, FAILED, CANCELLED)
 TERMINAL_PHASES: frozenset[str] = frozenset({DONE, FAILED, CANCELLED})
 
 #: What a job record's ``phase`` may be over HTTP, in order.
-API_PHASES: tuple[str, ...] = (QUEUED, PREPARING, PREPROCESS, ENCODE, DENOISE, DECODE, ENCODE_OUTPUT, FINALIZE)
+API_PHASES: tuple[str, ...] = (QUEUED, LOADING, PREPARING, PREPROCESS, ENCODE, THINK, DENOISE, DECODE, ENCODE_OUTPUT,
+                               FINALIZE)
 
 #: Running engine phase -> API phase. The engine's ``preprocess`` runs at submission (validation, before the job
 #: is queued), so for the API the job is still ``queued`` then; the engine's ``postprocess`` is the API's
 #: ``encode_output``.
 API_PHASE_OF_ENGINE: Mapping[str, str] = MappingProxyType({
-    QUEUED: QUEUED, PREPROCESS: QUEUED, ENCODE: ENCODE, DENOISE: DENOISE, DECODE: DECODE, POSTPROCESS: ENCODE_OUTPUT,
+    QUEUED: QUEUED, LOADING: LOADING, PREPROCESS: QUEUED, ENCODE: ENCODE, THINK: THINK, DENOISE: DENOISE,
+    DECODE: DECODE, POSTPROCESS: ENCODE_OUTPUT,
 })

@@ -65,6 +65,7 @@ _LAZY: dict[str, str] = {
     # -- cancellation points inside a long stage (decode chunks) ---------------------------------------------
     "raise_if_cancelled": "omnicore.engine.cancellation:raise_if_cancelled",
     "cancel_points": "omnicore.engine.cancellation:cancel_points",
+    "report_stage_progress": "omnicore.engine.stage_progress:report_stage_progress",
     # -- errors (name the field: ``InvalidRequest("params.height", "must be a multiple of 16")``) ----------
     "OmnicoreError": "omnicore.errors:OmnicoreError",
     "InvalidRequest": "omnicore.errors:InvalidRequest",
@@ -190,6 +191,7 @@ if TYPE_CHECKING:
     from .engine.request import MediaInput as MediaInput
     from .engine.request import SamplingParams as SamplingParams
     from .engine.request import random_seed as random_seed
+    from .engine.stage_progress import report_stage_progress as report_stage_progress
     from .errors import Cancelled as Cancelled
     from .errors import ConfigError as ConfigError
     from .errors import InvalidRequest as InvalidRequest

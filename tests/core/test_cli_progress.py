@@ -62,3 +62,16 @@ def test_a_terminal_gets_a_tqdm_bar_even_when_third_party_bars_are_silenced(monk
     text = stream.getvalue()
     assert "\r" in text and "100%|" in text and "done step 10/10" in text
     assert printer._bar is None  # closed at the terminal event
+
+
+def test_think_lines_count_tokens_not_steps():
+    stream = io.StringIO()
+    printer = ProgressPrinter(stream)
+    printer(ProgressEvent("j", "encode", progress=phase_progress("encode")))
+    for i in (1, 2, 3):
+        printer(ProgressEvent("j", "think", step=i, total_steps=8, progress=phase_progress("think", i, 8)))
+    printer(ProgressEvent("j", "denoise", step=1, total_steps=4, progress=phase_progress("denoise", 1, 4)))
+    text = stream.getvalue()
+    assert "think 1/8 tokens" in text and "step 1/8" not in text and "denoise step 1/4" in text
+    assert phase_progress("encode") < phase_progress("think", 1, 8) < phase_progress("think", 8, 8)
+    assert phase_progress("think", 8, 8) <= phase_progress("denoise", 0, 4)

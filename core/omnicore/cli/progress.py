@@ -12,6 +12,8 @@ from typing import Any, TextIO
 
 
 def _describe(event: Any) -> str:
+    if event.phase == "think":  # a model writing text first: its count is tokens of the budget
+        return f"think {event.step}/{event.total_steps} tokens" if event.total_steps else "think"
     steps = f" step {event.step}/{event.total_steps}" if event.total_steps else ""
     return f"{event.phase}{steps}"
 

@@ -9,16 +9,18 @@ becomes :class:`StepAborted`); the caller (the worker) carries on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled
 from ..vae_fast_paths import request_fast_paths
 from .cancellation import cancel_scope
 from .jobs import Job
+from .stage_progress import stage_progress_scope
 
 if TYPE_CHECKING:
     from ..outputs.output import Output
@@ -128,7 +130,13 @@ class BatchRunner:
         t = time.perf_counter()
         self._announce("batch", [j.request for j in members])
         self._set_loras(members)
-        state = pipeline.encode([j.request for j in members])
+        try:  # a stage with a loop of its own (a model writing text first) checks and reports between iterations
+            with self._encode_scope(members):
+                state = pipeline.encode([j.request for j in members])
+        except Cancelled:
+            for job in members:
+                job.finish("cancelled", on_finish=self._counter("jobs_cancelled"))
+            return
         platform.synchronize()
         timings["encode_s"] = time.perf_counter() - t
         total = int(state.num_steps)
@@ -191,6 +199,23 @@ class BatchRunner:
                 })
                 finished.append(out)
             job.finish("succeeded", outputs=finished, on_finish=self._counter("jobs_succeeded"))
+
+    @contextlib.contextmanager
+    def _encode_scope(self, members: list[Job]) -> Iterator[None]:
+        """Progress reports and cancellation points inside ``encode``. Over a worker group only progress: the
+        other ranks run the same loop with collectives in it, so rank 0 alone must not leave it (cancellation
+        then takes effect at the first denoise step, where every rank checks it)."""
+
+        def report(phase: str, done: int, total: int, row: int | None) -> None:
+            for job in members if row is None else members[row:row + 1]:
+                job.emit(phase, step=done, total_steps=total)
+
+        with stage_progress_scope(report):
+            if self.group is not None:
+                yield
+                return
+            with cancel_scope(lambda: all(j.cancel_requested or j.done for j in members)):
+                yield
 
     def _set_loras(self, members: list[Job]) -> None:
         if self.lora is not None:

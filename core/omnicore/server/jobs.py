@@ -33,7 +33,7 @@ from .store import JobStore
 logger = logging.getLogger("omnicore.server")
 
 PROGRESS_KEYS = ("status", "phase", "phase_progress", "step", "total_steps", "progress", "updated_at")
-_STARTED = ("encode", "denoise", "decode", "postprocess")  # engine phases that mean the worker has the job
+_STARTED = ("encode", "think", "denoise", "decode", "postprocess")  # engine phases that mean the worker has the job
 ANONYMOUS = "none"  # the key id label of jobs submitted while auth is off
 
 
@@ -204,7 +204,7 @@ class JobManager:
                 live.run_timer = _start_timer(operator, self.cancel, live.id, "operator_deadline")
         phase = api_phase(ev.phase) if live.status == "in_progress" else "queued"
         prev_step = live.step or 0
-        if ev.total_steps:
+        if ev.total_steps and ev.phase != "think":  # think counts tokens; step/total_steps stay denoise steps
             live.step, live.total_steps = ev.step, ev.total_steps
         if phase == "encode":
             live.step_clock = time.perf_counter()

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from ..phases import API_PHASE_OF_ENGINE as _FROM_ENGINE
 from ..phases import API_PHASES as PHASES
 
-DEFAULT_WEIGHTS: Mapping[str, float] = {"preparing": 1, "preprocess": 4, "encode": 5, "denoise": 80, "decode": 7,
+#: ``think`` takes its share from ``encode``: a job that writes no text passes both at the same progress
+DEFAULT_WEIGHTS: Mapping[str, float] = {"preparing": 1, "preprocess": 4, "encode": 2, "think": 3, "denoise": 80,
+                                        "decode": 7,
                                         "encode_output": 2, "finalize": 1}
 
 
@@ -24,10 +26,10 @@ def api_phase(engine_phase: str) -> str:
 
 
 def phase_fraction(phase: str, step: int | None = None, total_steps: int | None = None) -> float | None:
-    """Progress within ``phase``: steps done for ``denoise``, 0 on entering any other running phase."""
+    """Progress within ``phase``: steps done for ``denoise``, tokens for ``think``, 0 on entering any other phase."""
     if phase == "queued":
         return None
-    if phase == "denoise":
+    if phase in ("denoise", "think"):  # think: tokens written of the budget
         return min(1.0, (step or 0) / total_steps) if total_steps else 0.0
     return 0.0
 

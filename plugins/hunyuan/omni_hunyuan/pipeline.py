@@ -32,6 +32,7 @@ from omnicore.plugin import (
     fast_path_gate,
     output_seeds,
     random_seed,
+    report_stage_progress,
 )
 
 from .conditions import image_digest, load_image, make_vit_processor, vae_pixels, vit_inputs
@@ -130,6 +131,9 @@ class HunyuanImage3Pipeline(BasePipeline):
             raise ConfigError("text_max_new_tokens", f"must be a positive integer, got {text_max_new_tokens!r}")
         self.text_max_new_tokens = text_max_new_tokens
         self._text_stage: TextStage | None = None
+        #: the image stage starts from the K/V the text stage computed (False: it prefills the whole sequence
+        #: again — the same result; benchmarks/hunyuan_ar.py measures what the reuse saves)
+        self.reuse_text_kv = True
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -385,7 +389,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         for i, r in enumerate(reqs):
             result = texts.get(i)
             layout = self.layout_of(r) if result is None else result.layout
-            past = None if result is None else result.past
+            past = None if result is None or not self.reuse_text_kv else result.past
             mine = self._cfg_row(layout.rows)
             if past is not None and mine is not None:  # CFG-parallel: this rank keeps its row's K/V only
                 past = past.row(mine)
@@ -425,7 +429,10 @@ class HunyuanImage3Pipeline(BasePipeline):
                 where.append(i)
         if not jobs:
             return {}
-        return dict(zip(where, self.text_stage.run(jobs)))
+        def progress(job: int, written: int, budget: int) -> None:  # the request's job shows phase "think"
+            report_stage_progress("think", written, budget, row=where[job])
+
+        return dict(zip(where, self.text_stage.run(jobs, on_progress=progress)))
 
     def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
         idx = list(keep)

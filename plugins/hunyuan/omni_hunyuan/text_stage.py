@@ -25,7 +25,7 @@ prefill embeds them as the image stage does and such a request decodes alone.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -269,19 +269,21 @@ class TextStage:
 
     # ------------------------------------------------------------------------------------------ the stage
     @torch.no_grad()
-    def run(self, jobs: Sequence[TextJob]) -> list[TextResult]:
+    def run(self, jobs: Sequence[TextJob], on_progress: Callable[[int, int, int], None] | None = None
+            ) -> list[TextResult]:
         """One result per job, in order. Text-only prompts of equal length decode together (an edit decodes
-        alone)."""
+        alone). ``on_progress(job_index, tokens_written, budget)`` is called as each job's text grows."""
         rows = [self._row(i, job) for i, job in enumerate(jobs)]
         groups: dict[tuple[int, int], list[_Row]] = {}
         for r in rows:
             groups.setdefault((len(r.prompt), r.index if r.base.cond else -1), []).append(r)
         done: dict[int, tuple[dict[str, float], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         for group in groups.values():
-            done.update(self._decode(group))
+            done.update(self._decode(group, on_progress))
         return [self._finish(r, *done[r.index]) for r in rows]
 
-    def _decode(self, group: list[_Row]) -> dict[int, tuple[dict[str, float], list[tuple[torch.Tensor, torch.Tensor]]]]:
+    def _decode(self, group: list[_Row], on_progress: Callable[[int, int, int], None] | None = None
+                ) -> dict[int, tuple[dict[str, float], list[tuple[torch.Tensor, torch.Tensor]]]]:
         """Prefill the group's prompts in one batch, then one token per step until every row is done; returns
         per row its timings and its K/V buffers (valid for its first ``fed`` positions)."""
         t0 = time.perf_counter()
@@ -300,11 +302,17 @@ class TextStage:
         prefill_s = time.perf_counter() - t0
         for r in group:
             r.fed = plen
+        reported = {r.index: -1 for r in group if r.plan.task is not None}
         steps = 0
         while True:
             for j, r in enumerate(group):
                 if r.phase != "done":
                     self._next(r, logits[j])
+            if on_progress is not None:
+                for r in group:
+                    if r.index in reported and reported[r.index] != r.text_count:
+                        reported[r.index] = r.text_count
+                        on_progress(r.index, r.text_count, r.plan.max_new_tokens)
             live = [r for r in group if r.phase != "done"]
             if not live:
                 break
