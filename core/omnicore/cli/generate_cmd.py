@@ -121,19 +121,15 @@ def run(args: argparse.Namespace) -> int:
     host = make_host(settings)
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded
     from ..engine.request import GenerationRequest, SamplingParams  # torch-free: checks run before torch loads
-    from .lora_args import check_model_takes_lora, generate_loras
 
-    loras, lora_kwargs = generate_loras(args)  # --lora: parsed, found and read before anything loads
     request = GenerationRequest(args.prompt, params=SamplingParams(**sampling), images=tuple(args.image),
                                 inputs=media_inputs_from_args(args), negative_prompt=args.negative_prompt,
-                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard",
-                                loras=loras)
-    kwargs = {**engine_kwargs(args), **lora_kwargs}
+                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard")
+    kwargs = engine_kwargs(args)
     flags = input_flags(args)
     # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
     # the request again at submit (cheap, pure) because Python callers reach it without this CLI
-    spec, _ = precheck(args.model, host, request, kwargs["model_options"], flags)
-    check_model_takes_lora(spec, loras)
+    precheck(args.model, host, request, kwargs["model_options"], flags)
     from ..engine.api import Engine  # imports torch: only once the platform and the request are known to be usable
 
     t0 = time.perf_counter()
