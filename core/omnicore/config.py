@@ -84,6 +84,60 @@ def _port(name: str, raw: Any) -> int:
     return value
 
 
+def _items(raw: Any) -> list[Any]:
+    """A repeated flag gives a list; the environment one comma-separated string."""
+    if raw is None:
+        return []
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    return [part for part in str(raw).split(",") if part.strip()]
+
+
+def _lora_modules(name: str, raw: Any) -> tuple[tuple[str, str], ...]:
+    """``NAME=PATH`` items (pairs pass through) -> ``((name, path), ...)``; a name given twice is an error."""
+    pairs: list[tuple[str, str]] = []
+    for item in _items(raw):
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            key, path = str(item[0]), str(item[1])
+        else:
+            key, sep, path = str(item).partition("=")
+            key, path = key.strip(), path.strip()
+            if not sep or not key or not path:
+                raise ConfigError(name, f"expected NAME=PATH, got {item!r}")
+        if key in dict(pairs):
+            raise ConfigError(name, f"adapter name {key!r} is given twice")
+        pairs.append((key, path))
+    return tuple(pairs)
+
+
+def _paths(name: str, raw: Any) -> tuple[str, ...]:
+    return tuple(str(p).strip() for p in _items(raw) if str(p).strip())
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def _bytes_or_none(name: str, raw: Any) -> int | None:
+    """A positive byte count, ``123``, ``512MiB`` or ``2GB``; ``None``/empty: no limit."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    else:
+        text = str(raw).strip().lower().replace(" ", "")
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(number):]
+        try:
+            value = int(float(number) * _BYTE_UNITS[unit])
+        except (KeyError, ValueError):
+            raise ConfigError(name, f"must be a positive number of bytes (e.g. 536870912 or 512MiB), got {raw!r}") \
+                from None
+    if value < 1:
+        raise ConfigError(name, f"must be a positive number of bytes, got {raw!r}")
+    return value
+
+
 #: Which parsers get an option's flag: ``global`` the top-level ``omnicore`` parser, ``engine`` every command that
 #: runs a model (``generate`` and ``serve``), ``server`` only ``serve``.
 SCOPES = ("global", "engine", "server")
@@ -203,6 +257,18 @@ OPTIONS: tuple[Option, ...] = (
            flag="--cors-origin", repeatable=True, metavar="ORIGIN"),
     Option("no_ui", "OMNICORE_NO_UI", False, lambda n, v: _parse_bool(n, str(v)),
            "Server: do not serve the browser playground at `/` (the API is unchanged)."),
+    Option("lora_modules", "OMNICORE_LORA_MODULES", (), _lora_modules,
+           "Server: LoRA adapters read and checked at start-up, NAME=PATH (repeatable; comma-separated in the "
+           "environment); requests name them in `lora`, `/v1/models` and `omnicore models` list them.",
+           repeatable=True, metavar="NAME=PATH"),
+    Option("lora_dirs", "OMNICORE_LORA_DIRS", (), _paths,
+           "Server: the only directories a request's `lora` may name a path in (repeatable; comma-separated in "
+           "the environment); no other path is ever opened. None: requests name only --lora-modules adapters.",
+           flag="--lora-dir", repeatable=True, metavar="DIR"),
+    Option("max_lora_bytes", "OMNICORE_MAX_LORA_BYTES", None, _bytes_or_none,
+           "Server: device budget of the LoRA cache (bytes, or 512MiB / 2GB); the least recently used adapters "
+           "past it leave the device and stay in host memory (pinned on CUDA); none = no limit.",
+           metavar="BYTES"),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
