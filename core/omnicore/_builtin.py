@@ -90,6 +90,7 @@ _CACHE_METHODS: tuple[CacheMethodSpec, ...] = (
     CacheMethodSpec(
         name="adaln_schedule",
         impl="omnicore.cache.adaln_schedule:apply_adaln_schedule",
+        resident="omnicore.cache.adaln_schedule:resident_modules",
         description="Exact-schedule AdaLN modulation tables (bit-exact), optionally offloading the "
                     "projection weights.",
     ),

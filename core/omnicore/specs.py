@@ -315,7 +315,12 @@ class AttentionBackendSpec:
 
 @attrs.frozen
 class CacheMethodSpec:
-    """A cache/acceleration method. ``impl`` is ``apply(pipeline, config) -> handle``."""
+    """A cache/acceleration method. ``impl`` is ``apply(pipeline, config) -> handle``.
+
+    ``resident`` (optional) is ``fn(pipeline) -> modules``: the modules whose parameters the method owns while it
+    is enabled. Weight offload leaves them where they are (the method may move those weights itself), so offload
+    asks the method instead of knowing any method by name.
+    """
 
     name: str = attrs.field(validator=_check_name)
     impl: str = attrs.field(validator=_check_path)
@@ -323,9 +328,14 @@ class CacheMethodSpec:
     requires: tuple[str, ...] = ()  # model capabilities it needs
     description: str = ""
     provider: str = ""
+    resident: str | None = attrs.field(default=None, validator=_check_path)
 
     def load_impl(self) -> Any:
         return resolve(self.impl)
+
+    def resident_modules(self, pipeline: Any) -> list[Any]:
+        """The modules of ``pipeline`` whose parameters this method owns (none when it declares no ``resident``)."""
+        return [] if self.resident is None else list(resolve(self.resident)(pipeline))
 
 
 # ---------------------------------------------------------------------------------------------- platform ops

@@ -32,10 +32,8 @@ from ..regional_compile import RegionalCompile, apply_regional_compile, check_co
 from .inputs import check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
-from .loading import ResolvedModel, load_pipeline, resolve_model
-from .model_options import resolve_model_options
+from .loading import ResolvedModel, instantiate_platform, load_options, load_pipeline, resolve_load
 from .progress import TERMINAL_PHASES, ProgressEvent
-from .protocol import LoadOptions
 from .request import GenerationRequest, MediaInput, SamplingParams, random_seed
 from .runner import BatchRunner, EngineStats
 from .scheduler import Scheduler, admission_wait
@@ -44,7 +42,7 @@ if TYPE_CHECKING:
     from ..outputs.output import Output
     from ..platforms.base import Platform
     from ..plugin_host.host import PluginHost
-    from ..specs import ModelSpec
+    from ..specs import CacheMethodSpec, ModelSpec
 
 logger = logging.getLogger("omnicore.engine")
 
@@ -52,16 +50,7 @@ _SAMPLING_FIELDS = frozenset(a.name for a in attrs.fields(SamplingParams))
 CacheMethodArg = str | tuple[str, Any]
 
 
-def _instantiate_platform(host: PluginHost, platform: str | Platform | None) -> Platform:
-    """The platform instance, bound to the host's op table (``platform.ops``, fast kernels of its plugins)."""
-    if platform is not None and not isinstance(platform, str):
-        return host.bind_platform_ops(platform)
-    spec = host.select_platform(platform)
-    try:
-        instance = spec.load_impl()()
-    except Exception as exc:
-        raise PluginError(spec.provider or spec.name, f"creating platform {spec.name!r} failed: {exc}") from exc
-    return host.bind_platform_ops(instance, spec.name)
+_instantiate_platform = instantiate_platform  # the name callers used before it moved to .loading
 
 
 def _check_forced_attention(spec: ModelSpec, forced: str | None) -> None:
@@ -142,27 +131,32 @@ class Engine:
         self.compile_mode = normalize_compile(compile)
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
         host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
-        self.platform = _instantiate_platform(host, platform)
-        self.resolved: ResolvedModel = resolve_model(model, host, self.settings)
-        if self.resolved.spec.provider:
-            host.require_loaded(self.resolved.spec.provider)
-        method_specs = host.check_cache_methods([m for m, _ in methods], self.resolved.spec)  # before loading
-        host.check_model_platform(self.resolved.spec, self.platform.name)  # before any weight is read
-        check_compile(self.compile_mode, model=self.resolved.spec.name, platform=self.platform.name, offload=offload,
-                      parallel=self.parallel.enabled)
-        _check_forced_attention(self.resolved.spec, self.settings.attention_backend or host.settings.attention_backend)
-        self.model_options = resolve_model_options(self.resolved.spec, model_options)
+        method_specs: list[CacheMethodSpec] = []
+
+        def refuse(platform: Platform, resolved: ResolvedModel) -> None:  # what the spec rules out, before loading
+            if resolved.spec.provider:
+                host.require_loaded(resolved.spec.provider)
+            method_specs.extend(host.check_cache_methods([m for m, _ in methods], resolved.spec))
+            host.check_model_platform(resolved.spec, platform.name)  # before any weight is read
+            check_compile(self.compile_mode, model=resolved.spec.name, platform=platform.name, offload=offload,
+                          parallel=self.parallel.enabled)
+            _check_forced_attention(resolved.spec, self.settings.attention_backend or host.settings.attention_backend)
+
+        target = resolve_load(host, model, self.settings, platform=platform, model_options=model_options,
+                              check=refuse)
+        self.platform: Platform = target.platform
+        self.resolved: ResolvedModel = target.resolved
+        self.model_options = dict(target.model_options)
         self.memory_guard = self._memory_guard(device_memory, offload, [m for m, _ in methods])
-        options = LoadOptions(platform=self.platform, dtype=self.platform.default_dtype(),
-                              attention=self._attention, offload=offload, model_options=dict(self.model_options),
-                              vae_decode_precision=vae_decode_precision)
+        options = load_options(target, attention=self._attention, offload=offload,
+                               vae_decode_precision=vae_decode_precision)
         self._attention_requests = 0
         self.group = start_group(self.parallel, self.resolved.spec, os.fspath(model), self.platform, self.settings,
                                  offload=offload, model_options=self.model_options,
                                  vae_decode_precision=vae_decode_precision, cache_methods=[m for m, _ in methods])
         options.parallel = self.group.ctx if self.group is not None else None
         try:
-            self.pipeline = load_pipeline(self.resolved, options)
+            self.pipeline = load_pipeline(self.resolved, options, host)
         except BaseException as exc:
             if self.group is not None:
                 self.group.finish_load(exc)  # ends the workers, then raises exc
@@ -171,8 +165,6 @@ class Engine:
             self.group.finish_load(None)  # every rank loaded, or the group ends and this raises
         _warn_if_forced_attention_unused(self.resolved.spec, self.settings.attention_backend
                                          or host.settings.attention_backend, self._attention_requests)
-        if getattr(self.pipeline, "host", None) is None:
-            self.pipeline.host = host  # step caches join this host's omnicore_denoise hook
         self.quantization_report: dict[str, Any] = {}
         if self.quantization is not None:  # before offload and caches, which then move the quantized weights
             from ..quantization import apply_to_pipeline
@@ -182,8 +174,8 @@ class Engine:
         self.cache_handles: list[Any] = []
         self.compile_handle: RegionalCompile | None = None
         try:
-            self.offload_handles = apply_offload(self.pipeline, offload, self.platform.device(),
-                                                 cache_methods=[s.name for s in method_specs])
+            resident = [m for s in method_specs for m in s.resident_modules(self.pipeline)]  # the caches' weights
+            self.offload_handles = apply_offload(self.pipeline, offload, self.platform.device(), resident=resident)
             for spec, (_, cfg) in zip(method_specs, methods):
                 self.cache_handles.append(host.enable_cache(self.pipeline, spec, cfg))
             self.lora_registry = lora_registry if lora_registry is not None else AdapterRegistry()
@@ -212,6 +204,19 @@ class Engine:
         if warmup:
             self._warm_up()
 
+    def _memory_guard(self, device_memory: float | None, offload: str, caches: list[str]) -> Any:
+        """The per-request memory check (None: off), priced before loading; a placement whose weights alone
+        exceed the limit is refused here."""
+        from ..planning.admission import build_guard
+
+        guard = build_guard(self.resolved.spec, self.resolved.path, platform=self.platform,
+                            dtype=self.platform.default_dtype(), device_memory_gib=device_memory,
+                            parallel=self.parallel, offload=offload, quantization=self.quantization,
+                            caches=tuple(caches))
+        if guard is not None:
+            guard.check_resident()
+        return guard
+
     def _lora_runtime(self, cache_methods: list[str]) -> LoRARuntime | None:
         """The model's LoRA runtime (None for a model that declares no targets), with what this deployment rules
         out; the registry's preloaded adapters are read and checked now, so a bad one fails at start-up."""
@@ -229,19 +234,6 @@ class Engine:
         runtime.adaln_cache = "adaln_schedule" in cache_methods
         self.lora_registry.preload(runtime.target_map)
         return runtime
-
-    def _memory_guard(self, device_memory: float | None, offload: str, caches: list[str]) -> Any:
-        """The per-request memory check (None: off), priced before loading; a placement whose weights alone
-        exceed the limit is refused here."""
-        from ..planning.admission import build_guard
-
-        guard = build_guard(self.resolved.spec, self.resolved.path, platform=self.platform,
-                            dtype=self.platform.default_dtype(), device_memory_gib=device_memory,
-                            parallel=self.parallel, offload=offload, quantization=self.quantization,
-                            caches=tuple(caches))
-        if guard is not None:
-            guard.check_resident()
-        return guard
 
     def _warm_up(self) -> None:
         """One default request, 1 step, through the normal queue (the engine is otherwise idle at this point)."""

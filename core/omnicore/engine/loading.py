@@ -1,5 +1,11 @@
 """Model resolution and loading: ``tiny:<preset>``, a local checkpoint directory, or a Hugging Face repo id.
 
+The load sequence of every process that serves a model — the :class:`~omnicore.engine.api.Engine`'s and each
+parallel worker rank's (:mod:`omnicore.parallel.worker`) — is the three steps here, in this order:
+:func:`resolve_load` (platform instance, model files and spec, the model's declared options), :func:`load_options`
+and :func:`load_pipeline`. The engine runs its own refusals inside ``resolve_load`` (``check``) and starts its
+worker group between the last two; a worker rank runs them back to back (:func:`load_model`).
+
 Tiny presets are built once into ``<cache>/presets/<name>/`` (built in a temporary sibling directory and
 renamed into place, so a crash never leaves a half-written checkpoint) with a marker holding a hash of the
 builder's source: editing the builder rebuilds the preset on next use.
@@ -22,11 +28,20 @@ import attrs
 
 from ..errors import InvalidRequest, PluginError, UnknownName
 from ..specs import ModelSpec, PresetSpec, resolve
+from .model_options import resolve_model_options
+from .protocol import LoadOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from ..config import Settings
+    from ..parallel.context import ParallelContext
+    from ..platforms.base import Platform
     from ..plugin_host.host import PluginHost
-    from .protocol import LoadOptions
+    from ..specs import AttentionRequirement
+    from .protocol import Pipeline
+
+    AttentionSelector = Callable[[AttentionRequirement], Callable[..., Any]]
 
 logger = logging.getLogger("omnicore.engine")
 
@@ -219,8 +234,53 @@ def _download(repo_id: str, settings: Settings) -> Path:
             "check the network or pass tiny:<preset> or a local checkpoint directory") from exc
 
 
-def load_pipeline(resolved: ResolvedModel, options: LoadOptions) -> Any:
-    """Import the spec's pipeline class and call ``from_pretrained``; the loaded pipeline carries the spec."""
+def instantiate_platform(host: PluginHost, platform: str | Platform | None) -> Platform:
+    """The platform instance, bound to the host's op table (``platform.ops``, fast kernels of its plugins)."""
+    if platform is not None and not isinstance(platform, str):
+        return host.bind_platform_ops(platform)
+    spec = host.select_platform(platform)
+    try:
+        instance = spec.load_impl()()
+    except Exception as exc:
+        raise PluginError(spec.provider or spec.name, f"creating platform {spec.name!r} failed: {exc}") from exc
+    return host.bind_platform_ops(instance, spec.name)
+
+
+@attrs.frozen
+class LoadTarget:
+    """What one process loads, resolved before any weight is read: the platform it runs on, the model's files
+    and spec, and every option the model declares with its checked value (defaults filled)."""
+
+    platform: Platform
+    resolved: ResolvedModel
+    model_options: Mapping[str, Any]
+
+
+def resolve_load(host: PluginHost, model: str | os.PathLike[str], settings: Settings, *,
+                 platform: str | Platform | None, model_options: Mapping[str, Any] | None,
+                 check: Callable[[Platform, ResolvedModel], None] | None = None) -> LoadTarget:
+    """Step 1 of the load sequence: the platform instance, the resolved model (a preset built, a repo downloaded
+    as needed), then ``check(platform, resolved)`` (the caller's refusals that need the spec), then the model's
+    declared options (unknown names and bad values are a ``ConfigError``)."""
+    instance = instantiate_platform(host, platform)
+    resolved = resolve_model(model, host, settings)
+    if check is not None:
+        check(instance, resolved)
+    return LoadTarget(instance, resolved, resolve_model_options(resolved.spec, model_options))
+
+
+def load_options(target: LoadTarget, *, attention: AttentionSelector, offload: str,
+                 vae_decode_precision: str | None, parallel: ParallelContext | None = None) -> LoadOptions:
+    """Step 2: the :class:`LoadOptions` the pipeline's ``from_pretrained`` gets (the platform's default dtype; a
+    bad ``vae_decode_precision`` is a ``ConfigError`` here, before anything loads)."""
+    return LoadOptions(platform=target.platform, dtype=target.platform.default_dtype(), attention=attention,
+                       offload=offload, model_options=dict(target.model_options),
+                       vae_decode_precision=vae_decode_precision, parallel=parallel)
+
+
+def load_pipeline(resolved: ResolvedModel, options: LoadOptions, host: PluginHost | None = None) -> Pipeline:
+    """Step 3: import the spec's pipeline class and call ``from_pretrained``; the loaded pipeline carries the spec,
+    and ``host`` when it set none itself (step caches join that host's ``omnicore_denoise`` hook)."""
     try:
         cls = resolved.spec.load_impl()
     except Exception as exc:
@@ -228,4 +288,21 @@ def load_pipeline(resolved: ResolvedModel, options: LoadOptions) -> Any:
                           f"importing pipeline {resolved.spec.impl!r} failed: {exc}") from exc
     pipeline = cls.from_pretrained(resolved.path, options)
     pipeline.spec = resolved.spec
+    if host is not None and getattr(pipeline, "host", None) is None:
+        pipeline.host = host
     return pipeline
+
+
+def load_model(host: PluginHost, model: str | os.PathLike[str], settings: Settings, *,
+               platform: str | Platform | None, model_options: Mapping[str, Any] | None, offload: str,
+               vae_decode_precision: str | None, parallel: ParallelContext | None = None,
+               attention: AttentionSelector | None = None) -> tuple[LoadTarget, Pipeline]:
+    """The three steps back to back (a parallel worker rank: nothing starts between them); ``attention``
+    defaults to the host's selection."""
+    target = resolve_load(host, model, settings, platform=platform, model_options=model_options)
+    if attention is None:
+        def attention(requirement: AttentionRequirement) -> Callable[..., Any]:
+            return host.select_attention(requirement).load_impl()
+    options = load_options(target, attention=attention, offload=offload,
+                           vae_decode_precision=vae_decode_precision, parallel=parallel)
+    return target, load_pipeline(target.resolved, options, host)

@@ -64,27 +64,19 @@ def init_distributed(backend: str, rank: int, world_size: int, init_method: str 
 
 
 def load_rank_pipeline(spec: RankSpec, ctx: Any) -> tuple[Any, Any]:
-    """``(host, pipeline)`` of this rank, loaded like the engine loads it, with ``LoadOptions.parallel = ctx``."""
+    """``(host, pipeline)`` of this rank, loaded by the engine's load sequence
+    (:func:`omnicore.engine.loading.load_model`) with ``LoadOptions.parallel = ctx``, then offloaded like rank 0."""
     from ..config import Settings
-    from ..engine.api import _instantiate_platform
-    from ..engine.loading import load_pipeline, resolve_model
-    from ..engine.model_options import resolve_model_options
-    from ..engine.protocol import LoadOptions
+    from ..engine.loading import load_model
     from ..offload.policy import apply_offload
     from ..plugin_host.host import PluginHost
 
     settings = Settings(**dict(spec.settings)) if spec.settings is not None else None
     host = PluginHost(settings)
-    platform = _instantiate_platform(host, spec.platform)
-    resolved = resolve_model(spec.model, host, host.settings)
-    options = LoadOptions(platform=platform, dtype=platform.default_dtype(),
-                          attention=lambda req: host.select_attention(req).load_impl(), offload=spec.offload,
-                          model_options=dict(resolve_model_options(resolved.spec, spec.model_options)),
-                          vae_decode_precision=spec.vae_decode_precision, parallel=ctx)
-    pipeline = load_pipeline(resolved, options)
-    if getattr(pipeline, "host", None) is None:
-        pipeline.host = host
-    apply_offload(pipeline, spec.offload, platform.device())
+    target, pipeline = load_model(host, spec.model, host.settings, platform=spec.platform,
+                                  model_options=spec.model_options, offload=spec.offload,
+                                  vae_decode_precision=spec.vae_decode_precision, parallel=ctx)
+    apply_offload(pipeline, spec.offload, target.platform.device())
     return host, pipeline
 
 

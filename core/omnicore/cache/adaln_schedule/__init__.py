@@ -10,6 +10,7 @@ from .method import (
     AdaLNScheduleConfig,
     AdaLNScheduleHandle,
     apply_adaln_schedule,
+    resident_modules,
 )
 from .projection import AdaLNProjection
 
@@ -20,5 +21,5 @@ __all__ = [
     "ABSENT", "EXCLUDED_OFFLOAD_PREFIXES", "METHOD_NAME", "STATE_CACHE_KEY", "STATE_STEP_KEY",
     "AdaLNProjection", "AdaLNScheduleCache", "AdaLNScheduleConfig", "AdaLNScheduleController",
     "AdaLNScheduleHandle", "ScheduleKey", "StepTimesteps", "apply_adaln_schedule", "float32_bits",
-    "schedule_key", "step_timesteps",
+    "resident_modules", "schedule_key", "step_timesteps",
 ]

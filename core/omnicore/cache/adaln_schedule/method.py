@@ -130,6 +130,15 @@ class AdaLNScheduleHandle:
             self.controller.release_cached_memory = self._previous_release
 
 
+def resident_modules(pipeline: Any) -> list[Any]:
+    """The linears of the pipeline's AdaLN projections: this method owns their weights (it may offload them
+    itself), so weight offload leaves them resident (``CacheMethodSpec.resident``)."""
+    controller = getattr(pipeline, "adaln_schedule", None)
+    if not isinstance(controller, AdaLNScheduleController):
+        return []
+    return [projection.linear for projection in controller.projections]
+
+
 def apply_adaln_schedule(pipeline: Any, config: AdaLNScheduleConfig | dict[str, Any] | None = None
                          ) -> AdaLNScheduleHandle:
     return AdaLNScheduleHandle(pipeline, coerce_config(AdaLNScheduleConfig, config, METHOD_NAME))
