@@ -15,6 +15,8 @@ import torch
 from ._triton import kernel_dtype, on_kernel_device
 from .kernels import elementwise, norms
 from .kernels.elementwise import rope_rotate_half, swiglu
+from .kernels.lora import MAX_RANK as LORA_MAX_RANK
+from .kernels.lora import lora_segment_delta
 from .kernels.norms import gated_residual_norm_modulate, group_norm_silu, rms_norm, rms_norm_silu
 from .kernels.upsample import upsample2x_conv
 
@@ -148,9 +150,28 @@ def upsample2x_conv_applies(x: Any, weight: Any, bias: Any, padding: Any = 1) ->
     return _ok(*tensors)
 
 
+def lora_segment_delta_applies(x: Any, a: Any, b: Any, seg_ends: Any) -> bool:
+    """``x (N, in)``, ``a (S, R, in)``, ``b (S, out, R)`` of one kernel dtype with ``R <= LORA_MAX_RANK``,
+    ``seg_ends (S,)`` an integer vector (on the host or the device: it is copied over), the rest on one kernel
+    device (any strides: the kernels take them)."""
+    if not all(_tensor(t) for t in (x, a, b, seg_ends)):
+        return False
+    if x.dim() != 2 or a.dim() != 3 or b.dim() != 3 or seg_ends.dim() != 1:
+        return False
+    s, rank, d_in = a.shape
+    if b.shape[0] != s or b.shape[2] != rank or d_in != x.shape[1] or seg_ends.shape[0] != s:
+        return False
+    if rank > LORA_MAX_RANK or seg_ends.dtype not in (torch.int64, torch.int32):
+        return False
+    if not x.dtype == a.dtype == b.dtype:
+        return False
+    return _ok(x, a, b)
+
+
 __all__ = [
     "elementwise", "gated_residual_norm_modulate", "gated_residual_norm_modulate_applies", "group_norm_silu",
-    "group_norm_silu_applies", "norms", "rms_norm", "rms_norm_applies", "rms_norm_silu", "rms_norm_silu_applies",
+    "group_norm_silu_applies", "lora_segment_delta",
+    "lora_segment_delta_applies", "norms", "rms_norm", "rms_norm_applies", "rms_norm_silu", "rms_norm_silu_applies",
     "rope_rotate_half", "rope_rotate_half_applies", "swiglu", "swiglu_applies", "upsample2x_conv",
     "upsample2x_conv_applies",
 ]

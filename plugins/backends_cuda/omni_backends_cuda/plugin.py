@@ -21,7 +21,7 @@ PLATFORM = "cuda"
 
 #: the fused Triton ops (each ``omni_backends_cuda.ops:<name>`` with ``<name>_applies``)
 FUSED_OPS = ("rms_norm", "gated_residual_norm_modulate", "rope_rotate_half", "group_norm_silu", "rms_norm_silu",
-             "swiglu", "upsample2x_conv")
+             "swiglu", "upsample2x_conv", "lora_segment_delta")
 
 
 def _importable(name: str) -> bool:

@@ -138,7 +138,7 @@ def test_plugins_lists_cuda_as_unavailable_with_the_reason():
     row = next(p for p in json.loads(listing.stdout)["platforms"] if p["name"] == "cuda")
     assert row["available"] is False and row["reason"] == CUDA_REASON and row["provider"] == "backends_cuda"
     assert set(row["ops"]) == {"rms_norm", "gated_residual_norm_modulate", "rope_rotate_half", "group_norm_silu",
-                               "rms_norm_silu", "swiglu", "upsample2x_conv"}
+                               "rms_norm_silu", "swiglu", "upsample2x_conv", "lora_segment_delta"}
 
 
 @no_cuda
