@@ -21,13 +21,21 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python core/pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e "core[serve,test,quantization]" $(addprefix -e ,$(PLUGIN_DIRS))
+	$(BIN)/python -m pip install -q -e "core[serve,test,quantization,postgres]" $(addprefix -e ,$(PLUGIN_DIRS))
 	@# the playground's browser tests drive Debian's chromium (never a browser Playwright downloads); as root with
 	@# apt-get it is installed here, elsewhere those tests skip with one line
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
 	  echo "installing Debian's chromium for the playground's browser tests"; \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) > /dev/null \
 	  || echo "warning: could not install chromium; the playground's browser tests will skip" >&2; \
+	fi
+	@# the job store's PostgreSQL tests start a throwaway server from Debian's postgresql (initdb + pg_ctl); as
+	@# root with apt-get it is installed here when no server binaries exist, elsewhere those tests skip with one line
+	@if ! ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 && ! command -v initdb > /dev/null \
+	    && [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
+	  echo "installing Debian's postgresql for the job store's PostgreSQL tests"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) > /dev/null \
+	  || echo "warning: could not install postgresql; the PostgreSQL job-store tests will skip" >&2; \
 	fi
 	@touch $(STAMP)
 

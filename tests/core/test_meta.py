@@ -292,7 +292,7 @@ def test_make_creates_the_venv_then_installs_torch_then_every_distribution(targe
     assert steps == sorted(steps), plan
     install = plan[steps[2]]
     editable = re.findall(r"-e (\S+)", install)
-    assert editable[0] == '"core[serve,test,quantization]"', install  # the test extra and torchao for --quantization
+    assert editable[0] == '"core[serve,test,quantization,postgres]"', install  # test extra, torchao, psycopg
     assert sorted(editable[1:]) == [f"plugins/{p.name}" for p in PLUGIN_DIRS], install
     assert '"torch>=2.6"' in _make("-n", target, f"VENV={venv}", "TORCH_SPEC=torch>=2.6").stdout
 

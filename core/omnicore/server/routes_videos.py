@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from ..ids import new_id
+from ..jobstore.base import DuplicateKey
 from . import video_media
 from .auth import Principal
 from .errors import ApiError, is_storage_full, pydantic_to_api, storage_full_error
@@ -177,7 +178,7 @@ async def create_video(request: Request) -> Any:
         inputs = video_media.persist(ctx.store.inputs_dir(job_id), raw) if raw else []
         ctx.store.insert(created, {"body": body, "inputs": inputs}, idempotency_key=idem, body_hash=digest,
                          owner=owner)
-    except sqlite3.IntegrityError:  # a concurrent request with the same Idempotency-Key won the race
+    except (sqlite3.IntegrityError, DuplicateKey):  # a concurrent request with the same Idempotency-Key won
         ctx.store.delete(job_id)
         ctx.store.remove_inputs(job_id)
         found = ctx.store.find_idempotent(idem or "")

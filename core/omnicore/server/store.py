@@ -15,12 +15,13 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..jobstore.base import Claim, DuplicateKey, LeaseLost, Renewal
 
 TERMINAL = ("completed", "failed", "cancelled")
 ACTIVE = ("queued", "in_progress")
@@ -48,7 +49,12 @@ CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
 #: Columns added after the first release, with their definitions: :meth:`JobStore._migrate` adds the ones an
 #: older database lacks. ``owner`` is the key id (``auth.key_id``) of the API key that created the job; rows
 #: written before it existed, or while auth was off, have ``NULL``: with keys set only admin keys see them.
-_ADDED_COLUMNS = (("owner", "TEXT"),)
+_ADDED_COLUMNS = (("owner", "TEXT"), ("lease_owner", "TEXT"), ("lease_token", "INTEGER NOT NULL DEFAULT 0"),
+                  ("lease_expires", "REAL"), ("claims", "INTEGER NOT NULL DEFAULT 0"), ("checkpoint_path", "TEXT"),
+                  ("checkpoint_step", "INTEGER"))
+#: ``PRAGMA user_version`` of a store written by this code: 1 = the first release, 2 = owners, 3 = leases (the
+#: job-store contract of :mod:`omnicore.jobstore`) and step checkpoints.
+SCHEMA_VERSION = 3
 
 
 class StateDirLocked(ConfigError):
@@ -105,7 +111,13 @@ def _load_secret(path: Path) -> bytes:
 
 
 class JobStore:
-    """Thread-safe: one connection guarded by a lock; every call is a short transaction."""
+    """Thread-safe: one connection guarded by a lock; every call is a short transaction.
+
+    Keeps the :class:`omnicore.jobstore.base.JobStoreProtocol` contract, leases included, for one server: it is
+    not ``shared`` (the state directory is locked to one process), so the job manager runs what it accepts and
+    the restart table applies."""
+
+    shared = False
 
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir)
@@ -130,6 +142,11 @@ class JobStore:
         for name, decl in _ADDED_COLUMNS:
             if name not in have:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ConfigError("state_dir", f"{self.root} holds a job store of schema version {version}, newer than "
+                                           f"this omnicore knows ({SCHEMA_VERSION}); upgrade omnicore")
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # ------------------------------------------------------------------ plumbing
     @contextmanager
@@ -186,13 +203,16 @@ class JobStore:
     # ------------------------------------------------------------------ records
     def insert(self, record: dict[str, Any], request: dict[str, Any], *, kind: str = "video",
                idempotency_key: str | None = None, body_hash: str | None = None, owner: str | None = None) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO jobs (id, kind, status, model, created_at, record, request, idempotency_key, body_hash,"
-                " owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (record["id"], kind, record["status"], record.get("model", ""), time.time(),
-                 json.dumps(record), json.dumps(request), idempotency_key, body_hash, owner),
-            )
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT INTO jobs (id, kind, status, model, created_at, record, request, idempotency_key,"
+                    " body_hash, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (record["id"], kind, record["status"], record.get("model", ""), time.time(),
+                     json.dumps(record), json.dumps(request), idempotency_key, body_hash, owner),
+                )
+        except sqlite3.IntegrityError as exc:  # the contract's error, whichever store
+            raise DuplicateKey(str(exc)) from None
 
     def get_owner(self, job_id: str) -> tuple[bool, str | None]:
         """``(exists, owner key id)`` of a job (owner ``None`` for jobs created without a key)."""
@@ -215,12 +235,16 @@ class JobStore:
             row = self._db.execute("SELECT result_path FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return Path(row[0]) if row and row[0] else None
 
-    def update(self, job_id: str, *, result_path: Path | None = None, **changes: Any) -> dict[str, Any] | None:
-        """Merge ``changes`` into the record. A terminal status is never overwritten (status only moves forward)."""
+    def update(self, job_id: str, *, result_path: Path | None = None, fence: int | None = None,
+               **changes: Any) -> dict[str, Any] | None:
+        """Merge ``changes`` into the record. A terminal status is never overwritten (status only moves forward);
+        with ``fence``, nothing is written unless it is the job's current lease token (else :class:`LeaseLost`)."""
         with self._tx() as db:
-            row = db.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = db.execute("SELECT record, lease_token FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 return None
+            if fence is not None and int(row[1]) != fence:
+                raise LeaseLost(job_id, fence, int(row[1]))
             record = json.loads(row[0])
             if record["status"] in TERMINAL and changes.get("status", record["status"]) != record["status"]:
                 return record
@@ -228,9 +252,11 @@ class JobStore:
             finished = time.time() if record["status"] in TERMINAL else None
             db.execute(
                 "UPDATE jobs SET record = ?, status = ?, finished_at = COALESCE(finished_at, ?),"
-                " result_path = COALESCE(?, result_path) WHERE id = ?",
+                " result_path = COALESCE(?, result_path),"
+                " lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END,"
+                " lease_expires = CASE WHEN ? THEN NULL ELSE lease_expires END WHERE id = ?",
                 (json.dumps(record), record["status"], finished,
-                 str(result_path) if result_path else None, job_id),
+                 str(result_path) if result_path else None, finished is not None, finished is not None, job_id),
             )
             return record
 
@@ -252,6 +278,8 @@ class JobStore:
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
         if row[0]:
             Path(row[0]).unlink(missing_ok=True)
+        for path in (self.root / "results").glob(f"{job_id}.*"):  # results of earlier claims (fenced names)
+            path.unlink(missing_ok=True)
         shutil.rmtree(self.root / "inputs" / job_id, ignore_errors=True)
         return True
 
@@ -295,6 +323,91 @@ class JobStore:
         with self._lock:
             rows = self._db.execute(f"SELECT id FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses).fetchall()
         return [r[0] for r in rows]
+
+    # ------------------------------------------------------------------ leases (see omnicore.jobstore.base)
+    def claim(self, holder: str, models: Sequence[str], lease_s: float) -> Claim | None:
+        """Take the oldest job for ``models`` nobody holds (queued and unleased, or active with an expired lease)."""
+        now = time.time()
+        marks = ",".join("?" * len(models)) or "NULL"
+        with self._tx() as db:
+            row = db.execute(
+                f"SELECT seq FROM jobs WHERE status IN ('queued', 'in_progress') AND model IN ({marks})"
+                " AND delete_pending = 0 AND (lease_expires IS NULL AND status = 'queued' OR lease_expires < ?)"
+                " ORDER BY seq LIMIT 1", (*models, now)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE jobs SET lease_owner = ?, lease_token = lease_token + 1, claims = claims + 1,"
+                       " lease_expires = ? WHERE seq = ?", (holder, now + lease_s, row[0]))
+            got = db.execute("SELECT id, lease_token, claims, status FROM jobs WHERE seq = ?", (row[0],)).fetchone()
+        return Claim(got[0], int(got[1]), int(got[2]), got[3])
+
+    def renew(self, job_id: str, token: int, lease_s: float) -> Renewal | None:
+        with self._tx() as db:
+            row = db.execute("SELECT record, delete_pending FROM jobs WHERE id = ? AND lease_token = ? AND status"
+                             " IN ('queued', 'in_progress')", (job_id, token)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE jobs SET lease_expires = ? WHERE id = ?", (time.time() + lease_s, job_id))
+        return Renewal(bool(json.loads(row[0]).get("cancel_requested")), bool(row[1]))
+
+    def release(self, job_id: str, token: int) -> bool:
+        """Give a held job back to the queue unfinished: status ``queued``, no lease."""
+        with self._tx() as db:
+            row = db.execute("SELECT record FROM jobs WHERE id = ? AND lease_token = ? AND status IN"
+                             " ('queued', 'in_progress')", (job_id, token)).fetchone()
+            if row is None:
+                return False
+            record = {**json.loads(row[0]), "status": "queued", "phase": "queued"}
+            db.execute("UPDATE jobs SET lease_owner = NULL, lease_expires = NULL, status = 'queued', record = ?"
+                       " WHERE id = ?", (json.dumps(record), job_id))
+        return True
+
+    def cancel_unheld(self, job_id: str, error: dict[str, str]) -> dict[str, Any] | None:
+        """Cancel a job no live lease holds and bump its token; ``None`` when a live holder has it."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT record FROM jobs WHERE id = ? AND status IN ('queued', 'in_progress') AND"
+                             " (lease_expires IS NULL OR lease_expires < ?)", (job_id, now)).fetchone()
+            if row is None:
+                return None
+            record = {**json.loads(row[0]), "status": "cancelled", "error": error, "updated_at": int(now),
+                      "queue_position": None, "cancel_requested": False, "phase": None, "phase_progress": None}
+            db.execute("UPDATE jobs SET status = 'cancelled', record = ?, finished_at = ?, lease_owner = NULL,"
+                       " lease_expires = NULL, lease_token = lease_token + 1 WHERE id = ?",
+                       (json.dumps(record), now, job_id))
+        return record
+
+    def queue_position(self, job_id: str) -> int | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT (SELECT count(*) FROM jobs o WHERE o.status = 'queued' AND o.model = j.model AND"
+                " o.seq < j.seq AND o.delete_pending = 0) FROM jobs j WHERE j.id = ? AND j.status = 'queued'",
+                (job_id,)).fetchone()
+        return int(row[0]) if row else None
+
+    def workers(self) -> int:
+        """How many distinct holders have a live lease now, at least 1."""
+        with self._lock:
+            row = self._db.execute("SELECT count(DISTINCT lease_owner) FROM jobs WHERE lease_expires > ?",
+                                   (time.time(),)).fetchone()
+        return max(1, int(row[0]))
+
+    def mean_run_s(self, model: str, last: int = 20) -> float | None:
+        """Mean running time (total less queued) of the last ``last`` completed jobs of ``model``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT avg(json_extract(record, '$.timings.total_s') - json_extract(record, '$.timings.queued_s'))"
+                " FROM (SELECT record FROM jobs WHERE status = 'completed' AND model = ? AND"
+                " json_extract(record, '$.timings.total_s') IS NOT NULL ORDER BY seq DESC LIMIT ?)",
+                (model, last)).fetchone()
+        return float(row[0]) if row and row[0] is not None else None
+
+    def lease_of(self, job_id: str) -> tuple[str | None, int, int] | None:
+        """``(holder, token, claims)`` of a job (tests and diagnostics)."""
+        with self._lock:
+            row = self._db.execute("SELECT lease_owner, lease_token, claims FROM jobs WHERE id = ?",
+                                   (job_id,)).fetchone()
+        return (row[0], int(row[1]), int(row[2])) if row else None
 
     # ------------------------------------------------------------------ restart and retention
     def recover(self, served_models: tuple[str, ...]) -> builtins.list[str]:
