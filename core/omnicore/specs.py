@@ -14,6 +14,7 @@ import attrs
 
 from ._lazy import resolve
 from .lora.records import LoRATargets
+from .ops.names import OP_NAMES  # the op vocabulary: a leaf with no imports (the op tables of ops/ sit above)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.:\-]*$")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -342,8 +343,6 @@ class CacheMethodSpec:
 
 
 def _check_op_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
-    from .ops.names import OP_NAMES
-
     if value not in OP_NAMES:
         raise ValueError(f"OpSpec.name: unknown op {value!r}; the core defines {', '.join(OP_NAMES)} "
                          "(each has an eager reference in omnicore.ops.reference)")

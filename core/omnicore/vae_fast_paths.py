@@ -23,10 +23,27 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, overload
 
+from .errors import ConfigError
+
 _GATE_ATTR = "_omnicore_fast_path_gate"
 _INSTALLED_ATTR = "_omnicore_fast_path"
 _PRECISION_ATTR = "_omnicore_decode_precision"
 FAST_QUALITY = "high"
+
+VAE_DECODE_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def check_vae_decode_precision(value: object) -> str | None:
+    """``fp32``/``fp16``/``bf16`` or ``None`` (the model's own choice); anything else is a ConfigError.
+
+    The one rule for ``vae_decode_precision`` (``LoadOptions``, ``--vae-decode-precision``, :func:`decode_dtype`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in VAE_DECODE_PRECISIONS:
+        # the message shape of docs/contracts-status.md C7.4: "must be one of {'fp32', 'fp16', 'bf16'} or None, got ..."
+        choices = ", ".join(repr(p) for p in VAE_DECODE_PRECISIONS)
+        raise ConfigError("vae_decode_precision", f"must be one of {{{choices}}} or None, got {value!r}")
+    return value.lower()
 
 
 class FastPathGate:
@@ -140,8 +157,6 @@ def decode_dtype(precision: str | None) -> Any:
 
     Invalid values are rejected by the core's check (the same rule as ``LoadOptions.vae_decode_precision``)."""
     import torch
-
-    from .engine.model_options import check_vae_decode_precision
 
     value = check_vae_decode_precision(precision)
     return None if value is None else {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[value]

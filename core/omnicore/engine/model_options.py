@@ -14,11 +14,13 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..specs import ModelOption, ModelSpec
+from ..vae_fast_paths import VAE_DECODE_PRECISIONS, check_vae_decode_precision
+
+__all__ = ["VAE_DECODE_PRECISIONS", "check_vae_decode_precision", "coerce_option", "parse_option_args",
+           "resolve_model_options"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-VAE_DECODE_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def _name(option: ModelOption) -> str:
@@ -90,14 +92,3 @@ def parse_option_args(items: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"model_options.{key}", "given more than once")
         out[key] = value
     return out
-
-
-def check_vae_decode_precision(value: Any) -> str | None:
-    """``fp32``/``fp16``/``bf16`` or ``None`` (the model's own choice); anything else is a ConfigError."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or value.lower() not in VAE_DECODE_PRECISIONS:
-        # the message shape of docs/contracts-status.md C7.4: "must be one of {'fp32', 'fp16', 'bf16'} or None, got ..."
-        choices = ", ".join(repr(p) for p in VAE_DECODE_PRECISIONS)
-        raise ConfigError("vae_decode_precision", f"must be one of {{{choices}}} or None, got {value!r}")
-    return value.lower()
