@@ -101,9 +101,9 @@ class AdapterRegistry:
 
     # ------------------------------------------------------------------ host side
     def _read(self, lora: LoRA, path: Path) -> tuple[int, RawAdapter]:
-        try:
-            st = path.stat()
-            ident = (st.st_mtime_ns, st.st_size)
+        try:  # a directory's identity is its files' (rewriting adapter_model.safetensors is a new version)
+            stats = [p.stat() for p in sorted(path.iterdir()) if p.is_file()] if path.is_dir() else [path.stat()]
+            ident = (max((st.st_mtime_ns for st in stats), default=0), sum(st.st_size for st in stats))
         except OSError as exc:
             raise LoRAError(lora.name_or_path, None, f"cannot be read: {exc}") from exc
         cached = self._raw.get(path)

@@ -1,0 +1,97 @@
+"""The adapter cache: hot adapters are not read again, a device budget evicts the least recently used copy (kept in
+host memory and copied back without touching the file), bytes are accounted, a changed file is read again."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _lora_helpers import MODULES, SPEC, Holder, Toy, make_peft_adapter
+from omnicore.engine.request import GenerationRequest
+from omnicore.errors import ConfigError
+from omnicore.lora import AdapterRegistry, LoRA, LoRAError, TargetMap
+from omnicore.lora.runtime import LoRARuntime
+from omnicore.ops.table import PlatformOps
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("loras")
+    for i, name in enumerate("abc"):
+        make_peft_adapter(Toy(), MODULES, base / name, rank=4, seed=i)
+    return base
+
+
+def _bytes(tmap: TargetMap) -> int:  # one rank-4 adapter on the toy's five linears, fp32 on the device
+    return sum(4 * (fan_in + fan_out) * 4 for fan_in, fan_out in (tmap.shapes[m] for m in MODULES))
+
+
+def test_lru_evicts_the_oldest_and_reloads_from_host_memory(root: Path) -> None:
+    tmap = TargetMap.build(Toy(), SPEC.lora, "toy")
+    one = _bytes(tmap)
+    reg = AdapterRegistry(lora_dirs=[root], max_device_bytes=2 * one)
+    for name in "ab":
+        reg.device_adapter(LoRA(name), tmap, "cpu", torch.float32)
+    assert reg.on_device() == ["a", "b"]
+    assert reg.stats() | {} == {**reg.stats(), "loads": 2, "uploads": 2, "evictions": 0, "device_bytes": 2 * one}
+    reg.device_adapter(LoRA("a"), tmap, "cpu", torch.float32)  # a is now the most recent
+    reg.device_adapter(LoRA("c"), tmap, "cpu", torch.float32)  # over budget: b (least recent) goes
+    assert reg.on_device() == ["a", "c"]
+    s = reg.stats()
+    assert (s["evictions"], s["loads"], s["uploads"], s["device_bytes"]) == (1, 3, 3, 2 * one)
+    assert s["host_adapters"] == 3 and s["host_bytes"] == 3 * one  # the evicted one stays in host memory
+    reg.device_adapter(LoRA("b"), tmap, "cpu", torch.float32, keep=[])  # back: copied again, the file not read
+    s = reg.stats()
+    assert (s["loads"], s["uploads"], s["evictions"]) == (3, 4, 2)
+    assert reg.on_device() == ["c", "b"]
+
+
+def test_a_hot_adapter_is_not_read_again_and_a_changed_file_is(root: Path) -> None:
+    tmap = TargetMap.build(Toy(), SPEC.lora, "toy")
+    reg = AdapterRegistry(lora_dirs=[root])
+    for _ in range(3):
+        reg.check(LoRA("a"), tmap)
+    assert (reg.stats()["loads"], reg.stats()["hits"]) == (1, 2)
+    weights = root / "a" / "adapter_model.safetensors"
+    stamp = time.time() + 5
+    os.utime(weights, (stamp, stamp))  # rewritten (a new version of the adapter)
+    reg.check(LoRA("a"), tmap)
+    assert reg.stats()["loads"] == 2
+
+
+def test_the_running_batch_keeps_its_adapters_over_budget(root: Path) -> None:
+    """A batch needing more than the budget evicts only what it does not use; the next batch evicts again."""
+    model = Toy()
+    tmap = TargetMap.build(model, SPEC.lora, "toy")
+    reg = AdapterRegistry(lora_dirs=[root], max_device_bytes=_bytes(tmap))
+    runtime = LoRARuntime(reg, SPEC, Holder(model), PlatformOps("cpu"))
+    runtime.activate([GenerationRequest("x", loras=["a"]), GenerationRequest("x", loras=["b"])])
+    assert sorted(reg.on_device()) == ["a", "b"]
+    runtime.activate([GenerationRequest("x", loras=["c"])])
+    assert reg.on_device() == ["c"] and reg.stats()["evictions"] == 2
+
+
+def test_an_adapter_larger_than_the_budget_is_refused(root: Path) -> None:
+    tmap = TargetMap.build(Toy(), SPEC.lora, "toy")
+    reg = AdapterRegistry(lora_dirs=[root], max_device_bytes=_bytes(tmap) - 1)
+    with pytest.raises(LoRAError, match="more than the LoRA cache budget"):
+        reg.check(LoRA("a"), tmap)
+
+
+def test_preloaded_names_and_settings(root: Path, tmp_path: Path) -> None:
+    tmap = TargetMap.build(Toy(), SPEC.lora, "toy")
+    reg = AdapterRegistry(modules={"style": str(root / "a")})
+    assert reg.list_modules() == ["style"]
+    reg.preload(tmap)
+    assert reg.stats()["loads"] == 1
+    with pytest.raises(LoRAError, match="not a preloaded adapter"):
+        reg.check(LoRA("other"), tmap)
+    with pytest.raises(ConfigError, match="lora_modules"):
+        AdapterRegistry(modules={"x": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match="max_lora_bytes"):
+        AdapterRegistry(max_device_bytes=0)
+    with pytest.raises(ConfigError, match="lora_dir"):
+        AdapterRegistry(lora_dirs=[tmp_path / "missing"])
