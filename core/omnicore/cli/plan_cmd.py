@@ -25,8 +25,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "and whether it fits, for one device, offload, ulysses, cfg and tp (where the model declares "
                     "a plan), each with int8/fp8 weight-only quantization; the row --parallel auto would pick is "
                     "marked.")
-    p.add_argument("model", help="real:<model> (the released configs, no weights), tiny:<preset> or a local "
-                                 "checkpoint directory")
+    p.add_argument("model", help="real:<model> (the released configs, no weights), tiny:<preset>, a local "
+                                 "checkpoint directory, or a Hub repository org/name[@revision] (its configs and "
+                                 "safetensors headers only, over HTTP range reads)")
     p.add_argument("--devices", type=int, default=1, metavar="N", help="devices available (default: 1)")
     p.add_argument("--device-memory", type=float, default=80.0, metavar="GIB",
                    help="memory of each device in GiB (default: 80)")

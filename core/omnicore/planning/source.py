@@ -32,7 +32,7 @@ class PlanSource:
 
     spec: ModelSpec
     root: Path
-    kind: str  # "real" | "preset" | "local"
+    kind: str  # "real" | "preset" | "local" | "hub"
     name: str
     profile: Any  # the plugin module holding plan_model / plan_request
 
@@ -104,7 +104,8 @@ def real_presets(host: PluginHost) -> dict[str, tuple[ModelSpec, str]]:
 
 
 def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSource:
-    """``real:<model>`` (configs written once into the cache, no weights), ``tiny:<preset>`` or a directory."""
+    """``real:<model>`` (configs written once into the cache, no weights), ``tiny:<preset>``, a directory, or a
+    Hub repository id (its metadata mirror: :mod:`omnicore.planning.hub`)."""
     from ..engine.loading import detect_spec, ensure_preset, find_preset
 
     text = str(model)
@@ -119,11 +120,18 @@ def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSour
         spec, preset = find_preset(host, text)
         root = ensure_preset(spec, preset, settings.cache_path)
         kind = "preset"
+    elif hub_repo_id(text) is not None:  # configs + safetensors headers over HTTP range reads, no tensor data
+        from .hub import mirror_hub_repo
+
+        repo, _, revision = str(hub_repo_id(text)).partition("@")
+        root = mirror_hub_repo(repo, Path(settings.cache_path), revision=revision or None)
+        spec = detect_spec(host, root)
+        kind = "hub"
     else:
         root = Path(text).expanduser()
         if not root.is_dir():
-            raise InvalidRequest("model", f"{text!r} is not a real:<model> preset, a tiny:<preset> nor a local "
-                                          "checkpoint directory (plan reads local configs only)")
+            raise InvalidRequest("model", f"{text!r} is not a real:<model> preset, a tiny:<preset>, a local "
+                                          "checkpoint directory nor a Hub repository id (org/name)")
         spec = detect_spec(host, root)
         kind = "local"
     profile = profile_module(spec)
@@ -131,6 +139,14 @@ def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSour
         raise InvalidRequest("model", f"model {spec.name} ({spec.provider}) does not describe itself to the planner "
                                       "(its presets module has no plan_model / plan_request)")
     return PlanSource(spec=spec, root=Path(root), kind=kind, name=text, profile=profile)
+
+
+def hub_repo_id(text: str) -> str | None:
+    """``org/name`` or ``org/name@revision`` (``hf://`` prefix allowed) that is not a local path, else None."""
+    from .hub import looks_like_repo_id
+
+    body = text[len("hf://"):] if text.startswith("hf://") else text
+    return body if looks_like_repo_id(body.partition("@")[0]) else None
 
 
 def call(profile: Any, name: str) -> Callable[..., Any]:
