@@ -58,6 +58,7 @@ _LAZY: dict[str, str] = {
     "check_request": "omnicore.engine.inputs:check_request",
     "resolve_roles": "omnicore.engine.inputs:resolve_roles",
     "check_inputs": "omnicore.engine.inputs:check_inputs",
+    "check_extra": "omnicore.engine.inputs:check_extra",  # the declared ModelSpec.extra_fields (1.7)
     # a stage a model runs besides the base loop (a refiner), listed in ``extra[STAGES_KEY]`` by its preprocess: held
     # to the same limits and counted into the job's work budget (1.4)
     "StageWork": "omnicore.engine.limits:StageWork",
@@ -176,6 +177,7 @@ if TYPE_CHECKING:
     from .checkpoint import weight_files as weight_files
     from .engine.cancellation import cancel_points as cancel_points
     from .engine.cancellation import raise_if_cancelled as raise_if_cancelled
+    from .engine.inputs import check_extra as check_extra
     from .engine.inputs import check_inputs as check_inputs
     from .engine.inputs import check_request as check_request
     from .engine.inputs import resolve_roles as resolve_roles

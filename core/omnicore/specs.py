@@ -210,6 +210,10 @@ class ModelSpec:
     # Model-specific per-request fields (``GenerationRequest.extra``, HTTP ``model_params``) that clients may offer,
     # described with the same typed record as options; the model's own validation stays the authority.
     request_fields: tuple[ModelOption, ...] = ()
+    # Every key ``GenerationRequest.extra`` may hold for this model; the core refuses any other key, naming it
+    # (omnicore.engine.inputs.check_extra). ``None``: undeclared, the model's own preprocess is the only check.
+    extra_fields: tuple[str, ...] | None = attrs.field(default=None,
+                                                      converter=lambda v: None if v is None else _str_tuple(v))
     provider: str = ""
     # The linears per-request LoRA adapters may target (``None``: the model refuses ``loras``).
     lora: LoRATargets | None = None

@@ -51,6 +51,8 @@ PUBLIC_NAMES = frozenset({
     "init_visible_weights", "byte_level_tokenizer", "ByteLevelTokenizer",
     # per-request LoRA (1.6)
     "LoRA", "LoRATargets", "LoRAError", "lora_packed_rows", "lora_sample_rows",
+    # one plugin surface (1.7): the core checks a spec's declared extra fields
+    "check_extra",
 })
 
 

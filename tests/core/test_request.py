@@ -96,3 +96,25 @@ def test_output_seeds_must_stay_in_range():
     with pytest.raises(InvalidRequest) as info:
         SamplingParams(seed=MAX_SEED - 1, num_outputs=3)
     assert info.value.field == "params.seed" and "seed + num_outputs - 1" in info.value.rule
+
+
+def test_the_plan_slot_is_typed_and_outside_equality_batch_key_and_extra():
+    """``plan`` / ``stages`` hold what preprocess decided: not compared, not in the batch key, never in extra."""
+    import attrs
+
+    from omnicore.engine.limits import StageWork
+
+    @attrs.frozen
+    class Plan:
+        mode: str
+
+    base = GenerationRequest("a fox", SamplingParams(height=32, width=32), extra={"k": 1}, request_id="r")
+    planned = base.evolve(plan=Plan("t2v"), stages=(StageWork("refiner", 8, 8),), prepared=True)
+    assert planned.plan_as(Plan).mode == "t2v" and planned.stages == (StageWork("refiner", 8, 8),)
+    assert planned.extra == {"k": 1} and planned.batch_key() == base.batch_key()
+    assert planned == base.evolve(prepared=True)  # a plan never makes two requests differ
+    assert planned.evolve(prompt="a cat").plan == Plan("t2v")  # evolve keeps it
+    with pytest.raises(ValueError, match="carries no plan, not a Plan"):
+        base.plan_as(Plan)
+    with pytest.raises(ValueError, match="carries a Plan, not a int"):
+        planned.plan_as(int)

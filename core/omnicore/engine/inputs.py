@@ -2,13 +2,15 @@
 
 :func:`check_request` gives role-less inputs the model's default role for their kind, then checks each input's
 role, kind, count (per role and in total) and duration, the outputs asked for (modalities, output type, outputs
-per request) and an explicit fps against the declared range. It is pure and idempotent, so a model's
+per request), an explicit fps against the declared range and the ``extra`` keys against the declared
+``ModelSpec.extra_fields`` (:func:`check_extra`). It is pure and idempotent, so a model's
 ``preprocess`` may call it too (for callers that bypass the engine). Model-specific rules (which combination
 selects which task) stay in the model's ``preprocess``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest
@@ -104,9 +106,29 @@ def check_fps(request: GenerationRequest, caps: ModelCapabilities, model: str) -
             raise InvalidRequest("params.fps", f"model {model} takes fps in [{lo:g}, {hi:g}], got {p.fps:g}")
 
 
+#: the error code of a model-specific field the model does not declare (HTTP 400 ``unknown_parameter``)
+UNKNOWN_PARAMETER = "unknown_parameter"
+
+
+def check_extra(extra: Mapping[str, Any], spec: ModelSpec | Any) -> None:
+    """Refuse every ``extra`` key the model does not declare in ``ModelSpec.extra_fields`` (it would otherwise be
+    dropped silently): one :class:`InvalidRequest` naming the first unknown field and listing every unknown one
+    and every accepted one. A spec that declares nothing (``None``) is not checked here."""
+    fields = getattr(spec, "extra_fields", None)
+    if fields is None:
+        return
+    unknown = sorted(set(extra) - set(fields))
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown {spec.name} field{'s' if len(unknown) > 1 else ''} "
+                                                    f"{names}; accepted: {', '.join(fields) or 'none'}",
+                             code=UNKNOWN_PARAMETER)
+
+
 def check_request(request: GenerationRequest, spec: ModelSpec | Any) -> GenerationRequest:
     """Everything a request must satisfy from the model's declared capabilities; returns it with roles filled."""
     caps = spec.capabilities
+    check_extra(request.extra, spec)
     request = resolve_roles(request, caps, spec.name)
     check_inputs(request, caps, spec.name)
     check_outputs(request, caps, spec.name)

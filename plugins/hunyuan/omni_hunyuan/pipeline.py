@@ -29,6 +29,7 @@ from omnicore.plugin import (
     LoadOptions,
     Output,
     UnsupportedFeature,
+    check_extra,
     fast_path_gate,
     output_seeds,
     random_seed,
@@ -41,7 +42,6 @@ from .loader import PLUGIN, CheckpointError, load_state
 from .plugin import MODEL_SPEC
 from .request_rules import (
     PROMPT_FIELDS,
-    check_extra,
     check_prompt_mapping,
     normalize_bot_task,
     normalize_cot,
@@ -216,7 +216,7 @@ class HunyuanImage3Pipeline(BasePipeline):
 
     def resolve(self, request: GenerationRequest) -> tuple[Resolved, dict[str, Any]]:
         """The request's mode, layout spec and sampling values (no model work)."""
-        check_extra(request.extra)
+        check_extra(request.extra, self.spec)  # the spec's extra_fields (the engine checked them already)
         ex = dict(request.extra)
         prompt = request.prompt
         if isinstance(prompt, Mapping):

@@ -13,6 +13,7 @@ from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec
 
 from . import __version__
 from .detect import ARCHITECTURE
+from .request_rules import EXTRA_FIELDS  # torch-free, like this module
 
 KV_MODES = ("dense_legacy", "paged_scheduler", "paged_worker_local")
 
@@ -70,6 +71,7 @@ MODEL_SPEC = ModelSpec(
     defaults=DEFAULTS,
     presets=PRESETS,
     options=OPTIONS,
+    extra_fields=EXTRA_FIELDS,
 )
 
 

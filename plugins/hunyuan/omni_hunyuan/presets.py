@@ -209,16 +209,16 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
     prompt's UTF-8 bytes + 64 when a prompt is given) + ``<timestep>`` + the bucket's (H/16)·(W/16) image
     tokens; two batched rows with CFG. The prompt K/V of the first step is kept for later steps (counted as a
     cache)."""
-    from omnicore.plugin import SamplingParams
+    from omnicore.plugin import SamplingParams, check_extra
 
     from .buckets import ResolutionGroup
-    from .plugin import DEFAULTS
-    from .request_rules import check_extra, resolve_guidance, snap_size
+    from .plugin import DEFAULTS, MODEL_SPEC
+    from .request_rules import resolve_guidance, snap_size
     from .transformer.config import HunyuanConfig
 
     config = HunyuanConfig.from_file(Path(root) / "config.json")
     SamplingParams(**{k: v for k, v in request.items() if k not in ("extra", "prompt")})  # names a bad field
-    check_extra(dict(request.get("extra") or {}))
+    check_extra(dict(request.get("extra") or {}), MODEL_SPEC)
     height = int(request.get("height") or DEFAULTS.height)
     width = int(request.get("width") or DEFAULTS.width)
     bucket = snap_size(height, width, ResolutionGroup(config.image_base_size))

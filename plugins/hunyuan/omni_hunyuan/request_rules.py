@@ -96,14 +96,6 @@ def resolve_system_prompt(extra: Mapping[str, Any], default_name: str | None) ->
     return SYSTEM_PROMPTS[name]
 
 
-def check_extra(extra: Mapping[str, Any]) -> None:
-    """Refuse a model-specific field this model does not take (it would otherwise be dropped silently)."""
-    unknown = sorted(set(extra) - set(EXTRA_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown HunyuanImage-3 field {unknown[0]!r}; accepted: "
-                                                    f"{', '.join(EXTRA_FIELDS)}", code=UNKNOWN)
-
-
 def check_prompt_mapping(prompt: Mapping[str, Any]) -> None:
     """A prompt mapping holds ``prompt`` and the :data:`PROMPT_FIELDS`; any other key is refused."""
     unknown = sorted(set(prompt) - {"prompt", *PROMPT_FIELDS})

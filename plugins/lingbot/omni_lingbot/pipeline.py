@@ -32,6 +32,7 @@ from omnicore.plugin import (
     MediaInput,
     Output,
     cfg_branches,
+    check_extra,
     check_inputs,
     data_parallel,
     hook_context,
@@ -158,6 +159,7 @@ class LingBotPipeline(BasePipeline):
             return request
         # roles against the spec (the engine did it already; direct callers get it here): an image given without
         # a role is the TI2V first frame, and any other role or kind is rejected naming ``inputs[i]``
+        check_extra(request.extra, self.spec)
         request = resolve_roles(request, self.spec.capabilities, self.spec.name)
         check_inputs(request, self.spec.capabilities, self.spec.name)
         first_frames = request.media("image", "first_frame")

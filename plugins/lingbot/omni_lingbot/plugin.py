@@ -13,6 +13,7 @@ from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec
 
 from . import __version__
 from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
+from .request_rules import EXTRA_FIELDS  # torch-free, like this module
 
 CAPABILITIES = ModelCapabilities(
     modes=("t2i", "t2v", "ti2v"),
@@ -86,6 +87,7 @@ MODEL_SPEC = ModelSpec(
     defaults=DEFAULTS,
     presets=PRESETS,
     options=OPTIONS,
+    extra_fields=EXTRA_FIELDS,
 )
 
 

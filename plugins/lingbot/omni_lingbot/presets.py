@@ -301,15 +301,16 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
     """Sequence sizes under LingBot's rules (4n+1 frames, sizes on the 16 grid, video tokens then text). The
     text length is the prompt's UTF-8 byte count capped at 512 when given, else 256 (stated, not measured). CFG
     (guidance > 1) runs two branches; both are counted as one packed batch on an accelerator."""
-    from omnicore.plugin import SamplingParams
+    from omnicore.plugin import SamplingParams, check_extra
 
-    from .plugin import DEFAULTS
+    from .plugin import DEFAULTS, MODEL_SPEC
     from .request_rules import resolve_request
 
     root = Path(root)
     cfg = json.loads((root / "transformer" / "config.json").read_text())
     fields = {k: v for k, v in request.items() if k not in ("extra", "prompt", "modalities")}
     params = SamplingParams(**fields)
+    check_extra(dict(request.get("extra") or {}), MODEL_SPEC)
     modalities = request.get("modalities") or (["image"] if params.num_frames == 1 else ["video"])
     prompt = str(request.get("prompt") or "a plan")
     r = resolve_request(prompt=prompt, negative_prompt=None, modalities=modalities, num_images=0, num_videos=0,

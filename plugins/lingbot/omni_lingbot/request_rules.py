@@ -37,7 +37,8 @@ SIZE_MULTIPLE = 16
 #: Prompt-mapping keys that steer the run rather than describe the scene; they never reach the caption.
 RUNTIME_PROMPT_KEYS = ("duration", "seconds", "fps", "height", "width", "size", "num_frames", "resolution", "ratio")
 
-#: Model-specific request fields accepted in ``GenerationRequest.extra`` (anything else is rejected).
+#: Model-specific request fields accepted in ``GenerationRequest.extra``: ``ModelSpec.extra_fields``, so the core
+#: refuses any other key before these rules run (omnicore's ``check_extra``).
 EXTRA_FIELDS = (
     "batch_cfg", "null_cond_clone_zero", "negative_prompt", "size", "resolution", "ratio", "seconds", "duration",
     "shift", "flow_shift", "t_thresh", "base_low_noise_threshold", "base_sigma_tail_steps",
@@ -363,13 +364,6 @@ class LowNoiseOptions:
     tail_steps: int = DEFAULT_SIGMA_TAIL_STEPS
 
 
-def check_extra(extra: Mapping[str, Any]) -> None:
-    unknown = sorted(set(extra) - set(EXTRA_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown LingBot field; accepted: {', '.join(EXTRA_FIELDS)}",
-                             code="unknown_parameter")  # the HTTP code for an unknown model_params key
-
-
 def resolve_low_noise(extra: Mapping[str, Any]) -> LowNoiseOptions:
     threshold = extra.get("base_low_noise_threshold", extra.get("t_thresh"))
     field = "extra.base_low_noise_threshold" if "base_low_noise_threshold" in extra else "extra.t_thresh"
@@ -426,7 +420,6 @@ def resolve_request(
     default_frames = DEFAULT_NUM_FRAMES if defaults is None else defaults.num_frames
     default_fps = DEFAULT_FPS if defaults is None else float(defaults.fps)
     default_shift = DEFAULT_SHIFT if defaults is None or defaults.flow_shift is None else defaults.flow_shift
-    check_extra(extra)
     mode = resolve_mode(modalities, num_images, num_videos=num_videos, num_audios=num_audios,
                         output_type=params.output_type)
     check_num_outputs(params.num_outputs)

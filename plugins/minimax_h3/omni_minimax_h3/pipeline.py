@@ -40,6 +40,7 @@ from omnicore.plugin import (
     LoadOptions,
     Output,
     PluginError,
+    check_extra,
     fast_path_gate,
     materialize,
     output_seeds,
@@ -280,6 +281,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         """Apply every request rule once (task inference, canvas, frames, references), decode the media."""
         if request.prepared:
             return request
+        check_extra(request.extra, self.spec)
         media, summaries = self._load_media(request)
         resolved = resolve_request(prompt=request.prompt, negative_prompt=request.negative_prompt,
                                    params=request.params, extra=request.extra, media=summaries,

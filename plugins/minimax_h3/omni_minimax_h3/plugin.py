@@ -11,7 +11,7 @@ from typing import Any
 
 from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
 
-from .request_rules import ASPECT_RATIOS, frame_limits  # torch-free, like this module
+from .request_rules import ASPECT_RATIOS, EXTRA_FIELDS, frame_limits  # torch-free, like this module
 
 __version__ = "0.1.0"
 
@@ -108,6 +108,7 @@ MODEL_SPEC = ModelSpec(
     presets=PRESETS,
     options=OPTIONS,
     request_fields=REQUEST_FIELDS,
+    extra_fields=EXTRA_FIELDS,
 )
 
 

@@ -323,8 +323,9 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
     """Sequence sizes of one request under the model's own rules (frames on the 17n+5 grid, the canvas of the
     aspect ratio, the packed rows ``text + audio + video`` padded to 64). The text length is the prompt's UTF-8
     byte count capped at 512 when a prompt is given (a byte-level upper bound), else 256 (stated, not measured)."""
-    from omnicore.plugin import SamplingParams
+    from omnicore.plugin import SamplingParams, check_extra
 
+    from .plugin import MODEL_SPEC
     from .repository import resolve_layout
     from .request_rules import SEQ_ALIGN, Deployment, resolve_request
 
@@ -335,6 +336,7 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
                             audio_shift=s.audio_shift)
     fields = {k: v for k, v in request.items() if k not in ("extra", "prompt")}
     params = SamplingParams(**fields)
+    check_extra(dict(request.get("extra") or {}), MODEL_SPEC)
     prompt = str(request.get("prompt") or "a plan")
     r = resolve_request(prompt=prompt, negative_prompt=None, params=params, extra=dict(request.get("extra") or {}),
                         media=(), deployment=deployment)

@@ -50,7 +50,8 @@ REF_AUDIO_SECONDS = (2.0, 15.0)
 #: The video VAE encodes a reference's first 17n+5 frames, so one needs at least 22 (on the 24 fps clock).
 MIN_REF_VIDEO_FRAMES = 22
 
-#: Model-specific request fields accepted in ``GenerationRequest.extra`` (anything else is rejected).
+#: Model-specific request fields accepted in ``GenerationRequest.extra``: ``ModelSpec.extra_fields``, so the core
+#: refuses any other key before these rules run (omnicore's ``check_extra``).
 EXTRA_FIELDS = ("task", "aspect_ratio", "duration", "duration_seconds", "flow_shift", "audio_flow_shift",
                 "frame_indices", "pad_seq_len")
 
@@ -395,12 +396,6 @@ def resolve_references(media: Sequence[MediaSummary], num_frames: int) -> tuple[
 # ----------------------------------------------------------------------------------------------- others
 
 
-def check_extra(extra: Mapping[str, Any]) -> None:
-    unknown = sorted(set(extra) - set(EXTRA_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"extra.{unknown[0]}", f"unknown MiniMax-H3 field; accepted: {', '.join(EXTRA_FIELDS)}")
-
-
 def check_unsupported(params: Any, negative_prompt: Any) -> None:
     """The checkpoint is guidance-distilled and runs at a fixed 24 fps."""
     if negative_prompt is not None:
@@ -487,7 +482,6 @@ def resolve_request(*, prompt: Any, negative_prompt: Any, params: Any, extra: Ma
                     default_frames: int | None = None) -> ResolvedRequest:
     """Apply every rule to one request (``params`` is an omnicore ``SamplingParams``). ``default_steps`` /
     ``default_frames`` come from the served spec (a tiny preset's are smaller)."""
-    check_extra(extra)
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt", "MiniMax-H3 takes a non-empty text prompt")
     check_unsupported(params, negative_prompt)

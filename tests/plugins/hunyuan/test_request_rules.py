@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 from _hunyuan_helpers import request
 from omni_hunyuan.buckets import ResolutionGroup
-from omni_hunyuan.request_rules import EXTRA_FIELDS, check_extra, nearest_sizes, snap_size
+from omni_hunyuan.plugin import MODEL_SPEC
+from omni_hunyuan.request_rules import EXTRA_FIELDS, nearest_sizes, snap_size
+from omnicore.engine.inputs import check_extra
 from omnicore.engine.request import GenerationRequest, SamplingParams
 from omnicore.errors import InvalidRequest
 
@@ -61,7 +63,7 @@ def test_unknown_extra_fields_are_refused_by_name(pipe, extra):
 
 
 def test_every_field_the_pipeline_reads_is_accepted(pipe):
-    check_extra({k: None for k in EXTRA_FIELDS})
+    check_extra({k: None for k in EXTRA_FIELDS}, MODEL_SPEC)
     extra = {"mode": "t2i", "bot_task": "image", "use_system_prompt": "en_vanilla", "ar_generated_text": "</think>",
              "sequence_template": "instruct", "drop_think": False, "guidance_rescale": 0.5}
     assert set(extra) <= set(EXTRA_FIELDS)

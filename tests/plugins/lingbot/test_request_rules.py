@@ -257,7 +257,6 @@ def test_resolve_request_priorities():
     ({"extra": {"seconds": 4}, "duration": 2.0}, "seconds.*duration", "params.duration"),
     ({"extra": {"size": "320x192"}, "width": 320, "height": 192}, "mutually exclusive", "size"),
     ({"num_outputs": 2}, "one output per prompt", "params.num_outputs"),
-    ({"extra": {"refiner": True}}, "unknown LingBot field", "extra.refiner"),
     ({"extra": {"batch_cfg": "yes"}}, "true or false", "extra.batch_cfg"),
     ({"extra": {"t_thresh": 1.5}}, r"\(0, 1\]", "extra.t_thresh"),
     ({"extra": {"base_sigma_tail_steps": 1001}}, "at most 1000", "extra.base_sigma_tail_steps"),
@@ -272,9 +271,15 @@ def test_resolve_request_errors(kwargs, gist, field):
 
 
 def test_unknown_extra_field_carries_the_unknown_parameter_code():
-    with pytest.raises(InvalidRequest) as info:
-        _resolve(extra={"foo": 1})
-    assert info.value.field == "extra.foo" and info.value.code == "unknown_parameter"
+    """The spec declares ``extra_fields`` and the core refuses anything else (the rules no longer check)."""
+    from omni_lingbot.plugin import MODEL_SPEC
+    from omnicore.engine.inputs import check_extra
+
+    assert MODEL_SPEC.extra_fields == rr.EXTRA_FIELDS
+    for extra, field in (({"foo": 1}, "extra.foo"), ({"refiner": True}, "extra.refiner")):
+        with pytest.raises(InvalidRequest, match="unknown lingbot field") as info:
+            check_extra(extra, MODEL_SPEC)
+        assert info.value.field == field and info.value.code == "unknown_parameter"
 
 
 def test_text_to_image_request():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from omni_minimax_h3.plugin import MODEL_SPEC
 from omni_minimax_h3.request_rules import (
     Deployment,
     MediaSummary,
@@ -12,6 +13,7 @@ from omni_minimax_h3.request_rules import (
     latent_frames,
     resolve_request,
 )
+from omnicore.engine.inputs import check_extra
 from omnicore.engine.request import SamplingParams
 from omnicore.errors import InvalidRequest
 
@@ -248,7 +250,8 @@ def test_steps_shifts_pad_and_unknown_fields():
     assert (r.steps, r.video_shift, r.audio_shift, r.pad_seq_len) == (4, 5.0, 2.0, 4096)
     assert field_of(resolve, extra={"aspect_ratio": "1:1", "pad_seq_len": 100}) == "extra.pad_seq_len"
     assert field_of(resolve, extra={"aspect_ratio": "1:1", "audio_flow_shift": -1}) == "extra.audio_flow_shift"
-    assert field_of(resolve, extra={"aspect_ratio": "1:1", "cfg_scale": 3}) == "extra.cfg_scale"
+    assert field_of(lambda extra: check_extra(extra, MODEL_SPEC), extra={"aspect_ratio": "1:1", "cfg_scale": 3}) \
+        == "extra.cfg_scale"  # the core checks the spec's declared extra_fields
     assert field_of(resolve, prompt="   ") == "prompt"
     assert resolve(num_outputs=3).num_outputs == 3
 
