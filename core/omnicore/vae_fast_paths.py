@@ -6,7 +6,8 @@ usually calling ``options.platform.ops``) with :func:`install_fast_path`. Each V
 decode is bit-exact to the unmodified VAE; with it on the fast forward runs (approximate within the kernel's
 tolerance). The engine's batch runner enters :func:`request_fast_paths` around each batch: the gate of
 ``pipeline.vae`` (and of anything ``pipeline.fast_path_gates()`` returns) is on **iff** the batch's requests ask
-for ``quality == "high"``, and a batch never mixes quality levels. Gates nest: leaving restores the previous state.
+for ``quality == "high"`` (the scheduler never batches two quality levels together). Gates nest: leaving restores
+the previous state.
 
 Installation adds no parameter, buffer or submodule (parameter names and the state dict are unchanged) and is
 idempotent. While ``torch.compile`` traces, installed modules always take their original forward.
@@ -134,11 +135,9 @@ def pipeline_gates(pipeline: Any) -> list[FastPathGate]:
 def request_fast_paths(pipeline: Any, qualities: str | Iterable[str | None] | None) -> Iterator[bool]:
     """Around one batch: every gate of ``pipeline`` on iff the batch's quality is ``"high"``; yields that.
 
-    ``qualities`` is the batch's quality or the set of its requests' qualities; more than one level raises
-    ``RuntimeError`` (the scheduler never forms such a batch)."""
+    ``qualities`` is the batch's quality or the set of its requests' qualities: one level, since the engine's
+    scheduler never batches two together (a set with any other level leaves the gates off)."""
     levels = {qualities} if qualities is None or isinstance(qualities, str) else set(qualities)
-    if len(levels) > 1:
-        raise RuntimeError(f"cannot mix request quality levels in one batch: {sorted(map(str, levels))}")
     enabled = levels == {FAST_QUALITY}
     gates = pipeline_gates(pipeline)
     with contextlib.ExitStack() as stack:

@@ -396,20 +396,6 @@ def test_context_manager_closes(toy_host, tmp_path):
     assert engine.closed and not engine._worker.is_alive()
 
 
-def test_runner_refuses_a_batch_that_mixes_quality_levels(make_engine):
-    """Defence in depth behind the scheduler: a mixed batch handed to the runner fails every job in it."""
-    from omnicore.engine.jobs import Job
-    from omnicore.engine.runner import BatchRunner, EngineStats
-
-    engine = make_engine()
-    jobs = [Job(engine.pipeline.preprocess(req(quality=q))) for q in ("draft", "high")]
-    for job in jobs:
-        job.mark_running()
-    BatchRunner(engine.host, engine.pipeline, engine.platform, EngineStats()).run(jobs)
-    for job in jobs:
-        assert job.status == "failed" and "cannot mix request quality levels" in str(job.error)
-
-
 class CloseDuringPreprocess:
     """Closes the engine while a request is being preprocessed (after the submit-time closed check)."""
 

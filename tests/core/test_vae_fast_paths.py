@@ -69,17 +69,16 @@ def test_the_request_gate_is_on_only_for_high_quality(quality, enabled):
     assert gate.enabled is False
 
 
-def test_a_batch_never_mixes_quality_levels():
+def test_the_gates_are_on_only_when_every_request_asks_for_high():
+    """The scheduler keeps quality levels apart (test_engine's test_mixed_quality_is_never_batched); the gate
+    itself only reads the level."""
     class Pipe:
         vae = ToyVAE()
 
-    fast_path_gate(Pipe.vae)
-    with pytest.raises(RuntimeError, match="cannot mix request quality levels"), \
-            request_fast_paths(Pipe(), {"high", "standard"}):
-        pass
-    assert fast_path_gate(Pipe.vae).enabled is False
+    with request_fast_paths(Pipe(), {"high", "standard"}) as on:
+        assert not on and fast_path_gate(Pipe.vae).enabled is False
     with request_fast_paths(Pipe(), {"high"}) as on:  # one level, many requests
-        assert on
+        assert on and fast_path_gate(Pipe.vae).enabled is True
 
 
 def test_a_pipeline_without_gates_is_untouched():

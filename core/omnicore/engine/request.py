@@ -301,7 +301,8 @@ class GenerationRequest:
         return attrs.evolve(self, **changes)
 
     def batch_key(self) -> Hashable:
-        """Requests may share a batch only when these are equal (shapes, schedule, quality, input layout)."""
+        """Requests may share a batch only when these are equal (shapes, schedule, input layout). Quality is not
+        here: the engine's scheduler keeps quality levels apart whatever key a model computes (``Scheduler.add``)."""
         p = self.params
         return (p.height, p.width, p.num_frames, p.num_inference_steps, p.guidance_scale, p.flow_shift,
-                p.output_type, self.quality, tuple((m.kind, m.role) for m in self.inputs), self.modalities)
+                p.output_type, tuple((m.kind, m.role) for m in self.inputs), self.modalities)

@@ -118,9 +118,6 @@ class BatchRunner:
         return job.done
 
     def _run(self, members: list[Job]) -> None:
-        qualities = sorted({j.request.quality for j in members})
-        if len(qualities) > 1:  # the scheduler never forms such a batch; quality gates model fast paths
-            raise RuntimeError(f"cannot mix request quality levels in one batch: {qualities}")
         pipeline, platform = self.pipeline, self.platform
         platform.reset_peak_memory()
         timings: dict[str, float] = {}

@@ -68,7 +68,8 @@ class Scheduler(Generic[T]):
 
     # ------------------------------------------------------------------ queue
     def add(self, item: T, *, key: Hashable, size: int = 1, quality: Hashable = None) -> None:
-        """Append ``item``; ``quality`` is folded into the key so a batch never mixes quality levels."""
+        """Append ``item``; ``quality`` is folded into the key so a batch never mixes quality levels (the one place
+        that rule lives: models' batch keys, the runner and the VAE fast-path gates rely on it)."""
         if len(self._queue) >= self.max_queue:
             raise QueueFull(self.max_queue)
         self._queue.append(_Entry(item, (quality, key), max(1, int(size))))
