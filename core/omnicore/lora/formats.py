@@ -147,6 +147,8 @@ def _pattern_value(patterns: Any, module: str, default: float) -> float:
 
 
 def _module_name(key_module: str, raw: RawAdapter, tmap: TargetMap, key: str) -> str:
+    """The module a key names: one prefix stripped, aliases applied, then required to be adaptable (unless the
+    model's converter will rename it)."""
     name = key_module
     for prefix in tmap.targets.prefixes:
         if name.startswith(prefix):
@@ -156,7 +158,7 @@ def _module_name(key_module: str, raw: RawAdapter, tmap: TargetMap, key: str) ->
         if name == theirs or name.startswith(theirs + "."):
             name = ours + name[len(theirs):]
             break
-    return _known(name, raw, tmap, key)
+    return name if tmap.targets.converter else _known(name, raw, tmap, key)
 
 
 def _known(name: str, raw: RawAdapter, tmap: TargetMap, key: str) -> str:
@@ -228,14 +230,14 @@ def _scalar(tensor: Any, raw: RawAdapter, key: str) -> float:
 
 def convert(raw: RawAdapter, tmap: TargetMap) -> AdapterWeights:
     """Check ``raw`` against the model (keys, modules, shapes, ranks, finiteness) and fold each module's scaling
-    (``alpha / r``) into its ``B``; returns host float32 tensors."""
+    (``alpha / r``) into its ``B``; returns host float32 tensors in the model's module names."""
     import torch
 
     if raw.layout == "peft":
         _check_config(raw)
     pairs, alphas, keys = _pairs(raw, tmap)
     cfg = raw.config
-    out: dict[str, tuple[Any, Any]] = {}
+    scaled: dict[str, tuple[Any, Any]] = {}
     for module, pair in sorted(pairs.items()):
         key = keys[module]
         for which in ("A", "B"):
@@ -243,14 +245,10 @@ def convert(raw: RawAdapter, tmap: TargetMap) -> AdapterWeights:
                 missing = {"A": "lora_A / lora_down", "B": "lora_B / lora_up"}[which]
                 raise LoRAError(raw.label, key, f"module {module!r} has no {missing} weight")
         a, b = pair["A"], pair["B"]
-        fan_in, fan_out = tmap.shapes[module]
         if a.dim() != 2 or b.dim() != 2:
             raise LoRAError(raw.label, key, f"LoRA weights of {module!r} must be matrices (linear layers only), got "
                                             f"{tuple(a.shape)} and {tuple(b.shape)}")
         rank = a.shape[0]
-        if a.shape[1] != fan_in or b.shape[0] != fan_out:
-            raise LoRAError(raw.label, key, f"shape mismatch for {module!r} ({fan_in} -> {fan_out}): lora_A "
-                                            f"{tuple(a.shape)}, lora_B {tuple(b.shape)}")
         if b.shape[1] != rank or rank == 0:
             raise LoRAError(raw.label, key, f"rank mismatch for {module!r}: lora_A has rank {rank}, lora_B "
                                             f"{b.shape[1]}")
@@ -268,11 +266,43 @@ def convert(raw: RawAdapter, tmap: TargetMap) -> AdapterWeights:
         a32, b32 = a.float().contiguous(), (b.float() * scaling).contiguous()
         if not (bool(torch.isfinite(a32).all()) and bool(torch.isfinite(b32).all())):
             raise LoRAError(raw.label, key, f"weights of {module!r} are not all finite")
-        out[module] = (a32, b32)
+        scaled[module] = (a32, b32)
     extra_alpha = sorted(set(alphas) - set(pairs))
     if extra_alpha:
         raise LoRAError(raw.label, extra_alpha[0] + ".alpha", "an alpha for a module without LoRA weights")
+    if tmap.targets.converter and raw.layout != "kohya":
+        scaled = _run_converter(raw, tmap, scaled, keys)
+    out: dict[str, tuple[Any, Any]] = {}
+    for module, (a, b) in sorted(scaled.items()):
+        key = keys.get(module, module)
+        _known(module, raw, tmap, key)
+        fan_in, fan_out = tmap.shapes[module]
+        if a.shape[1] != fan_in or b.shape[0] != fan_out:
+            raise LoRAError(raw.label, key, f"shape mismatch for {module!r} ({fan_in} -> {fan_out}): lora_A "
+                                            f"{tuple(a.shape)}, lora_B {tuple(b.shape)}")
+        out[module] = (a, b)
     return AdapterWeights(raw.label, raw.source, raw.layout, out)
+
+
+def _run_converter(raw: RawAdapter, tmap: TargetMap, scaled: dict[str, tuple[Any, Any]],
+                   keys: dict[str, str]) -> dict[str, tuple[Any, Any]]:
+    from .._lazy import resolve
+
+    assert tmap.targets.converter is not None
+    try:
+        fn = resolve(tmap.targets.converter)
+    except Exception as exc:
+        raise LoRAError(raw.label, None, f"the model's LoRA converter {tmap.targets.converter!r} cannot be "
+                                         f"imported: {exc}") from exc
+    try:
+        converted = dict(fn(dict(scaled)))
+    except LoRAError:
+        raise
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise LoRAError(raw.label, None, f"cannot be converted to model {tmap.model!r}'s modules: {exc}") from exc
+    for module in converted:  # name errors after conversion by the source key of a renamed module when known
+        keys.setdefault(module, module)
+    return converted
 
 
 __all__ = ["AdapterWeights", "RawAdapter", "convert", "read_adapter"]

@@ -105,6 +105,12 @@ class LoRATargets:
     (PEFT's ``base_model.model.``, diffusers' ``transformer.``, ...), then rewriting ``aliases`` (``(theirs,
     ours)`` name prefixes, for adapters trained on an implementation that names modules differently); kohya /
     A1111 files use one of ``kohya_prefixes`` and the module name with ``_`` for ``.``.
+
+    ``converter`` (``"module:function"``, imported on first use) handles layouts a rename cannot: it receives
+    ``{module: (A [r, in], B [out, r])}`` host float32 tensors of a PEFT/diffusers adapter in the adapter's own
+    names (prefix stripped, aliases applied, ``alpha / r`` already folded into ``B``) and returns them in the
+    model's names — e.g. separate ``to_q/to_k/to_v`` adapters as one fused ``qkv_proj`` adapter (ranks
+    concatenated, ``B`` block-diagonal: exact). Names it leaves alone must already be the model's.
     """
 
     modules: tuple[str, ...] = attrs.field(converter=_patterns)
@@ -113,6 +119,7 @@ class LoRATargets:
     prefixes: tuple[str, ...] = attrs.field(default=DEFAULT_PREFIXES, converter=_patterns)
     kohya_prefixes: tuple[str, ...] = attrs.field(default=DEFAULT_KOHYA_PREFIXES, converter=_patterns)
     aliases: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    converter: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.modules:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.hookspecs import hookimpl
 from omnicore.lora import LoRATargets
 from omnicore.specs import ModelSpec
 from safetensors.torch import save_file
@@ -128,5 +129,52 @@ def peft_to_kohya(adapter: Path, out: Path, *, prefix: str = "lora_unet_") -> Pa
     return out
 
 
-__all__ = ["MODULES", "SPEC", "Holder", "Toy", "make_peft_adapter", "merged_copy", "peft_config", "peft_to_kohya",
-           "plain_copy"]
+
+
+# ---------------------------------------------------------------------------------------------- engine helpers
+class FinalLatents:
+    """A plugin keeping each request's latents after the last denoise step (``request_id -> tensor``), read from
+    the batch's state in request order (``latents_of`` says how a model lays its latents out)."""
+
+    def __init__(self, latents_of: Any = None) -> None:
+        self.latents: dict[str, torch.Tensor] = {}
+        self.batch_sizes: list[int] = []
+        self.latents_of = latents_of or (lambda state: [state.latents[i] for i in range(len(state.requests))])
+
+    @hookimpl(wrapper=True)
+    def omnicore_denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+        out = yield
+        if step == out.num_steps - 1:
+            self.batch_sizes.append(len(out.requests))
+            for request, latents in zip(out.requests, self.latents_of(out)):
+                self.latents[request.request_id] = latents.detach().clone()
+        return out
+
+
+def submit_together(engine: Any, requests: Sequence[Any]) -> list[Any]:
+    """Submit every request before the worker forms a batch (the engine's admission wait holds it) and wait."""
+    jobs = [engine.submit(r) for r in requests]
+    return [job.result(300) for job in jobs]
+
+
+def merged_weights(engine: Any, root: str, adapters: Sequence[tuple[Path, float]]) -> Any:
+    """A context manager: the engine's ``root`` module holds peft's merged weights inside, its own after."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope() -> Any:
+        module = engine.pipeline
+        for part in root.split("."):
+            module = getattr(module, part)
+        original = copy.deepcopy(module.state_dict())
+        module.load_state_dict(merged_copy(module, adapters).state_dict())
+        try:
+            yield
+        finally:
+            module.load_state_dict(original)
+
+    return scope()
+
+
+__all__ = ["MODULES", "SPEC", "FinalLatents", "Holder", "Toy", "make_peft_adapter", "merged_copy", "merged_weights",
+           "peft_config", "peft_to_kohya", "plain_copy", "submit_together"]
