@@ -146,6 +146,7 @@ _LAZY: dict[str, str] = {
     "LoRAError": "omnicore.lora.errors:LoRAError",
     "lora_packed_rows": "omnicore.lora.rows:lora_packed_rows",
     "lora_sample_rows": "omnicore.lora.rows:lora_sample_rows",
+    "lora_base_only": "omnicore.lora.rows:lora_base_only",
 }
 
 
@@ -206,6 +207,7 @@ if TYPE_CHECKING:
     from .lora.errors import LoRAError as LoRAError
     from .lora.records import LoRA as LoRA
     from .lora.records import LoRATargets as LoRATargets
+    from .lora.rows import lora_base_only as lora_base_only
     from .lora.rows import lora_packed_rows as lora_packed_rows
     from .lora.rows import lora_sample_rows as lora_sample_rows
     from .media import AudioClip as AudioClip

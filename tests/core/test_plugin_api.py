@@ -50,7 +50,7 @@ PUBLIC_NAMES = frozenset({
     # tiny random-weight presets
     "init_visible_weights", "byte_level_tokenizer", "ByteLevelTokenizer",
     # per-request LoRA (1.6)
-    "LoRA", "LoRATargets", "LoRAError", "lora_packed_rows", "lora_sample_rows",
+    "LoRA", "LoRATargets", "LoRAError", "lora_packed_rows", "lora_sample_rows", "lora_base_only",
     # one plugin surface (1.7): the core checks a spec's declared extra fields
     "check_extra",
 })

@@ -6,7 +6,8 @@
   files (:mod:`.formats`: PEFT/diffusers directories and kohya/A1111 single files, safetensors only), caches them
   (device LRU by bytes, host copies kept) and counts loads, hits and evictions.
 * :class:`LoRARuntime` — hooks the model's adaptable linears and adds each row's delta through the platform op
-  ``lora_segment_delta``; :func:`packed_rows` / :func:`sample_rows` tell it how rows map to samples.
+  ``lora_segment_delta``; :func:`packed_rows` / :func:`sample_rows` tell it how rows map to samples,
+  :func:`base_only` turns it off for a stage.
 * :class:`LoRAError` — every refusal (a request error naming the adapter and the key).
 
 Importing this package does not import torch.
@@ -28,6 +29,7 @@ _LAZY = {
     "LoRARuntime": "omnicore.lora.runtime:LoRARuntime",
     "packed_rows": "omnicore.lora.rows:packed_rows",
     "sample_rows": "omnicore.lora.rows:sample_rows",
+    "base_only": "omnicore.lora.rows:base_only",
     "read_adapter": "omnicore.lora.formats:read_adapter",
     "convert": "omnicore.lora.formats:convert",
 }

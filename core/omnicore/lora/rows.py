@@ -31,6 +31,9 @@ _SAMPLES: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVa
                                                                                      default=None)
 
 
+_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("omnicore_lora_off", default=False)
+
+
 def _ints(values: Any) -> tuple[int, ...]:
     if hasattr(values, "tolist"):
         values = values.tolist()
@@ -68,6 +71,24 @@ lora_packed_rows = packed_rows
 lora_sample_rows = sample_rows
 
 
+@contextlib.contextmanager
+def base_only() -> Iterator[None]:
+    """Within this scope no adapter applies (a stage a model runs on its base weights, e.g. a text stage whose
+    rows do not map to the batch's samples)."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
+
+
+def current_off() -> bool:
+    return _OFF.get()
+
+
+lora_base_only = base_only
+
+
 def current_packed() -> PackedRows | None:
     return _PACKED.get()
 
@@ -76,5 +97,5 @@ def current_samples() -> tuple[int, ...] | None:
     return _SAMPLES.get()
 
 
-__all__ = ["PackedRows", "current_packed", "current_samples", "lora_packed_rows", "lora_sample_rows", "packed_rows",
-           "sample_rows"]
+__all__ = ["PackedRows", "base_only", "current_off", "current_packed", "current_samples", "lora_base_only",
+           "lora_packed_rows", "lora_sample_rows", "packed_rows", "sample_rows"]

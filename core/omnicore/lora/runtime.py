@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import LoRAError
 from .records import LoRA
 from .registry import AdapterRegistry, DeviceAdapter
-from .rows import current_packed, current_samples
-from .targets import TargetMap, resolve_root
+from .rows import current_off, current_packed, current_samples
+from .targets import TargetMap, resolve_roots
 
 if TYPE_CHECKING:
     import torch
@@ -80,9 +80,12 @@ class ActiveBatch:
                 bounds.append((rows, -1))
             samples = len(packed.ends)
         else:
-            if x.dim() < 2 or x.shape[0] == 0:
+            # the leading dim is the sample; inside a sample_rows scope the rows split evenly over its samples
+            # (a [b, L, H] input flattened to [b * L, H] keeps each sample's rows together)
+            declared = current_samples()
+            samples = len(declared) if declared is not None and declared else x.shape[0] if x.dim() >= 2 else 0
+            if samples == 0 or rows % samples:
                 raise RuntimeError(f"LoRA on {name}: cannot tell the samples of an input of shape {tuple(x.shape)}")
-            samples = x.shape[0]
             per = rows // samples
             bounds = [((j + 1) * per, j) for j in range(samples)]
         chosen = current_samples()
@@ -113,7 +116,7 @@ class ActiveBatch:
 
     def delta(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
         """The ``[..., out]`` delta of module ``name`` on input ``x``, or None when no row of it is adapted."""
-        if not self.touches(name):
+        if not self.touches(name) or current_off():
             return None
         import torch
 
@@ -156,8 +159,13 @@ class LoRARuntime:
             raise ValueError(f"model {spec.name!r} declares no LoRA targets")
         self.registry = registry
         self.spec = spec
-        self.root = resolve_root(pipeline, spec.lora)
+        self.roots = resolve_roots(pipeline, spec.lora)
+        self.root = self.roots[0]
         self.target_map = TargetMap.build(self.root, spec.lora, spec.name)
+        for other in self.roots[1:]:  # one adapter fits every network of the pipeline, or the spec is wrong
+            if TargetMap.build(other, spec.lora, spec.name).shapes != self.target_map.shapes:
+                raise ValueError(f"model {spec.name!r}: the networks at {spec.lora.root!r} differ in their "
+                                 "adaptable linears; one LoRA target map cannot fit them all")
         self.ops = ops
         self.refusal: str | None = None  # set by the engine when a deployment setting rules LoRA out
         self.adaln_cache = False  # the adaln_schedule cache is on: adapters on AdaLN projections are refused
@@ -223,9 +231,10 @@ class LoRARuntime:
     def _install(self) -> None:
         if self._hooks:
             return
-        modules = dict(self.root.named_modules())
-        for name in self.target_map.shapes:
-            self._hooks.append(modules[name].register_forward_hook(self._hook(name)))
+        for root in self.roots:
+            modules = dict(root.named_modules())
+            for name in self.target_map.shapes:
+                self._hooks.append(modules[name].register_forward_hook(self._hook(name)))
         logger.info("LoRA hooks on %d linears of %s", len(self._hooks), self.spec.name)
 
     def _hook(self, name: str) -> Any:

@@ -68,12 +68,16 @@ class TargetMap:
                    itemsize=itemsize)
 
 
-def resolve_root(pipeline: Any, targets: LoRATargets) -> Any:
-    """The module at ``targets.root`` on ``pipeline`` (an AttributeError names the missing part)."""
+def resolve_roots(pipeline: Any, targets: LoRATargets) -> list[Any]:
+    """The network(s) at ``targets.root`` on ``pipeline``: one module, or every value of a mapping of modules
+    (a pipeline with one DiT per task, e.g. ``transformers = {"fl2va": ..., "ref2va": ...}``); an
+    AttributeError names the missing part."""
     obj = pipeline
     for part in targets.root.split("."):
         obj = getattr(obj, part)
-    return obj
+    if isinstance(obj, Mapping) or hasattr(obj, "values") and not hasattr(obj, "named_modules"):
+        return list(obj.values())
+    return [obj]
 
 
-__all__ = ["TargetMap", "resolve_root"]
+__all__ = ["TargetMap", "resolve_roots"]

@@ -150,3 +150,23 @@ def test_base_weights_are_never_modified_and_remove_restores(adapters: dict[str,
         runtime.remove()
         assert torch.equal(model(x), plain)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_flattened_rows_split_over_declared_samples_and_base_only(adapters: dict[str, Path]) -> None:
+    """Inside ``sample_rows`` a flattened ``[b * L, H]`` input splits evenly over the declared samples;
+    ``base_only`` turns every adapter off (a stage on the base weights)."""
+    from omnicore.lora import base_only
+
+    model = Toy()
+    runtime = _runtime(model, adapters["a"].parent)
+    x = torch.randn(2, 3, 16)
+    runtime.activate([_request(LoRA("a")), _request(LoRA("b"))])
+    with torch.no_grad():
+        want = model(x)
+        with sample_rows([0, 1]):
+            flat = model(x.reshape(6, 16))
+        with base_only():
+            plain = model(x)
+        runtime.deactivate()
+        assert torch.equal(plain, model(x))
+    torch.testing.assert_close(flat.reshape(2, 3, -1), want)
