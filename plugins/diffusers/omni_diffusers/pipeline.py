@@ -33,6 +33,7 @@ from omnicore.plugin import (
     output_seeds,
 )
 
+from .modular import is_modular, load_modular, output_name, steps_planned
 from .signature import PipelineCard, describe
 from .stepper import SteppedCall
 
@@ -56,8 +57,9 @@ class DiffusersPipeline(BasePipeline):
         self.pipe, self.device = pipe, device
         self._registered: ModelSpec | None = None
         self._active: SteppedCall | None = None
+        self.modular = is_modular(pipe)  # steps end after scheduler.step there (no callback_on_step_end)
         params = describe_params(pipe)
-        if "callback_on_step_end" not in params:
+        if not self.modular and "callback_on_step_end" not in params:
             raise UnsupportedFeature("diffusers", f"{type(pipe).__name__}.__call__ takes no callback_on_step_end, "
                                                   "so it cannot be stepped, cancelled or report progress")
         self.denoisers = [getattr(pipe, n) for n in DENOISERS if isinstance(getattr(pipe, n, None), torch.nn.Module)]
@@ -76,8 +78,7 @@ class DiffusersPipeline(BasePipeline):
 
         diffusers.utils.logging.disable_progress_bar()
         if (Path(path) / "modular_model_index.json").is_file() and not (Path(path) / "model_index.json").is_file():
-            raise UnsupportedFeature("diffusers", f"{path} is a modular pipeline (modular_model_index.json); the "
-                                                  "adapter serves DiffusionPipeline checkpoints (model_index.json)")
+            return cls(load_modular(Path(path), options.dtype, options.platform.device()), options.platform.device())
         kwargs = {"dtype": options.dtype} if options.dtype is not None else {}
         pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **kwargs).to(options.platform.device())
         pipe.set_progress_bar_config(disable=True)
@@ -166,6 +167,8 @@ class DiffusersPipeline(BasePipeline):
         if card.video:
             kw["num_frames"] = p.num_frames
         kw["output_type"] = "np"
+        if self.modular:  # the state key the decode block writes
+            kw["output"] = output_name(card.video)
         if "max_sequence_length" in card.parameters and "max_sequence_length" not in requests[0].extra:
             limit = self._tokenizer_limit(card)
             if limit is not None:
@@ -200,8 +203,13 @@ class DiffusersPipeline(BasePipeline):
         for model in self.denoisers:  # a call left by abort never reached diffusers' own reset of its cache
             if getattr(model, "is_cache_enabled", False):
                 model._reset_stateful_cache()
-        call = SteppedCall(self.pipe.__call__, self.call_kwargs(requests), self.denoisers,
-                           lambda: getattr(self.pipe, "_num_timesteps", None))
+        if self.modular:
+            scheduler = self.pipe.scheduler
+            call = SteppedCall(self.pipe.__call__, self.call_kwargs(requests), self.denoisers,
+                               lambda: steps_planned(scheduler), scheduler=scheduler)
+        else:
+            call = SteppedCall(self.pipe.__call__, self.call_kwargs(requests), self.denoisers,
+                               lambda: getattr(self.pipe, "_num_timesteps", None))
         self._active = call
         steps = call.start()
         if steps is None:  # the call ended before its denoiser ran (zero steps, e.g. strength 0)
@@ -225,6 +233,8 @@ class DiffusersPipeline(BasePipeline):
         self._active = None
         card, p = self._card(), state.requests[0].params
         metrics = {"step_times_s": list(call.step_times), "diffusers_pipeline": card.class_name}
+        if self.modular:  # the decode block's output itself (output_type "np")
+            result = attrs.evolve(_Frames(result), video=card.video)
         if card.video:
             frames = result.frames
             rows = [to_uint8(np.asarray(f)) for f in frames]
@@ -234,9 +244,26 @@ class DiffusersPipeline(BasePipeline):
 
 
 def describe_params(pipe: Any) -> dict[str, Any]:
-    import inspect
+    """``__call__``'s parameters (a modular pipeline's: its blocks' inputs)."""
+    from .signature import call_parameters
 
-    return dict(inspect.signature(type(pipe).__call__).parameters)
+    return call_parameters(pipe)
+
+
+@attrs.frozen
+class _Frames:
+    """A modular pipeline's decoded array in the shape of a stock pipeline's output (``images`` / ``frames``)."""
+
+    value: Any
+    video: bool = False
+
+    @property
+    def images(self) -> Any:
+        return self.value
+
+    @property
+    def frames(self) -> Any:
+        return self.value
 
 
 def to_uint8(array: np.ndarray) -> np.ndarray:

@@ -24,8 +24,9 @@ def _preset(name: str, builder: str, description: str, **defaults: Any) -> Prese
 
 MODEL_SPEC = ModelSpec(
     name="diffusers", impl="omni_diffusers.pipeline:DiffusersPipeline",
-    description="any stock diffusers pipeline (model_index.json) no dedicated plugin claims; modes, roles and "
-                "defaults come from the pipeline's __call__ signature once loaded",
+    description="any stock diffusers pipeline (model_index.json) or modular pipeline (modular_model_index.json) no "
+                "dedicated plugin claims; modes, roles and defaults come from the pipeline's __call__ signature "
+                "(a modular pipeline's block inputs) once loaded",
     detect="omni_diffusers.detect:detect",
     capabilities=ModelCapabilities(
         modes=("t2i", "i2i", "inpaint", "t2v", "i2v", "v2v"), outputs=("image", "video"),
@@ -40,6 +41,8 @@ MODEL_SPEC = ModelSpec(
     defaults=RequestDefaults(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5),
     presets=(
         _preset("flux", "build_flux", "random-weight FluxPipeline (1+1 layers) written by save_pretrained"),
+        _preset("flux-modular", "build_flux_modular",
+                "the same FLUX components as a modular pipeline (FluxAutoBlocks, modular_model_index.json)"),
         _preset("flux-img2img", "build_flux_img2img", "random-weight FluxImg2ImgPipeline (role reference)",
                 num_inference_steps=4),
         _preset("flux-inpaint", "build_flux_inpaint",

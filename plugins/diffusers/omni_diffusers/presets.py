@@ -1,6 +1,7 @@
 """Tiny random-weight checkpoints written by diffusers' own classes and ``save_pretrained`` (no download).
 
-``tiny:diffusers-flux`` (FluxPipeline), ``tiny:diffusers-flux-img2img`` (FluxImg2ImgPipeline: role
+``tiny:diffusers-flux`` (FluxPipeline), ``tiny:diffusers-flux-modular`` (the same components as diffusers'
+modular ``FluxAutoBlocks``), ``tiny:diffusers-flux-img2img`` (FluxImg2ImgPipeline: role
 ``reference``), ``tiny:diffusers-flux-inpaint`` (FluxInpaintPipeline: roles ``edit_source`` + ``mask``) share one
 set of FLUX components; ``tiny:diffusers-sd3`` is a StableDiffusion3Pipeline; ``tiny:diffusers-wan`` is a
 WanPipeline (text to video). Tokenizers are byte-level BPE
@@ -67,6 +68,16 @@ def _save(pipeline_class: str, components: dict[str, Any], target: str | Path) -
 
 def build_flux(target: str | Path) -> None:
     _save("FluxPipeline", flux_components(), target)
+
+
+def build_flux_modular(target: str | Path) -> None:
+    """The same FLUX components as a modular pipeline (``FluxAutoBlocks``), written by its ``save_pretrained``:
+    a ``modular_model_index.json`` checkpoint."""
+    from diffusers.modular_pipelines import FluxAutoBlocks
+
+    pipe = FluxAutoBlocks().init_pipeline()
+    pipe.update_components(**flux_components())
+    pipe.save_pretrained(str(target), overwrite_modular_index=True)
 
 
 def build_flux_img2img(target: str | Path) -> None:

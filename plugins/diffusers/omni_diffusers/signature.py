@@ -23,6 +23,8 @@ MANAGED = frozenset({
     "callback_on_step_end", "callback_on_step_end_tensor_inputs", "callback", "callback_steps",
     "num_images_per_prompt", "num_videos_per_prompt", "image", "mask_image", "video", "last_image",
     "timesteps", "sigmas", "attention_kwargs", "joint_attention_kwargs", "cross_attention_kwargs",
+    # a modular pipeline's block inputs that the adapter or the pipeline state owns
+    "resized_image", "image_latents", "output", "state",
 })
 #: suffixes of tensor-valued keywords (precomputed embeddings, latents): not expressible in a JSON request
 TENSOR_SUFFIXES = ("_embeds", "_latents", "_mask", "_image_embeds", "_adapter_image")
@@ -62,7 +64,12 @@ def _field(name: str, param: inspect.Parameter) -> ModelOption:
     return ModelOption(name, kind, default=default, help=f"`{name}` of the pipeline's __call__ (passed through)")
 
 
-def _signature(pipe: Any) -> dict[str, inspect.Parameter]:
+def call_parameters(pipe: Any) -> dict[str, inspect.Parameter]:
+    """``__call__``'s keyword parameters; for a modular pipeline, its blocks' declared inputs."""
+    from .modular import block_parameters, is_modular
+
+    if is_modular(pipe):
+        return block_parameters(pipe)
     params = dict(inspect.signature(type(pipe).__call__).parameters)
     params.pop("self", None)
     return params
@@ -91,7 +98,7 @@ def size_multiple(pipe: Any) -> int:
 
 def describe(pipe: Any, base: ModelCapabilities, defaults: RequestDefaults) -> PipelineCard:
     """The card of ``pipe``: roles, modes, outputs, limits and request defaults from its signature."""
-    params = _signature(pipe)
+    params = call_parameters(pipe)
     name = type(pipe).__name__
     video = "num_frames" in params
     conditioned = bool(CONDITIONED.search(name))

@@ -7,7 +7,8 @@ diffusers: the call runs on a worker thread and parks at two kinds of points unt
 - before the denoiser's first forward (a forward pre-hook on the transformer / UNet): text encoding and the
   initial latents are done, and ``pipe._num_timesteps`` says how many steps the loop will take (``encode``);
 - at the end of every step, in ``callback_on_step_end`` (``denoise_step``); after the last step the pipeline
-  decodes when the engine calls ``decode``.
+  decodes when the engine calls ``decode``. A modular pipeline has no such callback: there the call parks right
+  after each ``scheduler.step`` returns (the denoise loop calls it once per step), given ``scheduler``.
 
 Aborting (a cancelled batch, an engine error, the state being dropped) makes the parked call raise
 ``Aborted`` out of the pipeline, so it stops within the step it is in and never decodes.
@@ -15,7 +16,9 @@ Aborting (a cancelled batch, an engine error, the state being dropped) makes the
 
 from __future__ import annotations
 
+import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,12 +29,25 @@ class Aborted(Exception):
     """Raised inside the pipeline's call to leave it (never reaches a caller)."""
 
 
+class _QuietAbort(logging.Filter):
+    """Drops the error diffusers' modular blocks log for every block an exception passes through, when that
+    exception is our own :class:`Aborted` (a cancel, not a failure; the filter runs inside their ``except``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not isinstance(sys.exc_info()[1], Aborted)
+
+
+logging.getLogger("diffusers.modular_pipelines.modular_pipeline").addFilter(_QuietAbort())
+
+
 class SteppedCall:
     """The pipeline call ``fn(**kwargs, callback_on_step_end=...)`` parked at step boundaries."""
 
     def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any], denoisers: Sequence[Any],
-                 num_timesteps: Callable[[], int | None]) -> None:
+                 num_timesteps: Callable[[], int | None], scheduler: Any = None) -> None:
         self._fn, self._kwargs, self._num_timesteps = fn, kwargs, num_timesteps
+        self._scheduler = scheduler  # set: step ends are detected after scheduler.step (no callback taken)
+        self._steps_done = 0
         self._to_worker: queue.Queue[str] = queue.Queue()
         self._to_engine: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._started = False
@@ -45,7 +61,10 @@ class SteppedCall:
     # ------------------------------------------------------------------ worker side
     def _main(self) -> None:
         try:
-            out = self._fn(**self._kwargs, callback_on_step_end=self._step_end)
+            if self._scheduler is None:
+                out = self._fn(**self._kwargs, callback_on_step_end=self._step_end)
+            else:
+                out = self._call_parking_after_scheduler_steps()
             self._to_engine.put(("result", out))
         except Aborted:
             self._to_engine.put(("aborted", None))
@@ -54,6 +73,23 @@ class SteppedCall:
         finally:
             for hook in self._hooks:
                 hook.remove()
+
+    def _call_parking_after_scheduler_steps(self) -> Any:
+        scheduler = self._scheduler
+        original = scheduler.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            self._to_engine.put(("step", self._steps_done))
+            self._steps_done += 1
+            self._park()
+            return out
+
+        scheduler.step = step  # an instance attribute: the class's method is untouched
+        try:
+            return self._fn(**self._kwargs)
+        finally:
+            del scheduler.step
 
     def _park(self) -> None:
         if self._to_worker.get() == "abort":

@@ -250,14 +250,16 @@ def test_what_the_adapter_cannot_do_is_refused_by_name(settings: Any, option: st
     assert feature in str(info.value), str(info.value)
 
 
-def test_a_modular_only_checkpoint_is_refused_clearly(settings: Any, tmp_path: Path) -> None:
-    from omnicore.errors import UnsupportedFeature
+def test_a_modular_index_without_blocks_is_refused_clearly(settings: Any, tmp_path: Path) -> None:
+    """Modular pipelines are served (tests/plugins/diffusers/test_modular.py); an index diffusers cannot resolve
+    to blocks is a checkpoint error naming the file."""
+    from omnicore.plugin import CheckpointError
 
     modular = tmp_path / "modular"
     modular.mkdir()
     (modular / "modular_model_index.json").write_text('{"_class_name": "ModularPipeline", "_diffusers_version": '
                                                       '"0.42.1"}')
-    with pytest.raises(UnsupportedFeature, match="modular pipeline"):
+    with pytest.raises(CheckpointError, match="modular_model_index.json.*not a loadable modular pipeline"):
         make_engine(modular, settings).close()
 
 
