@@ -127,16 +127,16 @@ def run(args: argparse.Namespace) -> int:
                                 extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard")
     kwargs = engine_kwargs(args)
     flags = input_flags(args)
-    # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
-    # the request again at submit (cheap, pure) because Python callers reach it without this CLI
-    precheck(args.model, host, request, kwargs["model_options"], flags)
+    # everything the spec declares is checked before the load, under the CLI's flag names, once: the engine takes
+    # the checked request as it is, and checks the model options itself before it reads any weight
+    _, checked = precheck(args.model, host, request, flags)
     from ..engine.api import Engine  # imports torch: only once the platform and the request are known to be usable
 
     t0 = time.perf_counter()
     with Engine(args.model, host=host, settings=settings, **kwargs) as engine:
         listener = None if args.no_progress else ProgressPrinter(sys.stderr)
         try:
-            outputs = engine.submit(request, on_event=listener).result()
+            outputs = engine.submit(checked, on_event=listener).result()
         except InvalidRequest as exc:  # the model's own rules, after the load: still under the CLI's names
             raise as_cli(exc, flags) from None
     out = outputs[0]
