@@ -56,7 +56,8 @@ def test_validation_errors_are_400_in_openai_shape(make_server, client_for):
         ({"prompt": "x", "quality": "hd"}, "quality", "unsupported_parameter"),
         ({"prompt": "x", "output_compression": 50}, "output_compression", "invalid_value"),
         ({"prompt": "x", "model_params": {}, "extra_params": {}}, "extra_params", "invalid_value"),
-        ({"prompt": "x", "lora": {"name": "nope"}}, "lora.name", "invalid_value"),
+        ({"prompt": "x", "lora": [{"name": "nope"}]}, "lora", "invalid_lora"),  # the toy takes no adapters
+        ({"prompt": "x", "lora": [{"name": "a", "scale": "big"}]}, "lora.0.scale", "invalid_value"),
         ({"prompt": "x", "guidance_scale": -1}, "guidance_scale", "invalid_value"),
     ]
     for body, param, code in cases:

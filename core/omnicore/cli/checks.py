@@ -2,11 +2,9 @@
 
 What can be known without loading anything is checked here: the model argument itself (a ``tiny:`` preset,
 a checkpoint directory whose spec is detected from its config files, or a Hugging Face repo id), the sizes
-against the model's declared multiple and pixel cap, the input files, roles and counts and the model-specific
-fields the spec declares as required. Errors name the CLI flags (``--image``, ``--height``, ``--extra
-aspect_ratio``), not the engine's field names (``images[0]``, ``params.height``). Each check runs once: the
-request goes on to ``Engine.submit`` as a ``CheckedRequest`` (not checked again), and the deployment options
-(``--model-option``) are the Engine's to check, before it reads any weight.
+against the model's declared multiple and pixel cap, the input files, roles and counts, the model-specific
+fields the spec declares as required, and the deployment options. Errors name the CLI flags (``--image``,
+``--height``, ``--extra aspect_ratio``), not the engine's field names (``images[0]``, ``params.height``).
 """
 
 from __future__ import annotations
@@ -14,15 +12,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidRequest, UnknownName
-
-if TYPE_CHECKING:
-    from ..engine.inputs import CheckedRequest
-    from ..engine.request import GenerationRequest
-    from ..plugin_host.host import PluginHost
-    from ..specs import ModelSpec
 
 #: engine field -> the ``omnicore generate`` flag that sets it
 _FLAG_OF = {
@@ -30,7 +22,7 @@ _FLAG_OF = {
     "params.fps": "--fps", "params.duration": "--duration", "params.num_inference_steps": "--steps",
     "params.guidance_scale": "--guidance", "params.flow_shift": "--flow-shift", "params.seed": "--seed",
     "params.output_type": "-o/--output", "negative_prompt": "--negative-prompt", "prompt": "PROMPT",
-    "quality": "--quality", "extra": "--extra",
+    "quality": "--quality", "extra": "--extra", "loras": "--lora",
 }
 _INPUT_FIELD = re.compile(r"^inputs\[(\d+)\](?:\.(\w+))?$")
 
@@ -195,22 +187,24 @@ def check_required_fields(request: Any, spec: Any) -> None:
                                                    f"{'/'.join(modes)}{example}{alt}")
 
 
-def precheck(model: str, host: PluginHost, request: GenerationRequest,
-             input_flags: list[str] | None = None) -> tuple[ModelSpec | None, GenerationRequest | CheckedRequest]:
-    """Check ``request`` against what the spec of ``model`` declares, before any load. Returns ``(spec,
-    CheckedRequest)`` (default roles filled; ``Engine.submit`` does not check it again), or ``(None, request)``
-    when the spec is only known after a download (the engine checks it at submit). Errors name the CLI flags."""
-    from ..engine.inputs import CheckedRequest
+def precheck(model: str, host: Any, request: Any, model_options: dict[str, Any],
+             input_flags: list[str] | None = None) -> tuple[Any, Any]:
+    """Check ``request`` against what the spec of ``model`` declares, before any load. Returns
+    ``(spec, request)`` with default roles filled, or ``(None, request)`` when the spec is only known after a
+    download (the engine checks the same after loading). Errors name the CLI flags."""
+    from ..engine.inputs import check_request
+    from ..engine.model_options import resolve_model_options
 
     flags = list(input_flags or ())
     spec, preset = resolve_before_load(model, host)
     if spec is None:
         return None, request
+    resolve_model_options(spec, model_options)
     try:
-        checked = CheckedRequest.of(request, spec)
-        check_served_modes(checked.request, spec, preset, flags)
-        check_size(checked.request, spec)
-        check_required_fields(checked.request, spec)
+        request = check_request(request, spec)
+        check_served_modes(request, spec, preset, flags)
+        check_size(request, spec)
+        check_required_fields(request, spec)
     except InvalidRequest as exc:
         raise as_cli(exc, flags) from None
-    return spec, checked
+    return spec, request

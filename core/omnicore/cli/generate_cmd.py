@@ -121,22 +121,30 @@ def run(args: argparse.Namespace) -> int:
     host = make_host(settings)
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded
     from ..engine.request import GenerationRequest, SamplingParams  # torch-free: checks run before torch loads
+    from .lora_args import check_model_takes_lora, generate_loras
 
+    loras, lora_kwargs = generate_loras(args)  # --lora: parsed, found and read before anything loads
     request = GenerationRequest(args.prompt, params=SamplingParams(**sampling), images=tuple(args.image),
                                 inputs=media_inputs_from_args(args), negative_prompt=args.negative_prompt,
-                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard")
-    kwargs = engine_kwargs(args)
+                                extra=parse_extra(args.extra), quality=getattr(args, "quality", None) or "standard",
+                                loras=loras)
+    kwargs = {**engine_kwargs(args), **lora_kwargs}
     flags = input_flags(args)
-    # everything the spec declares is checked before the load, under the CLI's flag names, once: the engine takes
-    # the checked request as it is, and checks the model options itself before it reads any weight
-    _, checked = precheck(args.model, host, request, flags)
+    # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
+    # the request again at submit (cheap, pure) because Python callers reach it without this CLI
+    spec, _ = precheck(args.model, host, request, kwargs["model_options"], flags)
+    check_model_takes_lora(spec, loras)
     from ..engine.api import Engine  # imports torch: only once the platform and the request are known to be usable
 
     t0 = time.perf_counter()
-    with Engine(args.model, host=host, settings=settings, **kwargs) as engine:
+    try:
+        engine = Engine(args.model, host=host, settings=settings, **kwargs)
+    except InvalidRequest as exc:  # a --lora adapter that does not fit the loaded model (checked at load)
+        raise as_cli(exc, flags) from None
+    with engine:
         listener = None if args.no_progress else ProgressPrinter(sys.stderr)
         try:
-            outputs = engine.submit(checked, on_event=listener).result()
+            outputs = engine.submit(request, on_event=listener).result()
         except InvalidRequest as exc:  # the model's own rules, after the load: still under the CLI's names
             raise as_cli(exc, flags) from None
     out = outputs[0]

@@ -34,8 +34,13 @@ def parse_lora_flags(values: Sequence[str], flag: str = "--lora") -> tuple[Any, 
 
     loras = []
     for text in values:
+        head, sep, tail = text.rpartition(":")
         try:
-            loras.append(LoRA.parse(text))
+            scale = float(tail) if sep and head else None
+        except ValueError:  # "C:\\x", "./a:b": no number after the last colon, so it is all name
+            scale = None
+        try:  # a number after the last colon is the scale, checked (a NaN or 1e9 is an error, not a file name)
+            loras.append(LoRA(head, scale) if scale is not None else LoRA(text))
         except InvalidRequest as exc:
             raise InvalidRequest(flag, f"{text!r}: {exc.rule}") from None
     try:

@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list registered models: modes, input roles, presets and options",
                        allow_abbrev=False)
     m.add_argument("--json", action="store_true", help="machine-readable output")
+    from .lora_args import add_models_lora_flags
+
+    add_models_lora_flags(m)
 
     p = sub.add_parser("plugins", help="list installed plugins and what they register", allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -162,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--extra", action="append", default=[], metavar="KEY=JSON",
                    help="model-specific field (repeatable), e.g. --extra aspect_ratio=16:9; `omnicore models` "
                         "lists each model's fields and which are required (default: none)")
+    from .lora_args import add_lora_flag
+
+    add_lora_flag(g)
     g.add_argument("--no-progress", action="store_true", help="do not draw the progress bar (default: drawn)")
     g.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="show third-party progress bars and warnings (default: hidden)")

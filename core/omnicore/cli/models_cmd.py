@@ -45,7 +45,15 @@ def model_card(spec: Any) -> dict[str, Any]:
         "presets": [preset_card(p) for p in spec.presets],
         "options": [o.to_json() for o in spec.options],
         "request_fields": [o.to_json() for o in getattr(spec, "request_fields", ())],
+        "lora": lora_targets_card(getattr(spec, "lora", None)),
     }
+
+
+def lora_targets_card(targets: Any) -> dict[str, Any] | None:
+    """What LoRA adapters may target in a model (``None``: it takes none)."""
+    if targets is None:
+        return None
+    return {"root": targets.root, "modules": list(targets.modules), "adaln": list(targets.adaln)}
 
 
 def _defaults_text(d: dict[str, Any]) -> str:
@@ -86,6 +94,8 @@ def render(cards: list[dict[str, Any]]) -> str:
             lines.append(f"  option {o['name']} ({o['type']},{choices} default {o['default']!r}): {o['help']}")
         for f in c.get("request_fields", ()):
             lines.append(f"  field {f['name']} (--extra {f['name']}=...): {_field_rule(f)}{f['help']}")
+        if c.get("lora"):
+            lines.append(f"  lora: adapters may target {c['lora']['root']}.{{{', '.join(c['lora']['modules'])}}}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n" if lines else "no model plugin is installed\n"
 
@@ -106,8 +116,14 @@ def run(args: argparse.Namespace) -> int:
     for line in host.problems:
         print(f"error: {line}", file=sys.stderr)
     cards = [model_card(spec) for spec in host.models]
+    from ..config import resolve_settings
+    from .lora_args import describe_adapter, render_adapters
+
+    # --lora-modules, else OMNICORE_LORA_MODULES: the adapters `serve` would preload
+    modules = resolve_settings({"lora_modules": getattr(args, "lora_modules", None)}).lora_modules
+    adapters = [describe_adapter(name, path) for name, path in modules]
     if args.json:
-        print(json.dumps({"models": cards}, indent=2, sort_keys=True))
+        print(json.dumps({"models": cards, **({"loras": adapters} if modules else {})}, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(render(cards))
+        sys.stdout.write(render(cards) + render_adapters(adapters))
     return 0

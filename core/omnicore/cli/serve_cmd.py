@@ -153,6 +153,9 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     spec, preset = resolve_before_load(model, host)  # a model that names nothing fails here: one line, exit 2
     if spec is not None:
         resolve_model_options(spec, kwargs["model_options"])  # unknown names / bad values, before listening
+    from .lora_args import serve_lora_kwargs
+
+    kwargs.update(serve_lora_kwargs(settings, spec))  # --lora-modules / --lora-dir paths, before listening
     check_port_free(ss.host, ss.port)  # a busy port: one line, exit 2, before anything is printed or loaded
     failures: list[BaseException] = []
 

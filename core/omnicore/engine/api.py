@@ -29,7 +29,7 @@ from ..offload.policy import OFFLOAD_MODES, apply_offload
 from ..parallel.config import ParallelConfig
 from ..parallel.launch import start_group
 from ..regional_compile import RegionalCompile, apply_regional_compile, check_compile, normalize_compile, outside_graph
-from .inputs import CheckedRequest, check_request
+from .inputs import check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
 from .loading import ResolvedModel, instantiate_platform, load_options, load_pipeline, resolve_load
@@ -278,24 +278,18 @@ class Engine:
         return impl if self.compile_mode == "none" else outside_graph(impl)
 
     # ------------------------------------------------------------------ admission
-    def submit(self, request: GenerationRequest | CheckedRequest, *, on_event: Listener | None = None,
+    def submit(self, request: GenerationRequest, *, on_event: Listener | None = None,
                limits: WorkLimits | None = None) -> Job:
         """Preprocess ``request`` (here, once) and queue it. Raises ``InvalidRequest``, ``QueueFull``,
         ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs).
 
         The resolved request is checked against the model's declared limits and the caller's ``limits``
-        (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`). A
-        :class:`~.inputs.CheckedRequest` for this engine's spec (the CLI checked it before loading) is not
-        checked against the spec again."""
-        checked = isinstance(request, CheckedRequest) and request.spec == self.spec
-        if isinstance(request, CheckedRequest):
-            request = request.request
+        (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`)."""
         if not isinstance(request, GenerationRequest):
             raise InvalidRequest("request", f"must be a GenerationRequest, got {type(request).__name__}")
         if self._closed:
             raise EngineClosed("engine is closed")
-        if not checked:
-            request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
+        request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
         if request.loras:  # read and checked against the model before anything is queued (LoRAError -> 400)
             if self.lora is None:
                 raise LoRAError(request.loras[0].name_or_path, None,

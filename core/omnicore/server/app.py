@@ -256,6 +256,9 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
     from . import routes_ui
 
     routes_ui.install(app, ctx)  # the browser playground at / (unless --no-ui)
+    from . import lora_http
+
+    lora_http.install(ctx)  # adapters in /v1/models, the adapter registry's stats in /metrics
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

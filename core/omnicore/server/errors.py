@@ -51,6 +51,7 @@ _FIELD_TO_PARAM = {
     "images": "image",
     "negative_prompt": "negative_prompt",
     "prompt": "prompt",
+    "loras": "lora",
 }
 
 

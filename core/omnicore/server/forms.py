@@ -20,6 +20,9 @@ from .errors import ApiError
 _BRACKET = re.compile(r"^([A-Za-z_][\w]*)((?:\[[^\[\]]*\])*)$")
 _JSON_FIELDS = ("model_params", "extra_params", "lora")
 _LIST_FIELDS = ("image_url", "reference_images", "reference_video", "reference_audio")
+#: lists of objects the openai SDK flattens to ``lora[][name]=a``, ``lora[][scale]=0.5``, ...: the keys that start
+#: an object (each adapter names exactly one of them first, so the flat pairs regroup unambiguously)
+_OBJECT_LISTS = {"lora": ("name", "path")}
 
 
 MAX_JSON_DEPTH = 64  # no field of the contract nests anywhere near this deep
@@ -51,6 +54,16 @@ def _json_value(text: str, param: str | None = None) -> Any:
     if not _depth_ok(value):
         raise _too_deep(param)
     return value
+
+
+def _add_to_object_list(items: list[dict[str, Any]], key: str, value: Any, heads: tuple[str, ...]) -> None:
+    """``key=value`` joins the last object, or starts a new one when the last already has ``key`` or a head key
+    arrives for an object that has one."""
+    last = items[-1] if items else None
+    if last is None or key in last or (key in heads and any(h in last for h in heads)):
+        items.append({key: value})
+    else:
+        last[key] = value
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -110,6 +123,13 @@ async def read_multipart(request: Request, *, max_upload_bytes: int,
                     raise ApiError(400, "invalid_value", f"{name} was given more than once", param=name)
                 else:
                     fields[name] = value
+                continue
+            if len(parts) == 2 and parts[0] == "" and name in _OBJECT_LISTS:  # lora[][name]=...
+                items = fields.setdefault(name, [])
+                if not isinstance(items, list) or any(not isinstance(i, dict) for i in items):
+                    raise ApiError(400, "invalid_value", f"{name} was given both as a value and as a list",
+                                   param=name)
+                _add_to_object_list(items, parts[1], value, _OBJECT_LISTS[name])  # text: the schema parses it
                 continue
             if parts == [""]:  # image_url[] = repeated value
                 fields.setdefault(name, []).append(value)

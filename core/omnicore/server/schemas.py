@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..engine.request import MAX_SEED  # the one seed range
+from ..lora.records import MAX_LORA_SCALE
+from ..lora.records import MAX_LORAS_PER_REQUEST as MAX_LORAS  # the engine's bounds of one request's adapters
 
 SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$"
 
@@ -43,10 +45,36 @@ Float = Annotated[float, BeforeValidator(_not_bool)]
 Bool = Annotated[bool, BeforeValidator(_strict_bool)]
 
 
-class Lora(BaseModel):
+class LoraRef(BaseModel):
+    """One adapter of ``lora``: exactly one of ``name`` (preloaded with ``--lora-modules``) or ``path`` (under a
+    ``--lora-dir``), and a ``scale`` multiplying its delta (0 = no adapter; negative subtracts it)."""
+
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=256)
-    scale: Float = Field(default=1.0, ge=0.0, le=4.0)
+    name: str | None = Field(default=None, min_length=1, max_length=256)
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    scale: Float = Field(default=1.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LoraRef:
+        if (self.name is None) == (self.path is None):
+            raise ValueError("give exactly one of name (a preloaded adapter) or path (under a --lora-dir)")
+        return self
+
+
+def _lora_list(value: Any) -> Any:
+    """``lora`` as a list: one object is a list of one; multipart's indexed ``lora[0][name]`` arrives as an object
+    keyed by index (kept in index order). More than :data:`MAX_LORAS` adapters is an error on ``lora``."""
+    if isinstance(value, dict):
+        if value and all(isinstance(k, str) and k.isdigit() for k in value):
+            value = [value[k] for k in sorted(value, key=int)]
+        else:
+            value = [value]
+    if isinstance(value, list) and len(value) > MAX_LORAS:
+        raise ValueError(f"at most {MAX_LORAS} adapters per request, got {len(value)}")
+    return value
+
+
+LoraList = Annotated[list[LoraRef] | None, BeforeValidator(_lora_list)]
 
 
 class SharedFields(BaseModel):
@@ -60,7 +88,7 @@ class SharedFields(BaseModel):
     num_inference_steps: Int | None = Field(default=None, ge=1, le=200)
     guidance_scale: Float | None = Field(default=None, ge=0.0, le=20.0, allow_inf_nan=False)
     seed: Int | None = Field(default=None, ge=0, le=MAX_SEED)
-    lora: Lora | None = None
+    lora: LoraList = None  # LoRA adapters, composed in order (server/lora_http.py)
     model_params: dict[str, Any] | None = None
     extra_params: dict[str, Any] | None = None
     flow_shift: Float | None = Field(default=None, gt=0.0, le=100.0, allow_inf_nan=False)
@@ -277,6 +305,7 @@ VIDEO_MULTIPART_SCHEMA: dict[str, Any] = {
         "reference_video": {"type": "array", "items": {"type": "string", "format": "binary"}},
         "reference_audio": {"type": "array", "items": {"type": "string", "format": "binary"}},
         "quality": {"type": "string", "enum": ["auto", "draft", "standard", "high"]},
+        "lora": {"type": "string", "description": "JSON array of LoRA adapters, [{\"name\" or \"path\", \"scale\"}]"},
     },
 }
 

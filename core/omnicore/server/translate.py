@@ -46,6 +46,7 @@ class ServedModel:
     created: int = 0
     spec: Any = None  # the served ModelSpec (roles, limits, options)
     model_options: dict[str, Any] = attrs.field(factory=dict)  # the values the engine loaded the model with
+    loras: tuple[dict[str, Any], ...] = ()  # its preloaded LoRA adapters (lora_http.adapter_cards)
 
     @classmethod
     def from_spec(cls, spec: Any, requested: str | None = None, created: int = 0,
@@ -104,7 +105,7 @@ class ServedModel:
                 "options": options,
                 "model_params": [o.to_json() for o in getattr(self.spec, "request_fields", ())],
                 "max_steps": getattr(caps, "max_steps", None),
-                "max_outputs": self.max_outputs, "loras": [],
+                "max_outputs": self.max_outputs, "loras": list(self.loras),
             },
         }
 
@@ -156,15 +157,14 @@ def _shared(dto: SharedFields, served: ServedModel, settings: ServerSettings, ta
                        code="prompt_too_long")
     if dto.model_params is not None and dto.extra_params is not None:
         raise _bad("extra_params", "give model_params or its alias extra_params, not both")
-    if dto.lora is not None:
-        raise _bad("lora.name", f"no adapter named {dto.lora.name!r} is registered on this server "
-                                f"(registered: none); adapters are registered at startup with --lora")
     # no seed: the model's default seed when it declares one (RequestDefaults.seed), else a random one
     default_seed = getattr(served.defaults, "seed", None)
     seed = dto.seed if dto.seed is not None else default_seed if default_seed is not None \
         else random_seed(getattr(dto, "n", 1))  # the engine's one seed range [0, MAX_SEED]
+    from .lora_http import request_loras  # adapters are read and checked by the engine at submit
+
     return {"extra": dict(dto.model_params or dto.extra_params or {}), "seed": seed,
-            "quality": parse_quality(getattr(dto, "quality", None))}
+            "quality": parse_quality(getattr(dto, "quality", None)), "loras": request_loras(dto.lora)}
 
 
 def parse_quality(value: str | None) -> str:
@@ -208,7 +208,8 @@ def image_request(dto: ImageGenerationRequest, served: ServedModel, settings: Se
         seed=common["seed"], num_outputs=dto.n, output_type="image",
     )
     return GenerationRequest(prompt=dto.prompt, params=params, negative_prompt=dto.negative_prompt,
-                             images=images, extra=common["extra"], request_id=request_id, quality=common["quality"])
+                             images=images, extra=common["extra"], request_id=request_id, quality=common["quality"],
+                             loras=common["loras"])
 
 
 def parse_seconds(value: int | str | None) -> float | None:
@@ -285,4 +286,4 @@ def video_request(dto: VideoCreateRequest, served: ServedModel, settings: Server
     )
     return GenerationRequest(prompt=dto.prompt, params=params, negative_prompt=dto.negative_prompt,
                              inputs=inputs, modalities=modalities, extra=common["extra"], request_id=request_id,
-                             quality=common["quality"])
+                             quality=common["quality"], loras=common["loras"])
