@@ -295,7 +295,7 @@ def _run_converter(raw: RawAdapter, tmap: TargetMap, scaled: dict[str, tuple[Any
         raise LoRAError(raw.label, None, f"the model's LoRA converter {tmap.targets.converter!r} cannot be "
                                          f"imported: {exc}") from exc
     try:
-        converted = dict(fn(dict(scaled)))
+        converted = dict(fn(dict(scaled), tmap.config))
     except LoRAError:
         raise
     except (KeyError, ValueError, RuntimeError) as exc:

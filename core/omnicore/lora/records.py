@@ -108,9 +108,9 @@ class LoRATargets:
 
     ``converter`` (``"module:function"``, imported on first use) handles layouts a rename cannot: it receives
     ``{module: (A [r, in], B [out, r])}`` host float32 tensors of a PEFT/diffusers adapter in the adapter's own
-    names (prefix stripped, aliases applied, ``alpha / r`` already folded into ``B``) and returns them in the
-    model's names — e.g. separate ``to_q/to_k/to_v`` adapters as one fused ``qkv_proj`` adapter (ranks
-    concatenated, ``B`` block-diagonal: exact). Names it leaves alone must already be the model's.
+    names (prefix stripped, aliases applied, ``alpha / r`` already folded into ``B``) and the network's ``config``,
+    and returns them in the model's names — e.g. separate ``to_q/to_k/to_v`` adapters as one fused ``qkv_proj``
+    adapter (ranks concatenated, ``B`` block-diagonal: exact). Names it leaves alone must already be the model's.
     """
 
     modules: tuple[str, ...] = attrs.field(converter=_patterns)

@@ -32,6 +32,8 @@ class TargetMap:
     adaln: frozenset[str] = frozenset()
     linears: frozenset[str] = frozenset()
     itemsize: int = 4
+    #: the network's ``config`` attribute (what a model's LoRA converter may need: head counts, ...)
+    config: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -65,7 +67,7 @@ class TargetMap:
                              f"under {targets.root!r}")
         adaln = frozenset(n for n in shapes if any(fnmatch.fnmatchcase(n, p) for p in targets.adaln))
         return cls(model=model, targets=targets, shapes=shapes, adaln=adaln, linears=frozenset(linears),
-                   itemsize=itemsize)
+                   itemsize=itemsize, config=getattr(root, "config", None))
 
 
 def resolve_roots(pipeline: Any, targets: LoRATargets) -> list[Any]:

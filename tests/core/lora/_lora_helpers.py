@@ -157,17 +157,17 @@ def submit_together(engine: Any, requests: Sequence[Any]) -> list[Any]:
     return [job.result(300) for job in jobs]
 
 
-def merged_weights(engine: Any, root: str, adapters: Sequence[tuple[Path, float]]) -> Any:
-    """A context manager: the engine's ``root`` module holds peft's merged weights inside, its own after."""
+def merged_weights(module: nn.Module, adapters: Sequence[tuple[Path, float]], *,
+                   merged: nn.Module | None = None) -> Any:
+    """A context manager: ``module`` (a network the engine runs) holds peft's merged weights inside (or those of
+    ``merged``, a reference built another way), its own after."""
     import contextlib
 
     @contextlib.contextmanager
     def scope() -> Any:
-        module = engine.pipeline
-        for part in root.split("."):
-            module = getattr(module, part)
         original = copy.deepcopy(module.state_dict())
-        module.load_state_dict(merged_copy(module, adapters).state_dict())
+        reference = merged if merged is not None else merged_copy(module, adapters)
+        module.load_state_dict(reference.state_dict())
         try:
             yield
         finally:
