@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list registered models: modes, input roles, presets and options",
                        allow_abbrev=False)
     m.add_argument("--json", action="store_true", help="machine-readable output")
+    m.add_argument("model", nargs="*", metavar="MODEL",
+                   help="describe these checkpoints instead (a directory, tiny:<preset>, diffusers:<dir>): each is "
+                        "loaded, so the card is the checkpoint's own (a diffusers pipeline's modes and roles come "
+                        "from its signature); this takes as long as loading the model")
     from .lora_args import add_models_lora_flags
 
     add_models_lora_flags(m)

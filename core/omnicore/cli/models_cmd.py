@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         log.setLevel(previous)
     for line in host.problems:
         print(f"error: {line}", file=sys.stderr)
+    if getattr(args, "model", None):
+        return describe_checkpoints(args.model, host, as_json=args.json)
     cards = [model_card(spec) for spec in host.models]
     from ..config import resolve_settings
     from .lora_args import describe_adapter, render_adapters
@@ -127,3 +129,35 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render(cards) + render_adapters(adapters))
     return 0
+
+
+def checkpoint_card(model: str, host: Any) -> dict[str, Any]:
+    """The card of one checkpoint as a loaded engine serves it: the plugin's spec narrowed to the checkpoint (a
+    diffusers pipeline's own modes, roles, defaults and ``extra`` keywords), plus where it was found."""
+    from ..engine.api import Engine
+
+    with Engine(model, host=host) as engine:
+        card = model_card(engine.spec)
+        card["checkpoint"] = {"model": model, "path": str(engine.resolved.path), "plugin": engine.spec.name}
+    return card
+
+
+def describe_checkpoints(models: list[str], host: Any, *, as_json: bool) -> int:
+    """``omnicore models MODEL ...``: load each and print its card; a model that fails to load is one error line
+    (exit 1) and the others are still described."""
+    from ..errors import OmnicoreError
+
+    cards, failed = [], 0
+    for model in models:
+        try:
+            cards.append(checkpoint_card(model, host))
+        except (OmnicoreError, OSError, ValueError) as exc:
+            print(f"error: {model}: {exc}", file=sys.stderr)
+            failed += 1
+    if as_json:
+        print(json.dumps({"models": cards}, indent=2, sort_keys=True))
+    else:
+        for card in cards:
+            sys.stdout.write(f"{card['checkpoint']['model']} ({card['checkpoint']['path']})\n")
+        sys.stdout.write(render(cards))
+    return 1 if failed else 0

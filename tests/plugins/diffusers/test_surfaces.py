@@ -129,6 +129,27 @@ def test_plugins_and_models_commands_list_the_adapter(tmp_path: Path) -> None:
     assert "diffusers  (diffusers)" in models.stdout and "tiny:diffusers-flux" in models.stdout, models.stdout
 
 
+@pytest.mark.slow
+def test_models_describes_one_checkpoint_from_its_own_signature(flux_dir: Path, tmp_path: Path) -> None:
+    """``omnicore models DIR``: the card of that checkpoint (the generic spec narrowed to its pipeline class), and a
+    directory that is no checkpoint is one error line while the others are still described."""
+    import json
+
+    img2img = tmp_path / "img2img"
+    from omni_diffusers.presets import build_flux_img2img
+
+    build_flux_img2img(img2img)
+    code = subprocess.run([sys.executable, "-m", "omnicore.cli.main", "models", "--json", str(flux_dir), str(img2img),
+                           str(tmp_path / "nothing")], env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    assert code.returncode == 1 and "nothing" in code.stderr, code.stderr
+    cards = {Path(c["checkpoint"]["path"]).name: c for c in json.loads(code.stdout)["models"]}
+    assert cards[flux_dir.name]["modes"] == ["t2i"] and cards[flux_dir.name]["inputs"] == []
+    assert cards["img2img"]["modes"] == ["i2i"] and [r["role"] for r in cards["img2img"]["inputs"]] == ["reference"]
+    assert "FluxImg2ImgPipeline" in cards["img2img"]["description"]
+    assert "strength" in [f["name"] for f in cards["img2img"]["request_fields"]]
+
+
 # ------------------------------------------------------------------ the CLI
 @pytest.mark.slow
 def test_cli_generate_equals_the_stock_pipeline(flux_dir: Path, tmp_path: Path) -> None:
