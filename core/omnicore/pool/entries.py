@@ -63,7 +63,7 @@ class ModelEntry:
     options: Mapping[str, Any] = attrs.field(factory=dict)
     caches: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     offload: str = "none"
-    parallel: str | None = None
+    parallel: Any = None  # "cfg=2", a ParallelConfig, or None
     quantization: str | None = None
     compile: bool | str = False
     vae_decode_precision: str | None = None
@@ -87,10 +87,21 @@ class ModelEntry:
                 raise ConfigError(f"model {self.name!r}: {field}", f"must be a positive integer, got {value!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ConfigError(f"model {self.name!r}: priority", f"must be an integer, got {self.priority!r}")
+        try:
+            self.parallel_enabled  # noqa: B018  (a malformed layout fails here, before anything loads)
+        except ConfigError as exc:
+            raise ConfigError(f"model {self.name!r}: parallel", exc.rule) from None
         unknown = sorted(set(self.defaults) - set(_DEFAULT_FIELDS))
         if unknown:
             raise ConfigError(f"model {self.name!r}: defaults.{unknown[0]}",
                               f"is not a request default (known: {', '.join(_DEFAULT_FIELDS)})")
+
+    @property
+    def parallel_enabled(self) -> bool:
+        """Whether this model runs over several ranks (then the pool never swaps it)."""
+        from ..parallel.config import ParallelConfig
+
+        return ParallelConfig.parse(self.parallel).enabled
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -126,15 +137,14 @@ def default_name(checkpoint: str) -> str:
 
 
 def entries_from_args(models: Sequence[str]) -> list[ModelEntry]:
-    """``omnicore serve A B C``: one entry per argument, named after it (``tiny:lingbot`` -> ``lingbot``); an
-    argument may name itself as ``name=checkpoint``."""
+    """``omnicore serve A B C``: one entry per argument, named after it (``tiny:lingbot`` -> ``lingbot``, a directory
+    by its last part); an argument may name itself as ``name=checkpoint``."""
     entries = []
     for arg in models:
         name, sep, checkpoint = arg.partition("=")
         if not sep:
             name, checkpoint = default_name(arg), arg
-        entries.append(ModelEntry(name=name, checkpoint=checkpoint,
-                                  aliases=(arg,) if not sep and arg != name else ()))
+        entries.append(ModelEntry(name=name, checkpoint=checkpoint))  # (the pool adds the argument as a name)
     check_unique(entries)
     return entries
 

@@ -104,7 +104,7 @@ class _Slot:
 
     @property
     def swappable(self) -> bool:
-        return not self.entry.pinned and not self.entry.parallel
+        return not self.entry.pinned and not self.entry.parallel_enabled
 
 
 @attrs.frozen
@@ -384,9 +384,10 @@ class ModelPool:
         used = self._used()
         target = None
         if not any(s.state == "loading" for s in self._slots.values()):  # one load at a time on the device
-            wanting = [s for s in self._slots.values() if s.waiting and s.state in ("unloaded", "offloaded")]
-            if wanting:
-                target = min(wanting, key=lambda s: s.waiting[0].since)  # the turn rule: oldest request first
+            waiting = [s for s in self._slots.values() if s.waiting and s.state in ("unloaded", "offloaded", "loaded")]
+            first = min(waiting, key=lambda s: s.waiting[0].since) if waiting else None  # the turn rule
+            if first is not None and first.state != "loaded":  # the oldest request's model is out: bring it in
+                target = first
                 self._hold_for(target, used)
         for slot in self._slots.values():  # loaded models take their waiting work unless held for room
             if slot.state == "loaded" and slot.waiting and not slot.held and not slot.swapping:
@@ -408,18 +409,16 @@ class ModelPool:
         return found
 
     def _hold_for(self, target: _Slot, used: int) -> None:
-        """Hold busy models (in eviction order) when offloading the idle ones cannot make room for ``target``."""
+        """Hold the models that must make room for ``target`` (idle ones first, then busy ones, each in eviction
+        order): their new requests wait in the pool for their next turn, and a held busy model is offloaded once
+        the work its engine admitted has finished."""
         budget = self.memory_budget
-        if used + target.size <= budget:
-            return
-        free = used - sum(s.size for s in self._victims(target, idle=True))
-        if free + target.size <= budget:
-            return
-        for victim in self._victims(target, idle=False):
-            victim.held = True
-            free -= victim.size
+        free = used
+        for victim in (*self._victims(target, idle=True), *self._victims(target, idle=False)):
             if free + target.size <= budget:
                 return
+            victim.held = True
+            free -= victim.size
 
     def _make_room(self, target: _Slot, used: int) -> Any:
         """Load ``target`` if it fits; else offload one idle model; else wait for held ones (or refuse)."""
@@ -457,13 +456,18 @@ class ModelPool:
                 self._hand_over(slot, w, raise_errors=False)
         return forward
 
-    def _host_budget_action(self) -> Any:
+    def _host_over(self) -> bool:
+        """Offloaded models hold more host memory than ``host_memory_budget`` (under the lock)."""
         if self.host_memory_budget is None:
+            return False
+        offloaded = [s for s in self._slots.values() if s.state == "offloaded" and not s.swapping]
+        return bool(offloaded) and sum(s.swap.nbytes for s in offloaded if s.swap is not None) \
+            > self.host_memory_budget
+
+    def _host_budget_action(self) -> Any:
+        if not self._host_over():
             return None
         offloaded = [s for s in self._slots.values() if s.state == "offloaded" and not s.swapping]
-        held = sum(s.swap.nbytes for s in offloaded if s.swap is not None)
-        if held <= self.host_memory_budget or not offloaded:
-            return None
         victim = min(offloaded, key=lambda s: (s.entry.priority, s.last_used))
         victim.swapping = True
         return lambda: self._unload(victim)
@@ -572,12 +576,12 @@ class ModelPool:
             engine.close(cancel_running=False, timeout=30)
         with self._cond:
             slot.engine, slot.swap = None, None
-            slot.state, slot.swapping = "unloaded", False
         del engine
         gc.collect()
         self.platform.empty_cache()
         seconds = time.perf_counter() - t0
         with self._cond:
+            slot.state, slot.swapping = "unloaded", False
             slot.counters.unloads += 1
             slot.counters.unload_seconds += seconds
             self.order.append(("unload", slot.entry.name))
@@ -659,7 +663,8 @@ class ModelPool:
         """Block until no model has waiting or running work and no load is in progress (tests, benchmarks)."""
         end = time.monotonic() + timeout
         with self._cond:
-            while any(s.waiting or s.inflight or s.state == "loading" or s.swapping for s in self._slots.values()):
+            while any(s.waiting or s.inflight or s.state == "loading" or s.swapping for s in self._slots.values()) \
+                    or self._host_over():
                 left = end - time.monotonic()
                 if left <= 0:
                     return False

@@ -1,0 +1,71 @@
+"""``omnicore serve A B C`` and ``omnicore serve --models models.toml``: several models behind one server.
+
+The models become the entries of a :class:`~omnicore.pool.ModelPool` (one engine each, one device memory budget,
+idle models swapped out; see :mod:`omnicore.pool.pool` for the policy); the request's ``model`` routes. Models
+given as arguments take the engine flags of the command line (``--cache``, ``--offload``, ``--model-option`` ...);
+``models.toml`` entries carry their own. Every model is resolved before the listener binds (an unknown one ends
+``serve`` with one line and exit 2); weights load in the background as they fit the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import attrs
+
+from ..errors import ConfigError
+
+
+def pool_entries(args: argparse.Namespace, models: list[str], settings: Any) -> tuple[list[Any], int | None,
+                                                                                       int | None]:
+    """The pool's entries and its ``(memory_budget, host_memory_budget)``: flags win over ``[pool]``."""
+    from ..pool.entries import check_unique, entries_from_args, load_models_file
+    from .generate_cmd import engine_kwargs
+
+    entries: list[Any] = []
+    budget, host_budget = settings.memory_budget, settings.host_memory_budget
+    if settings.models_file:
+        found = load_models_file(settings.models_file)
+        entries.extend(found.entries)
+        budget = budget if budget is not None else found.memory_budget
+        host_budget = host_budget if host_budget is not None else found.host_memory_budget
+    if models:
+        kwargs = engine_kwargs(args)
+        if kwargs.get("warmup"):
+            raise ConfigError("--warmup", "is not supported with several models yet (each would warm up at load)")
+        parallel = kwargs["parallel"]
+        for entry in entries_from_args(models):
+            entries.append(attrs.evolve(entry, caches=tuple(kwargs["cache_methods"]), offload=kwargs["offload"],
+                                        options=dict(kwargs["model_options"]),
+                                        vae_decode_precision=kwargs["vae_decode_precision"],
+                                        parallel=parallel if parallel.enabled else None,
+                                        compile=kwargs["compile"], quantization=kwargs.get("quantization")))
+    check_unique(entries)
+    if getattr(settings, "lora_modules", ()) or getattr(settings, "lora_dirs", ()):
+        raise ConfigError("--lora-modules", "is not supported with several models yet; serve the model that uses "
+                                            "adapters on its own")
+    return entries, budget, host_budget
+
+
+def run_pool(args: argparse.Namespace, models: list[str], host: Any, settings: Any) -> int:
+    """Check every model without loading it, then serve them all (see :func:`.serve_cmd.serve`)."""
+    from ..engine.model_options import resolve_model_options
+    from .checks import resolve_before_load
+    from .serve_cmd import default_state_dir, serve
+
+    entries, budget, host_budget = pool_entries(args, models, settings)
+    for entry in entries:  # a model that names nothing, or a bad option, fails here: one line, exit 2
+        spec, _ = resolve_before_load(entry.checkpoint, host)
+        if spec is not None:
+            resolve_model_options(spec, entry.options)
+    if not settings.state_dir:  # one default directory per set of models
+        label = "+".join(e.name for e in entries)
+        settings = settings.evolve(state_dir=str(default_state_dir(settings.cache_path, label)))
+
+    def make_pool() -> Any:
+        from ..pool.pool import ModelPool
+
+        return ModelPool(entries, host=host, settings=settings, memory_budget=budget, host_memory_budget=host_budget)
+
+    return serve(args, model=", ".join(e.name for e in entries), host=host, settings=settings, make_engine=make_pool)
