@@ -122,6 +122,11 @@ _LAZY: dict[str, str] = {
     "local_parameter_bytes": "omnicore.parallel.tensor_parallel:local_parameter_bytes",
     "local_ranges": "omnicore.parallel.tensor_parallel:local_ranges",
     "all_reduce_sum": "omnicore.parallel.collectives:all_reduce_sum",
+    # expert parallelism (``ep=N``): token dispatch/combine by all-to-all, the expert-count check
+    "ExpertDispatch": "omnicore.parallel.experts:ExpertDispatch",
+    "check_dispatch": "omnicore.parallel.experts:check_dispatch",
+    "check_expert_degree": "omnicore.parallel.experts:check_expert_degree",
+    "expert_bytes_per_layer": "omnicore.parallel.experts:expert_bytes_per_layer",
     # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
@@ -224,6 +229,10 @@ if TYPE_CHECKING:
     from .parallel.cfg import cfg_branches as cfg_branches
     from .parallel.cfg import data_parallel as data_parallel
     from .parallel.collectives import all_reduce_sum as all_reduce_sum
+    from .parallel.experts import ExpertDispatch as ExpertDispatch
+    from .parallel.experts import check_dispatch as check_dispatch
+    from .parallel.experts import check_expert_degree as check_expert_degree
+    from .parallel.experts import expert_bytes_per_layer as expert_bytes_per_layer
     from .parallel.tensor_parallel import ShardRule as ShardRule
     from .parallel.tensor_parallel import TensorParallelPlan as TensorParallelPlan
     from .parallel.tensor_parallel import local_parameter_bytes as local_parameter_bytes

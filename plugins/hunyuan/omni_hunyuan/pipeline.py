@@ -176,7 +176,7 @@ class HunyuanImage3Pipeline(BasePipeline):
         if parallel is not None and parallel.tp > 1:
             model.enable_tensor_parallel(parallel)
         if parallel is not None and parallel.ep > 1:  # --parallel ep=N: this rank keeps 1/N of the routed experts
-            model.enable_expert_parallel(parallel)
+            model.enable_expert_parallel(parallel, str(opts.get("ep_dispatch") or "all_to_all"))
         install_vae_fast_paths(model.vae, options.platform.ops)  # run only for quality="high" requests
         tokenizer = HunyuanTokenizer.from_dir(root, config.image_base_size)
         pipeline = cls(model, tokenizer, gen_config, device=device, dtype=dtype, path=root, kv_mode=kv_mode,

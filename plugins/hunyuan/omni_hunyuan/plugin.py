@@ -53,6 +53,10 @@ OPTIONS = (
     ModelOption("sampler_grid", "str", "release", ("release", "diffusers"),
                 "timestep grid: release (the original release's, shift applied once) or diffusers "
                 "(FlowMatchEulerDiscreteScheduler's, as the reference serving system uses; low end shifted twice)"),
+    ModelOption("ep_dispatch", "str", "all_to_all", ("all_to_all", "all_reduce"),
+                "--parallel ep=N: send token copies to their experts' ranks and back (all_to_all), or run each "
+                "rank's experts on the replicated tokens and all-reduce the shares (all_reduce: fewer bytes when "
+                "k > 1, see benchmarks/parallel.py)"),
 )
 
 PRESETS = (

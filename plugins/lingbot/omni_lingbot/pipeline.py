@@ -127,6 +127,9 @@ class LingBotPipeline(BasePipeline):
                                      ops=options.platform.ops)
             if parallel is not None and parallel.ulysses > 1:
                 model.enable_ulysses(parallel)
+            if parallel is not None and getattr(parallel, "ep", 1) > 1:  # this rank keeps 1/ep of the experts
+                dispatch = (getattr(options, "model_options", None) or {}).get("ep_dispatch") or "all_to_all"
+                model.enable_expert_parallel(parallel, str(dispatch))
             model.enable_sparse_attention(sparse_attention_options(options.model_options))  # plan-running backends
             return model
 

@@ -33,7 +33,8 @@ CAPABILITIES = ModelCapabilities(
     max_outputs_per_request=1,
     cache_methods=("first_block_cache",),  # teacache needs per-model coefficients LingBot does not publish
     needs_packed_varlen=True,  # the DiT's attention takes cu_seqlens documents (batch CFG, batched requests)
-    parallel=("cfg", "ulysses"),  # --parallel: branches on CFG ranks; packed rows sharded over Ulysses ranks
+    # --parallel: branches on CFG ranks; packed rows sharded over Ulysses ranks; MoE experts over EP ranks
+    parallel=("cfg", "ulysses", "ep"),
 )
 
 DEFAULTS = RequestDefaults(
@@ -75,6 +76,10 @@ OPTIONS = (
                                                           "0.8; other backends ignore it)"),
     ModelOption("rainfusion_skip_layers", "str", None, help="DiT layers that stay dense under a block-sparse "
                                                            "attention backend, e.g. '0-3,38'"),
+    ModelOption("ep_dispatch", "str", "all_to_all", choices=("all_to_all", "all_reduce"),
+                help="--parallel ep=N: send token copies to their experts' ranks and back (all_to_all), or run "
+                     "each rank's experts on the replicated tokens and all-reduce the shares (all_reduce: fewer "
+                     "bytes when k > 1, see benchmarks/parallel.py)"),
 )
 
 MODEL_SPEC = ModelSpec(

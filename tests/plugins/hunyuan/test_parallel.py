@@ -19,11 +19,11 @@ PARAMS = {"height": 64, "width": 64, "num_inference_steps": 3, "guidance_scale":
 PROMPTS = ("a lighthouse at dusk", "a red fox in the snow")
 
 
-def _engine(path: Path, parallel: str | None = None) -> Engine:
+def _engine(path: Path, parallel: str | None = None, **options: Any) -> Engine:
     from omnicore.plugin_host.host import default_host
 
     settings = default_host().settings.evolve(request_batch_max_wait_ms=400.0)  # lets two submits form a batch
-    return Engine(str(path), settings=settings, parallel=parallel)
+    return Engine(str(path), settings=settings, parallel=parallel, model_options=options or None)
 
 
 def _images(engine: Engine, *prompts: str, seed: int = 7) -> list[np.ndarray]:
@@ -126,19 +126,25 @@ def test_an_expert_count_the_ep_degree_does_not_divide_is_refused(pipe: Any) -> 
 
 
 @pytest.mark.slow
-def test_expert_parallel_image_matches_single_process(micro_dir: Path, reference: Any) -> None:
-    """ep=2: each rank keeps half the routed experts of every MoE layer (same top-k routing), one all-reduce
-    per MoE layer and step adds the shares."""
+@pytest.mark.parametrize("dispatch", ["all_to_all", "all_reduce"])
+def test_expert_parallel_image_matches_single_process(micro_dir: Path, reference: Any, dispatch: str) -> None:
+    """ep=2: each rank keeps half the routed experts of every MoE layer (same top-k routing); per MoE layer and
+    step either token copies go to their experts' rank and back by all-to-all (rows, ids, outputs) and the token
+    slices are all-gathered, or one all-reduce adds the shares."""
     from omni_hunyuan.transformer.config import HunyuanConfig
 
     config = HunyuanConfig.from_file(micro_dir / "config.json")
-    with _engine(micro_dir, "ep=2") as engine:
+    with _engine(micro_dir, "ep=2", ep_dispatch=dispatch) as engine:
         experts = engine.pipeline.model.model.layers[0].mlp.experts
         assert experts.w_gate.shape[0] == config.num_experts // 2 and experts.first == 0
         _assert_same(_images(engine, PROMPTS[0]), reference["single"])
         moe = sum(config.layer_is_moe(i) for i in range(config.num_hidden_layers))
         calls = engine.group.ctx.stats.snapshot()["calls"]
-        assert calls == {"all_reduce": moe * PARAMS["num_inference_steps"]}, calls
+        per_step = moe * PARAMS["num_inference_steps"]
+        if dispatch == "all_to_all":
+            assert calls == {"all_to_all": 3 * per_step, "all_gather": per_step}, calls
+        else:
+            assert calls == {"all_reduce": per_step}, calls
         _assert_same(_images(engine, *PROMPTS), reference["batch"])
         # rank 0 never read the other rank's experts: the files less half of the routed experts' bytes
         from omni_hunyuan.loader import _EXPERT

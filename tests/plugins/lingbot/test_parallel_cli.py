@@ -26,11 +26,11 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("omnicore-cache")
 
 
-def generate(cache: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def generate(cache: Path, out: Path, *args: str, model: str = "tiny:lingbot") -> subprocess.CompletedProcess[str]:
     if _SCRIPT is None:
         pytest.fail("the `omnicore` console script is not installed next to this interpreter")
     env = {**os.environ, "OMNICORE_CACHE": str(cache)}
-    command = [_SCRIPT, "generate", "tiny:lingbot", "a red fox", "--num-frames", "9", "--seed", "5", "--no-progress",
+    command = [_SCRIPT, "generate", model, "a red fox", "--num-frames", "9", "--seed", "5", "--no-progress",
                "-o", str(out), *args]
     return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=600)
 
@@ -56,6 +56,17 @@ def test_parallel_generate_writes_the_single_process_frames(cache: Path, tmp_pat
     a, b = frames(single), frames(split)
     assert a.shape == b.shape and a.shape[0] == 9
     # same uint8 frames in -> same encoder output; allow a level of fp32 rounding at the uint8 step
+    assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+def test_expert_parallel_generate_writes_the_single_process_frames(cache: Path, tmp_path: Path) -> None:
+    """``tiny:lingbot-moe --parallel ep=2``: half the routed experts per rank, tokens dispatched by all-to-all."""
+    single, split = tmp_path / "single.mp4", tmp_path / "split.mp4"
+    for out, extra in ((single, ()), (split, ("--parallel", "ep=2"))):
+        proc = generate(cache, out, *extra, model="tiny:lingbot-moe")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    a, b = frames(single), frames(split)
+    assert a.shape == b.shape and a.shape[0] == 9
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
 
 

@@ -52,6 +52,8 @@ class StackedExperts(nn.Module):
 
     #: expert parallel: this rank holds experts ``[first, first + len(w_gate))`` of ``total`` (``keep_experts``)
     first: int = 0
+    #: expert parallel by all-to-all: the group's ``omnicore.plugin.ExpertDispatch`` (None: local or all-reduced)
+    dispatch: Any = None
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -75,8 +77,18 @@ class StackedExperts(nn.Module):
 
         Token copies are sorted by expert (one matmul pair per active expert on a contiguous slice), then put
         back in (token, slot) order with a gather and summed over the slots: no atomic scatter-adds, so the
-        result does not depend on thread scheduling."""
+        result does not depend on thread scheduling. Under all-to-all expert parallel (``dispatch``) this rank's
+        slice of the tokens sends its copies to their experts' ranks, weights and sums what comes back the same
+        way, and the slices are all-gathered."""
         tokens, k = experts.shape
+        if self.dispatch is not None:
+            d = self.dispatch
+            part = d.token_slice(tokens)
+            n = part.stop - part.start
+            rows = x[part][torch.arange(n, device=x.device).repeat_interleave(k)]
+            y = d.run(rows, experts[part].reshape(-1), self.run_rows)
+            out = (y.reshape(n, k, -1) * weights[part][..., None].to(y.dtype)).sum(dim=1)
+            return cast(torch.Tensor, d.gather(out, tokens))
         local = self.w_gate.shape[0]
         flat = experts.reshape(-1) - self.first
         if self.first or local != self.total:  # expert parallel: other ranks' experts go to a bucket left at zero
@@ -97,6 +109,24 @@ class StackedExperts(nn.Module):
         ys[start:] = 0  # copies routed to another rank's experts (none without expert parallel)
         y = ys[inverse].reshape(tokens, k, -1) * weights[..., None].to(ys.dtype)
         return y.sum(dim=1)
+
+
+    def run_rows(self, rows: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """``rows [N, H]``, each through this rank's expert ``local [N]`` -> ``[N, H]`` in the same order (rows of
+        one expert keep their given order)."""
+        order = torch.argsort(local, stable=True)
+        counts = torch.bincount(local, minlength=self.w_gate.shape[0]).tolist()
+        xs = rows[order]
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                xe = xs[start:start + n]
+                ys[start:start + n] = (F.silu(xe @ self.w_gate[e].t()) * (xe @ self.w_up[e].t())) @ self.w_down[e].t()
+                start += n
+        out = torch.empty_like(ys)
+        out[order] = ys
+        return out
 
 
 class MoE(nn.Module):

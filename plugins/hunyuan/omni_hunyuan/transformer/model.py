@@ -165,15 +165,18 @@ class HunyuanImage3(nn.Module):
         parallelize(self, plan, ctx.tp_mesh, stats=ctx.stats)
         self.tensor_parallel = ctx
 
-    def enable_expert_parallel(self, ctx: Any) -> None:
+    def enable_expert_parallel(self, ctx: Any, dispatch: str = "all_to_all") -> None:
         """Partition every MoE layer's routed experts over ``ctx.ep`` ranks (rank ``e`` keeps a contiguous
         ``1/ep`` of them; an expert count the degree does not divide is a ConfigError naming both). The router is
-        replicated, so each rank sees the same top-k choice; it computes the copies routed to its experts and the
-        ranks' shares are added with one all-reduce per MoE layer (the shared MLP is added once, after it)."""
-        from omnicore.plugin import all_reduce_sum
+        replicated, so each rank sees the same top-k choice. ``dispatch="all_to_all"``: each rank sends the token
+        copies of its slice of the tokens to their experts' ranks and back (``omnicore.plugin.ExpertDispatch``),
+        then the slices are all-gathered; ``"all_reduce"``: each rank computes the copies routed to its experts
+        for every token and one all-reduce per MoE layer adds the shares. The shared MLP runs on every rank."""
+        from omnicore.plugin import ExpertDispatch, all_reduce_sum, check_dispatch
 
         from .blocks import StackedExperts
 
+        check_dispatch(dispatch)
         check_experts(self.config, ctx.ep)
         per = self.config.num_experts // ctx.ep
 
@@ -184,7 +187,11 @@ class HunyuanImage3(nn.Module):
             if isinstance(module, StackedExperts):
                 if module.w_gate.shape[0] != per:  # a model loaded whole keeps its share now
                     module.keep_experts(ctx.ep_rank * per, per)
-                module.register_forward_hook(reduce)
+                if dispatch == "all_to_all":
+                    module.dispatch = ExpertDispatch(rank=ctx.ep_rank, degree=ctx.ep, per_rank=per,
+                                                     group=ctx.ep_group, stats=ctx.stats)
+                else:
+                    module.register_forward_hook(reduce)
         self.expert_parallel = ctx
 
     # ------------------------------------------------------------------------------------------ inputs

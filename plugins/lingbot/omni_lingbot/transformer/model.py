@@ -98,6 +98,21 @@ class LingBotVideoTransformer3DModel(nn.Module):
         self.sequence_parallel = ctx
         self.attention = UlyssesAttention(self.attention, ctx)
 
+    def enable_expert_parallel(self, ctx: Any, dispatch: str = "all_to_all") -> None:
+        """Partition every MoE block's routed experts over ``ctx.ep`` ranks (rank ``e`` keeps a contiguous
+        ``1/ep``; a count the degree does not divide is a ConfigError naming both), tokens dispatched to their
+        experts' ranks by ``dispatch`` (``all_to_all`` or ``all_reduce``; see :mod:`.moe`). A dense DiT (no MoE
+        block) is refused: expert parallel would only replicate it."""
+        from omnicore.plugin import ConfigError
+
+        from .moe import LingBotMoE
+
+        moes = [m for m in self.modules() if isinstance(m, LingBotMoE)]
+        if not moes:
+            raise ConfigError("parallel", f"ep={ctx.ep} needs a mixture-of-experts DiT; this one has no MoE block")
+        for moe in moes:
+            moe.enable_expert_parallel(ctx, dispatch)
+
     def enable_sparse_attention(self, options: Mapping[str, Any] | None = None) -> bool:
         """Attach block-sparse plans to the attention calls when the backend executes them (it carries a
         ``sparse_planner`` factory, e.g. ``npu_rainfusion``), built from ``options`` (``sparsity``,

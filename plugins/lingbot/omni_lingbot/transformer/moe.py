@@ -7,6 +7,13 @@ selected experts, normalised to sum 1 (``+1e-20``) when ``norm_topk_prob`` and `
 ``routed_scaling_factor``. Routed experts run grouped: token copies are sorted by expert and each expert does one
 GEMM on its contiguous slice (or one ``torch._grouped_mm``); results are scattered back with ``index_add_`` in
 fp32. Shared experts are added to every row; rows flagged as padding receive no routed output.
+
+Expert parallel (``--parallel ep=N``, :meth:`LingBotMoE.enable_expert_parallel`): each rank keeps a contiguous
+``E / N`` of the routed experts; the router stays replicated, so top-k routing is the single-process choice. With
+``dispatch="all_to_all"`` (the default) each rank sends the token copies of its slice of the tokens to the experts'
+owners and gets their outputs back (``omnicore.plugin.ExpertDispatch``), then the slices are all-gathered; with
+``"all_reduce"`` every rank runs its experts on the copies routed to them and the partial sums are all-reduced.
+Shared experts run replicated on every rank.
 """
 
 from __future__ import annotations
@@ -105,15 +112,41 @@ class MoEExperts(nn.Module):
     """Stacked SwiGLU experts: ``w2(silu(w1 x) * w3 x)`` with ``w1, w3 [E, I, H]`` and ``w2 [E, H, I]``."""
 
     ops: Any = eager_ops  # platform ops (``swiglu``); see norm.bind_ops
+    #: expert parallel: this rank holds experts ``[first, first + len(w1))`` (``keep_experts``)
+    first: int = 0
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
+        self.total = num_experts
         self.w1 = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.w3 = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         for w in (self.w1, self.w3, self.w2):  # nn.Linear's default init, per expert
             bound = 1.0 / math.sqrt(w.shape[-1])
             nn.init.uniform_(w, -bound, bound)
+
+    def keep_experts(self, first: int, count: int) -> None:
+        """Expert parallel: keep experts ``[first, first + count)`` only (the others' weights are released)."""
+        for name in ("w1", "w3", "w2"):
+            kept = getattr(self, name).data[first:first + count].clone()
+            setattr(self, name, nn.Parameter(kept, requires_grad=False))
+        self.first = first
+
+    def run_rows(self, rows: torch.Tensor, local_ids: torch.Tensor, impl: GroupedImpl = "auto") -> torch.Tensor:
+        """One output row per input row: ``rows [N, H]`` each through local expert ``local_ids [N]`` (grouped by
+        expert with a stable sort, so each expert sees its rows in the order given)."""
+        order = torch.argsort(local_ids, stable=True)
+        counts_t = torch.bincount(local_ids, minlength=self.w1.shape[0])
+        offsets = torch.cumsum(counts_t, 0).to(torch.int32)
+        xs = rows[order].to(self.w1.dtype)
+        impl = resolve_impl(impl, xs, self.w1)
+        counts = counts_t.tolist() if impl == "loop" else []
+        gate = grouped_linear(xs, self.w1, counts, offsets, impl)
+        h = self.ops.swiglu(gate, grouped_linear(xs, self.w3, counts, offsets, impl))
+        y = grouped_linear(h, self.w2, counts, offsets, impl)
+        out = torch.empty_like(y)
+        out[order] = y
+        return out
 
     def forward(
         self,
@@ -123,15 +156,19 @@ class MoEExperts(nn.Module):
         token_mask: torch.Tensor | None = None,
         impl: GroupedImpl = "auto",
     ) -> torch.Tensor:
-        """``x [T, H]``, ``ids/weights [T, k]`` -> fp32 ``[T, H]`` weighted sum of the selected experts."""
+        """``x [T, H]``, ``ids/weights [T, k]`` -> fp32 ``[T, H]`` weighted sum of the selected experts (under
+        expert parallel: of the selected experts this rank holds)."""
         t, k = ids.shape
         num_experts = self.w1.shape[0]
         flat_ids = ids.reshape(-1)
         flat_w = weights.reshape(-1).float()
         flat_tok = torch.arange(t, device=x.device).repeat_interleave(k)
-        if token_mask is not None:
-            keep = token_mask.to(torch.bool)[flat_tok]
-            flat_ids, flat_w, flat_tok = flat_ids[keep], flat_w[keep], flat_tok[keep]
+        keep = None if token_mask is None else token_mask.to(torch.bool)[flat_tok]
+        if self.first or num_experts != self.total:  # expert parallel: copies for other ranks' experts dropped
+            mine = (flat_ids >= self.first) & (flat_ids < self.first + num_experts)
+            keep = mine if keep is None else keep & mine
+        if keep is not None:
+            flat_ids, flat_w, flat_tok = flat_ids[keep] - self.first, flat_w[keep], flat_tok[keep]
         order = torch.argsort(flat_ids, stable=True)
         tok_sorted = flat_tok[order]
         counts_t = torch.bincount(flat_ids, minlength=num_experts)
@@ -177,6 +214,22 @@ class LingBotMoE(nn.Module):
             SwiGLUFeedForward(hidden, intermediate * n_shared_experts) if n_shared_experts else None
         )
 
+    #: expert parallel: ``(ExpertDispatch, ctx, dispatch mode)`` once enable_expert_parallel ran
+    expert_parallel: Any = None
+
+    def enable_expert_parallel(self, ctx: Any, dispatch: str = "all_to_all") -> None:
+        """Keep this rank's ``1/ctx.ep`` of the routed experts (an expert count the degree does not divide is a
+        ConfigError naming both) and route tokens to the other ranks' experts by ``dispatch``."""
+        from omnicore.plugin import ExpertDispatch, check_dispatch, check_expert_degree
+
+        check_dispatch(dispatch)
+        check_expert_degree(self.experts.total, ctx.ep)
+        per = self.experts.total // ctx.ep
+        if self.experts.w1.shape[0] != per:
+            self.experts.keep_experts(ctx.ep_rank * per, per)
+        router = ExpertDispatch(rank=ctx.ep_rank, degree=ctx.ep, per_rank=per, group=ctx.ep_group, stats=ctx.stats)
+        self.expert_parallel = (router, ctx, dispatch)
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return route(
             self.router(x),
@@ -192,7 +245,40 @@ class LingBotMoE(nn.Module):
     def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]`` -> fp32 ``[T, H]``; ``token_mask [T]`` (True = real) zeroes routed output on padding rows."""
         ids, weights = self.route(x)
-        out = self.experts(x, ids, weights, token_mask, self.grouped_impl)
+        if self.expert_parallel is None:
+            out = self.experts(x, ids, weights, token_mask, self.grouped_impl)
+        elif self.expert_parallel[2] == "all_reduce":
+            from omnicore.plugin import all_reduce_sum
+
+            _, ctx, _ = self.expert_parallel
+            out = all_reduce_sum(self.experts(x, ids, weights, token_mask, self.grouped_impl), ctx.ep_group,
+                                 ctx.stats)
+        else:
+            out = _dispatched_forward(self, x, ids, weights, token_mask)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x).float()
         return out
+
+
+def _dispatched_forward(moe: LingBotMoE, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                        token_mask: torch.Tensor | None) -> torch.Tensor:
+    """The routed experts' output under ``dispatch="all_to_all"``: this rank's token slice dispatched to the
+    experts' owners, combined exactly as :meth:`MoEExperts.forward` does, then all-gathered."""
+    dispatch = moe.expert_parallel[0]
+    t, k = ids.shape
+    part = dispatch.token_slice(t)
+    n = part.stop - part.start
+    flat_ids = ids[part].reshape(-1)
+    flat_w = weights[part].reshape(-1).float()
+    flat_tok = torch.arange(n, device=x.device).repeat_interleave(k)
+    if token_mask is not None:
+        keep = token_mask[part].to(torch.bool)[flat_tok]
+        flat_ids, flat_w, flat_tok = flat_ids[keep], flat_w[keep], flat_tok[keep]
+    experts, impl = moe.experts, moe.grouped_impl
+    y = dispatch.run(x[part][flat_tok].to(experts.w1.dtype), flat_ids,
+                     lambda rows, local: experts.run_rows(rows, local, impl))
+    order = torch.argsort(flat_ids, stable=True)
+    out = torch.zeros(n, x.shape[-1], dtype=torch.float32, device=x.device)
+    out.index_add_(0, flat_tok[order], y[order].float() * flat_w[order, None])
+    return dispatch.gather(out, t)
+
