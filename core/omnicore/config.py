@@ -257,6 +257,15 @@ OPTIONS: tuple[Option, ...] = (
            flag="--cors-origin", repeatable=True, metavar="ORIGIN"),
     Option("no_ui", "OMNICORE_NO_UI", False, lambda n, v: _parse_bool(n, str(v)),
            "Server: do not serve the browser playground at `/` (the API is unchanged)."),
+    Option("models_file", "OMNICORE_MODELS_FILE", None, lambda n, v: str(v) if v else None,
+           "Server: a models.toml of several models to serve in one process (name, checkpoint, options, caches, "
+           "offload, priority, pinned ...); requests choose one with `model`.", flag="--models", metavar="PATH"),
+    Option("memory_budget", "OMNICORE_MEMORY_BUDGET", None, lambda n, v: _pool_bytes(n, v),
+           "Server with several models: device memory the loaded ones may hold (24GiB, 800MB or bytes); idle "
+           "models beyond it are offloaded to host memory; none = the device's memory.", metavar="SIZE"),
+    Option("host_memory_budget", "OMNICORE_HOST_MEMORY_BUDGET", None, lambda n, v: _pool_bytes(n, v),
+           "Server with several models: host memory offloaded models may hold; beyond it the least recently "
+           "used one is unloaded; none = no limit.", metavar="SIZE"),
     Option("lora_modules", "OMNICORE_LORA_MODULES", (), _lora_modules,
            "Server: LoRA adapters read and checked at start-up, NAME=PATH (repeatable; comma-separated in the "
            "environment); requests name them in `lora`, `/v1/models` and `omnicore models` list them.",
@@ -270,6 +279,14 @@ OPTIONS: tuple[Option, ...] = (
            "past it leave the device and stay in host memory (pinned on CUDA); none = no limit.",
            metavar="BYTES"),
 )
+
+
+
+def _pool_bytes(name: str, raw: Any) -> int | None:
+    from .pool.memory import parse_bytes
+
+    return parse_bytes(name, raw)
+
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
 

@@ -181,8 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve one model over HTTP (OpenAI-style images and video jobs). A model that "
                                    "cannot be found or loaded, a busy port or missing server packages end it with "
                                    "exit code 2 and one line; SIGINT/SIGTERM drain running work and exit 0.")
-    s.add_argument("model", help=MODEL_HELP + "; `auto`: tiny:lingbot when installed, else the first registered "
-                                              "tiny preset")
+    s.add_argument("model", nargs="*", help=MODEL_HELP + "; `auto`: tiny:lingbot when installed, else the first "
+                                                         "registered tiny preset; several models (or --models "
+                                                         "models.toml) are served by one process under "
+                                                         "--memory-budget, the request's `model` choosing one")
     s.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="show third-party progress bars and warnings, and tracebacks of load failures "
                         "(default: hidden)")

@@ -119,7 +119,16 @@ def run(args: argparse.Namespace) -> int:
     settings = resolve_settings(flags_from_args(args, "global", "engine", "server"))
     host = make_host(settings)
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded, nothing bound
-    model = args.model
+    models = list(args.model) if isinstance(args.model, (list, tuple)) else [args.model]
+    if len(models) > 1 or settings.models_file:  # several models in one server: cli/serve_pool.py
+        from .serve_pool import run_pool
+
+        return run_pool(args, models, host, settings)
+    if not models:
+        print("error: serve needs a model (or several, or --models models.toml); `omnicore models` lists them",
+              file=sys.stderr)
+        return 2
+    model = models[0]
     if model == "auto":
         try:
             model = resolve_auto(host)
@@ -132,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
     return serve(args, model=model, host=host, settings=settings)
 
 
-def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> int:
+def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any,
+          make_engine: Callable[[], Any] | None = None) -> int:
+    """Serve ``model``; ``make_engine`` (several models: it builds the model pool, which checked its models
+    already) replaces the one-model engine and its checks."""
     import logging
 
     from ..server.app import create_app
@@ -149,18 +161,23 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any) -> 
     from .examples import example_commands
     from .generate_cmd import engine_kwargs
 
-    kwargs = engine_kwargs(args, model=model)  # a malformed --model-option fails before the listener starts
-    spec, preset = resolve_before_load(model, host)  # a model that names nothing fails here: one line, exit 2
-    if spec is not None:
-        resolve_model_options(spec, kwargs["model_options"])  # unknown names / bad values, before listening
-    from .lora_args import serve_lora_kwargs
+    preset: Any = None
+    kwargs: dict[str, Any] = {}
+    if make_engine is None:
+        kwargs = engine_kwargs(args, model=model)  # a malformed --model-option fails before the listener starts
+        spec, preset = resolve_before_load(model, host)  # a model that names nothing fails here: one line, exit 2
+        if spec is not None:
+            resolve_model_options(spec, kwargs["model_options"])  # unknown names / bad values, before listening
+        from .lora_args import serve_lora_kwargs
 
-    kwargs.update(serve_lora_kwargs(settings, spec))  # --lora-modules / --lora-dir paths, before listening
+        kwargs.update(serve_lora_kwargs(settings, spec))  # --lora-modules / --lora-dir paths, before listening
     check_port_free(ss.host, ss.port)  # a busy port: one line, exit 2, before anything is printed or loaded
     failures: list[BaseException] = []
 
     def loader() -> Any:
         try:
+            if make_engine is not None:
+                return make_engine()
             from ..engine.api import Engine  # torch: imported in the load thread, after every cheap check
 
             return Engine(model, host=host, settings=settings, **kwargs)

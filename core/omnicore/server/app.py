@@ -50,6 +50,8 @@ class ServerContext:
     served: ServedModel | None = None
     model_arg: str | None = None
     started_at: float = attrs.Factory(time.time)
+    pool: Any = None  # the ModelPool when the server serves several models (server/models.py)
+    models: dict[str, ServedModel] = attrs.Factory(dict)  # with a pool: name -> served model
 
     def require(self) -> tuple[JobManager, ServedModel]:
         """The job manager and model, or 503 while the server is not ready."""
@@ -57,14 +59,39 @@ class ServerContext:
         assert self.jobs is not None and self.served is not None
         return self.jobs, self.served
 
+    def served_for(self, model: str | None) -> ServedModel:
+        """The served model a request's ``model`` routes to (one-model server: its model, checked later)."""
+        if self.pool is None:
+            assert self.served is not None
+            return self.served
+        from .models import route
+
+        return route(self.models, model)
+
+    def model_key(self, served: ServedModel) -> str | None:
+        """What the job manager passes the engine as ``model=`` (``None`` for a one-model server)."""
+        return served.id if self.pool is not None else None
+
     def attach(self, engine: Any) -> None:
-        """Adopt a loaded engine: recover the store (restart table), re-enqueue queued jobs, become ready."""
+        """Adopt a loaded engine (or model pool): recover the store (restart table), re-enqueue queued jobs,
+        become ready."""
         self.engine = engine
-        self.served = ServedModel.from_spec(engine.spec, self.model_arg, created=int(time.time()),
-                                            model_options=getattr(engine, "model_options", None))
+        from ..pool.pool import ModelPool
+
+        if isinstance(engine, ModelPool):
+            from .models import install_metrics, served_models
+
+            self.pool = engine
+            self.models = served_models(engine, int(time.time()))
+            self.served = next(iter(self.models.values()))
+            install_metrics(self.metrics, engine)
+        else:
+            self.served = ServedModel.from_spec(engine.spec, self.model_arg, created=int(time.time()),
+                                                model_options=getattr(engine, "model_options", None))
         self.jobs = JobManager(engine, self.store, self.settings, self.metrics, self.hub,
                                on_worker_died=self._worker_died)
-        requeue = self.store.recover(self.served.names)
+        names = tuple(n for m in self.models.values() for n in m.names) if self.pool is not None else self.served.names
+        requeue = self.store.recover(names)
         self.store.expire(self.settings.job_ttl_s)
         self.metrics.on_scrape(self._refresh_gauges)
         for record in getattr(getattr(engine, "host", None), "records", {}).values():
@@ -91,10 +118,12 @@ class ServerContext:
         assert self.jobs is not None
         record = self.store.get(job_id) or {}
         try:
-            request = rebuild_request(self, job_id)
+            served = self.served_for(record.get("model")) if self.pool is not None else None
+            request = rebuild_request(self, job_id, served)
             live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True,
                            deadline_s=(self.store.get_request(job_id) or {}).get("body", {}).get("timeout_s"),
-                           owner=self.store.get_owner(job_id)[1])
+                           owner=self.store.get_owner(job_id)[1],
+                           model=self.model_key(served) if served is not None else None)
             live.created = float(record.get("created_at") or time.time())
             self.jobs.submit(live, request)
         except Exception as exc:

@@ -118,6 +118,8 @@ def from_core(exc: BaseException, *, retry_after_s: float = 1.0,
         return ApiError(404, "model_not_found", str(exc), param="model")
     if isinstance(exc, core_errors.Cancelled):
         return ApiError(409, "job_cancelled", str(exc))
+    if isinstance(exc, core_errors.ModelUnavailable):  # one model of several failed to load or cannot fit
+        return ApiError(503, "model_unavailable", str(exc), param="model", headers={"Retry-After": "30"})
     # a plugin's failure (in preprocess, say): its text is what a client can report; the handler adds the
     # request id and logs the traceback (the ApiError is raised from the exception)
     return ApiError(500, "internal_error", f"internal error ({type(exc).__name__}: {exc})")
@@ -167,6 +169,8 @@ def job_error_code(exc: BaseException | None) -> str:
         return "internal_error"
     if isinstance(exc, core_errors.Cancelled):
         return "cancelled"
+    if isinstance(exc, core_errors.ModelUnavailable):
+        return "model_unavailable"
     if is_out_of_memory(exc):
         return "out_of_memory"
     if isinstance(exc, core_errors.InvalidRequest):

@@ -69,6 +69,7 @@ class LiveJob:
     run_timer: threading.Timer | None = None  # the operator's --max-job-seconds, from the start of running
     on_event: Callable[[Any], None] | None = None  # also sees every engine event, from submission on (streams)
     owner: str | None = None  # key id of the API key that submitted it (auth.key_id); None without auth
+    model: str | None = None  # the model it is for, when the server serves several (a model pool); else None
 
 
 @attrs.define
@@ -171,7 +172,9 @@ class JobManager:
                                "retry later", headers={"Retry-After": str(self.retry_after_s())})
             self._live[live.id] = live
         try:
-            job = self.engine.submit(request, on_event=lambda ev: self._on_event(live, ev), limits=self.limits)
+            routed = {"model": live.model} if live.model is not None else {}  # a model pool routes by it
+            job = self.engine.submit(request, on_event=lambda ev: self._on_event(live, ev), limits=self.limits,
+                                     **routed)
         except BaseException as exc:
             with self._lock:
                 self._live.pop(live.id, None)
@@ -202,7 +205,8 @@ class JobManager:
             operator = self.settings.max_job_seconds
             if operator > 0 and live.run_timer is None:  # the operator deadline: running time only
                 live.run_timer = _start_timer(operator, self.cancel, live.id, "operator_deadline")
-        phase = api_phase(ev.phase) if live.status == "in_progress" else "queued"
+        phase = api_phase(ev.phase) if live.status == "in_progress" else "loading" if ev.phase == "loading" \
+            else "queued"  # (a model pool's job waits for its model to load in the visible `loading` phase)
         prev_step = live.step or 0
         if ev.total_steps and ev.phase != "think":  # think counts tokens; step/total_steps stay denoise steps
             live.step, live.total_steps = ev.step, ev.total_steps

@@ -74,11 +74,12 @@ def job_failure(live: LiveJob, request_id: str) -> ApiError:
 async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any, ...], task: str) -> Any:
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
+    served = ctx.served_for(dto.model)  # (several models: the one `model` names)
     job_id = new_id("img")
     greq = image_request(dto, served, ctx.settings, request_id=job_id, images=images, task=task)
     principal = request.scope.get("state", {}).get("principal")
     live = LiveJob(id=job_id, kind="image", task=task, persisted=False, deadline_s=dto.timeout_s,
-                   owner=principal.key_id if principal is not None else None)
+                   owner=principal.key_id if principal is not None else None, model=ctx.model_key(served))
     if dto.stream:
         return await _stream(request, dto, live, greq, task)
     await anyio.to_thread.run_sync(jobs.submit, live, greq)
@@ -193,16 +194,20 @@ async def edits(request: Request) -> Any:
     """Edit or condition on input images (multipart; ``image``/``image[]`` files or ``image_url`` data URLs)."""
     ctx = request.app.state.ctx
     ctx.readiness.require_ready()
-    if "image.edit" not in ctx.served.tasks:
+    if ctx.pool is None and "image.edit" not in ctx.served.tasks:
         raise ApiError(404, "task_not_supported", f"model {ctx.served.id} does not serve image.edit "
                                                   f"(it serves: {', '.join(ctx.served.tasks) or 'nothing'})")
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise ApiError(415, "unsupported_media_type", "images/edits takes multipart/form-data")
     fields, files = await read_multipart(request, max_upload_bytes=ctx.settings.max_upload_bytes,
                                          file_fields=("image", "mask"))
+    served = ctx.served_for(fields.get("model") if isinstance(fields.get("model"), str) else None)
+    if "image.edit" not in served.tasks:
+        raise ApiError(404, "task_not_supported", f"model {served.id} does not serve image.edit "
+                                                  f"(it serves: {', '.join(served.tasks) or 'nothing'})")
     files_images = files.get("image", [])
     if "mask" in files:
-        raise ApiError(400, "unsupported_for_model", f"model {ctx.served.id} does not support inpainting masks",
+        raise ApiError(400, "unsupported_for_model", f"model {served.id} does not support inpainting masks",
                        param="mask")
     try:
         dto = ImageEditFields.model_validate(fields)
@@ -211,9 +216,9 @@ async def edits(request: Request) -> Any:
     raw = list(files_images) + [decode_data_url(u, param="image_url") for u in (dto.image_url or [])]
     if not raw:
         raise ApiError(400, "missing_required_parameter", "images/edits needs at least one image", param="image")
-    if len(raw) > max(1, ctx.served.max_reference_images) and "image.edit" in ctx.served.tasks:
-        raise ApiError(400, "too_many_input_images", f"{len(raw)} input images; model {ctx.served.id} accepts at "
-                                                     f"most {ctx.served.max_reference_images}", param="image")
+    if len(raw) > max(1, served.max_reference_images) and "image.edit" in served.tasks:
+        raise ApiError(400, "too_many_input_images", f"{len(raw)} input images; model {served.id} accepts at "
+                                                     f"most {served.max_reference_images}", param="image")
     # headers first, then the decoded size within --max-decode-bytes (400/429), then the pixels
     images = tuple(await anyio.to_thread.run_sync(lambda: decode_images(raw, param="image", settings=ctx.settings)))
     dto_plain = ImageGenerationRequest.model_validate(dto.model_dump(exclude={"image_url"}, exclude_unset=True))

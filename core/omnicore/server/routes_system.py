@@ -28,6 +28,8 @@ async def health(request: Request) -> JSONResponse:
         stats = ctx.engine.stats()
         body.update(model=ctx.served.id, backend=getattr(ctx.engine.platform, "name", None),
                     queue_depth=stats.get("queued", 0), running=stats.get("running", 0))
+        if ctx.pool is not None:  # several models: each one's state
+            body["models"] = {name: status.state for name, status in ctx.pool.status().items()}
         return JSONResponse(body)
     if ctx.readiness.error:
         body["error"] = ctx.readiness.error
@@ -57,6 +59,10 @@ async def usage(request: Request) -> dict:
 async def list_models(request: Request) -> dict:
     ctx = request.app.state.ctx
     ctx.readiness.require_ready()
+    if ctx.pool is not None:
+        from .models import model_card
+
+        return {"object": "list", "data": [model_card(ctx, served) for served in ctx.models.values()]}
     return {"object": "list", "data": [ctx.served.card(getattr(ctx.engine.platform, "name", None))]}
 
 
@@ -64,6 +70,10 @@ async def list_models(request: Request) -> dict:
 async def get_model(model_id: str, request: Request) -> dict:
     ctx = request.app.state.ctx
     ctx.readiness.require_ready()
+    if ctx.pool is not None:
+        from .models import model_card
+
+        return model_card(ctx, ctx.served_for(model_id))
     if model_id not in ctx.served.names:
         raise ApiError(404, "model_not_found", f"model {model_id!r} is not served here; this server serves "
                                                f"{ctx.served.id!r}", param="model")

@@ -89,15 +89,17 @@ def _new_record(job_id: str, dto: VideoCreateRequest, greq: Any, model: str) -> 
             "usage": {}, **_effective(greq.params, dto)}
 
 
-def rebuild_request(ctx: Any, job_id: str) -> Any:
-    """The ``GenerationRequest`` of a persisted queued job (restart re-enqueue), from its stored body and inputs."""
+def rebuild_request(ctx: Any, job_id: str, served: Any = None) -> Any:
+    """The ``GenerationRequest`` of a persisted queued job (restart re-enqueue), from its stored body and inputs;
+    ``served``: the model it was queued for (default: the server's model)."""
     doc = ctx.store.get_request(job_id)
     if doc is None:
         raise KeyError(job_id)
+    served = served if served is not None else ctx.served
     dto = VideoCreateRequest.model_validate(doc["body"])
-    media = video_media.decode(video_media.load_persisted(doc.get("inputs", [])), ctx.served, ctx.settings,
+    media = video_media.decode(video_media.load_persisted(doc.get("inputs", [])), served, ctx.settings,
                                admitted=True)  # accepted before the restart: counted, never refused by the budget
-    return video_request(dto, ctx.served, ctx.settings, request_id=job_id, media=media)
+    return video_request(dto, served, ctx.settings, request_id=job_id, media=media)
 
 
 def _with_position(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +157,7 @@ async def create_video(request: Request) -> Any:
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     dto, raw, digest = await _parse(request)
+    served = ctx.served_for(dto.model)  # (several models: the one `model` names)
     principal = principal_of(request)
     owner = principal.key_id if principal is not None else None
     idem = request.headers.get("idempotency-key")
@@ -192,7 +195,7 @@ async def create_video(request: Request) -> Any:
             raise storage_full_error(exc) from None
         raise
     live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True, deadline_s=dto.timeout_s,
-                   owner=owner)
+                   owner=owner, model=ctx.model_key(served))
     try:
         await anyio.to_thread.run_sync(jobs.submit, live, greq)
     except BaseException:
@@ -384,12 +387,13 @@ async def create_video_sync(request: Request) -> Any:
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     dto, raw, _ = await _parse(request)
+    served = ctx.served_for(dto.model)
     media = await anyio.to_thread.run_sync(video_media.decode, raw, served, ctx.settings)
     job_id = new_id("video")
     greq = video_request(dto, served, ctx.settings, request_id=job_id, media=media)
     principal = principal_of(request)
     live = LiveJob(id=job_id, kind="sync", task="video.generate", persisted=False, deadline_s=dto.timeout_s,
-                   owner=principal.key_id if principal is not None else None)
+                   owner=principal.key_id if principal is not None else None, model=ctx.model_key(served))
     await anyio.to_thread.run_sync(jobs.submit, live, greq)
     if not await wait_or_disconnect(request, jobs, live):
         return Response(status_code=499)
