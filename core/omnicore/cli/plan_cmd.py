@@ -8,6 +8,7 @@ plugin's own builders and prints, per placement, the bytes each rank holds and w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -61,8 +62,12 @@ def parse_request(text: str) -> dict[str, Any]:
 
 
 def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0, request: dict[str, Any] | None = None,
-               dtype: str = "bfloat16", caches: tuple[str, ...] = (), host: Any = None, settings: Any = None) -> Any:
-    """The :class:`~omnicore.planning.Plan` of ``model`` (Python entry point of ``omnicore plan``)."""
+               dtype: str = "bfloat16", caches: tuple[str, ...] = (), host: Any = None, settings: Any = None,
+               fast_init: bool = False) -> Any:
+    """The :class:`~omnicore.planning.Plan` of ``model`` (Python entry point of ``omnicore plan``).
+
+    ``fast_init`` skips ``torch.nn.init`` while the meta-device modules are built (process-wide for the
+    duration: only for a process doing nothing else, as the ``omnicore plan`` command)."""
     import torch
 
     from ..config import resolve_settings
@@ -80,17 +85,20 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
     torch_dtype = getattr(torch, dtype)
     counter = ByteCounter()
     declared = header_parameters(src.root, counter)
-    profile = src.profile.plan_model(src.root, torch_dtype)
-    sized = src.profile.plan_request(src.root, dict(request or {}))
-    notes: list[str] = []
-    if profile.get("provenance"):
-        notes += [f"{k}: {v}" for k, v in dict(profile["provenance"]).items()]
-    if src.kind == "real":
-        notes.append("real: preset: configs only, no weights (built on the meta device)")
-    plan = make_plan(model=model, spec=src.spec.name, source=src.kind, profile=profile, request=sized,
-                     dtype=torch_dtype, devices=devices, device_memory_bytes=int(device_memory_gib * GIB),
-                     caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes),
-                     parallel_dims=tuple(src.spec.capabilities.parallel))
+    from ..planning.meta import skipped_init
+
+    with skipped_init() if fast_init else contextlib.nullcontext():  # meta modules need no initial values
+        profile = src.profile.plan_model(src.root, torch_dtype)
+        sized = src.profile.plan_request(src.root, dict(request or {}))
+        notes: list[str] = []
+        if profile.get("provenance"):
+            notes += [f"{k}: {v}" for k, v in dict(profile["provenance"]).items()]
+        if src.kind == "real":
+            notes.append("real: preset: configs only, no weights (built on the meta device)")
+        plan = make_plan(model=model, spec=src.spec.name, source=src.kind, profile=profile, request=sized,
+                         dtype=torch_dtype, devices=devices, device_memory_bytes=int(device_memory_gib * GIB),
+                         caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes),
+                         parallel_dims=tuple(src.spec.capabilities.parallel))
     if declared:
         import attrs
 
@@ -130,7 +138,8 @@ def format_table(plan: Any, show_all: bool = False, what_if: bool = False) -> st
 
 def run(args: argparse.Namespace) -> int:
     plan = build_plan(args.model, devices=args.devices, device_memory_gib=args.device_memory,
-                      request=parse_request(args.request), dtype=args.dtype, caches=tuple(args.cache))
+                      request=parse_request(args.request), dtype=args.dtype, caches=tuple(args.cache),
+                      fast_init=True)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
     else:

@@ -125,9 +125,12 @@ class Engine:
         if offload not in OFFLOAD_MODES:
             raise InvalidRequest("offload", f"must be one of {list(OFFLOAD_MODES)}, got {offload!r}")
         self.parallel = ParallelConfig.parse(parallel)  # a malformed layout fails before anything loads
-        if self.quantization is not None and self.parallel.enabled:
-            raise InvalidRequest("quantization", "not supported with parallel yet (the worker ranks load "
-                                                 "unquantized weights); drop one of them")
+        if self.quantization is not None and self.parallel.tp > 1:
+            raise InvalidRequest("quantization", "not supported with tp yet (tensor-parallel shards are DTensors, "
+                                                 "which the weight-only quantizers do not take); use cfg, ulysses "
+                                                 "or ep with it, or drop one of them")
+        if self.quantization is not None and self.parallel.enabled and offload != "none":
+            raise InvalidRequest("quantization", "not supported with --parallel and --offload together; drop one")
         self.compile_mode = normalize_compile(compile)
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
         host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
@@ -153,7 +156,8 @@ class Engine:
         self._attention_requests = 0
         self.group = start_group(self.parallel, self.resolved.spec, os.fspath(model), self.platform, self.settings,
                                  offload=offload, model_options=self.model_options,
-                                 vae_decode_precision=vae_decode_precision, cache_methods=[m for m, _ in methods])
+                                 vae_decode_precision=vae_decode_precision, cache_methods=[m for m, _ in methods],
+                                 quantization=self.quantization)
         options.parallel = self.group.ctx if self.group is not None else None
         try:
             self.pipeline = load_pipeline(self.resolved, options, host)

@@ -45,6 +45,7 @@ class RankSpec:
     model_options: Mapping[str, Any] = attrs.field(factory=dict)
     vae_decode_precision: str | None = None
     settings: Mapping[str, Any] | None = None  # Settings.as_dict() of rank 0's engine
+    quantization: str | None = None  # weight-only int8/fp8 of the model's declared linears, after the load
     timeout_s: float = 600.0
 
 
@@ -77,6 +78,10 @@ def load_rank_pipeline(spec: RankSpec, ctx: Any) -> tuple[Any, Any]:
                                   model_options=spec.model_options, offload=spec.offload,
                                   vae_decode_precision=spec.vae_decode_precision, parallel=ctx)
     apply_offload(pipeline, spec.offload, target.platform.device())
+    if spec.quantization is not None:  # as rank 0 does: replicated / expert-partitioned weights, quantized here
+        from ..quantization import apply_to_pipeline
+
+        apply_to_pipeline(pipeline, pipeline.spec, spec.quantization)
     return host, pipeline
 
 

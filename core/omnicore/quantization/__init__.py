@@ -231,7 +231,8 @@ def resident_bytes(module: nn.Module) -> int:
         flatten = getattr(type(t), "__tensor_flatten__", None)
         if flatten is not None and type(t) not in (torch.Tensor, nn.Parameter):
             names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-            return sum(size(getattr(t, n)) for n in names)
+            inner = [getattr(t, n) for n in names]  # a DTensor also names its mesh: only tensors hold bytes
+            return sum(size(x) for x in inner if isinstance(x, torch.Tensor))
         if id(t) in seen:
             return 0
         seen.add(id(t))
