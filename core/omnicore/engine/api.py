@@ -225,7 +225,10 @@ class Engine:
         """The model's LoRA runtime (None for a model that declares no targets), with what this deployment rules
         out; the registry's preloaded adapters are read and checked now, so a bad one fails at start-up."""
         if self.spec.lora is None:
-            if self.lora_registry.list_modules():
+            if callable(getattr(self.pipeline, "check_loras", None)):  # the pipeline applies adapters its own way
+                self.pipeline.check_loras([LoRA(name) for name in self.lora_registry.list_modules()],
+                                          self.lora_registry)
+            elif self.lora_registry.list_modules():
                 raise InvalidRequest("lora_modules", f"model {self.spec.name!r} does not support LoRA adapters")
             return None
         runtime = LoRARuntime(self.lora_registry, self.spec, self.pipeline, self.platform.ops)
@@ -295,10 +298,13 @@ class Engine:
             raise EngineClosed("engine is closed")
         request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
         if request.loras:  # read and checked against the model before anything is queued (LoRAError -> 400)
-            if self.lora is None:
+            if self.lora is not None:
+                self.lora.check(request.loras)
+            elif callable(getattr(self.pipeline, "check_loras", None)):
+                self.pipeline.check_loras(request.loras, self.lora_registry)
+            else:
                 raise LoRAError(request.loras[0].name_or_path, None,
                                 f"model {self.spec.name!r} does not support LoRA adapters")
-            self.lora.check(request.loras)
         if request.params.seed is None:
             default = self.spec.defaults.seed
             seed = default if default is not None else random_seed(request.params.num_outputs)

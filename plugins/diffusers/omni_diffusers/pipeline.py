@@ -25,6 +25,7 @@ from omnicore.plugin import (
     GenerationRequest,
     InvalidRequest,
     LoadOptions,
+    LoRA,
     ModelSpec,
     Output,
     UnsupportedFeature,
@@ -33,6 +34,7 @@ from omnicore.plugin import (
     output_seeds,
 )
 
+from .lora import DiffusersAdapters
 from .modular import is_modular, load_modular, output_name, steps_planned
 from .signature import PipelineCard, describe
 from .stepper import SteppedCall
@@ -69,6 +71,7 @@ class DiffusersPipeline(BasePipeline):
         self.offload_modules = {n: m for n, m in pipe.components.items()
                                 if isinstance(m, torch.nn.Module) and not n.startswith("vae")}
         self.card: PipelineCard | None = None
+        self.adapters = DiffusersAdapters(pipe)  # LoRA through diffusers' own loader, one adapter set per call
         self.cache_decisions: list[bool] | None = None  # set by omni_diffusers.caching while a cache is enabled
 
     # ------------------------------------------------------------------ loading and the spec
@@ -146,7 +149,12 @@ class DiffusersPipeline(BasePipeline):
         extra = tuple(sorted((k, _frozen(v, k)) for k, v in request.extra.items()))
         # conditioned requests share a call only where diffusers reads an image list as one image per prompt
         alone = request.request_id if request.inputs and not self._card().batches_media else None
-        return (request.batch_key(), extra, request.negative_prompt is not None, alone)
+        return (request.batch_key(), extra, request.negative_prompt is not None, alone, self.adapters.key(request))
+
+    def check_loras(self, loras: Sequence[LoRA], registry: Any) -> None:
+        """The engine's seam for a pipeline that applies adapters itself: read and check ``loras`` (at submit, and
+        the server's preloaded ones at start-up) — ``LoRAError`` naming the adapter and the key."""
+        self.adapters.check(loras, registry)
 
     def _card(self) -> PipelineCard:
         if self.card is None:
@@ -200,6 +208,7 @@ class DiffusersPipeline(BasePipeline):
         requests = self.batch_requests(requests)
         if self._active is not None:  # a batch the engine dropped (cancelled, failed): leave its call first
             self._active.abort()
+        self.adapters.activate(requests)  # the batch's adapter set (or none) before the call
         for model in self.denoisers:  # a call left by abort never reached diffusers' own reset of its cache
             if getattr(model, "is_cache_enabled", False):
                 model._reset_stateful_cache()
