@@ -19,6 +19,8 @@ _LAZY = {
     "MediaInput": "omnicore.engine.request:MediaInput",
     "LoRA": "omnicore.lora.records:LoRA",
     "Output": "omnicore.outputs.output:Output",
+    "ModelPool": "omnicore.pool.pool:ModelPool",  # several engines under one memory budget
+    "ModelEntry": "omnicore.pool.entries:ModelEntry",
 }
 
 

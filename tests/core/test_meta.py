@@ -103,7 +103,8 @@ def test_public_surface_is_exactly_all_and_every_name_resolves():
     from omnicore import testing
 
     assert set(omnicore.__all__) == {"PLUGIN_API_VERSION", "__version__", "hookimpl", "Engine", "AsyncEngine",
-                                     "GenerationRequest", "SamplingParams", "MediaInput", "Output"}
+                                     "GenerationRequest", "SamplingParams", "MediaInput", "Output", "LoRA",
+                                     "ModelPool", "ModelEntry"}
     for module in (omnicore, testing):
         for name in module.__all__:
             assert getattr(module, name) is not None, f"{module.__name__}.{name}"
