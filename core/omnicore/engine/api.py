@@ -173,7 +173,8 @@ class Engine:
         if self.quantization is not None:  # before offload and caches, which then move the quantized weights
             from ..quantization import apply_to_pipeline
 
-            self.quantization_report = apply_to_pipeline(self.pipeline, self.resolved.spec, self.quantization)
+            self.quantization_report = apply_to_pipeline(self.pipeline, self.resolved.spec, self.quantization,
+                                                         root=self.resolved.path)  # or its quantized/<mode>/
         self.offload_handles: list[Any] = []
         self.cache_handles: list[Any] = []
         self.compile_handle: RegionalCompile | None = None

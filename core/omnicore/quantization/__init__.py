@@ -248,11 +248,20 @@ def quantize_pipeline(pipeline: Any, targets: Mapping[str, tuple[nn.Module, tupl
             for name, (module, patterns) in targets.items()}
 
 
-def apply_to_pipeline(pipeline: Any, spec: Any, mode: str, *, backend: str = "auto") -> dict[str, QuantReport]:
+def apply_to_pipeline(pipeline: Any, spec: Any, mode: str, *, backend: str = "auto",
+                      root: Any = None) -> dict[str, QuantReport]:
     """Quantize a loaded pipeline with the targets its model plugin declares (``quantization_targets(pipeline)``
-    in the module of its presets, next to the planner's ``QUANTIZABLE``); a model declaring none is refused."""
+    in the module of its presets, next to the planner's ``QUANTIZABLE``); a model declaring none is refused.
+    A checkpoint ``root`` holding ``quantized/<mode>/`` (:mod:`.checkpoint`) gives the weights from there."""
     from ..errors import UnsupportedFeature
     from ..planning.source import profile_module
+
+    if root is not None:
+        from .checkpoint import find_prequantized, load_quantized
+
+        stored = find_prequantized(root, mode)
+        if stored is not None:
+            return load_quantized(pipeline, spec, stored, mode)
 
     profile = profile_module(spec)
     targets_fn = getattr(profile, "quantization_targets", None) if profile is not None else None
