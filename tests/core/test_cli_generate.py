@@ -169,3 +169,47 @@ def test_cache_options_reach_the_method(cli_host, tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "adaln_schedule" in err and "no_such_option" in err
+
+
+def test_generate_checks_the_request_and_the_model_options_once(cli_host, tmp_path, monkeypatch, capsys):
+    """The CLI checks the request before loading and the engine takes it as checked; the model options are the
+    engine's alone to resolve (each ran twice on this path before)."""
+    from omnicore.engine import api, inputs, loading
+
+    calls: dict[str, int] = {"check_request": 0, "resolve_model_options": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(inputs, "check_request", counting("check_request", inputs.check_request))
+    monkeypatch.setattr(api, "check_request", inputs.check_request)
+    import omnicore.engine.model_options as model_options
+
+    wrapped = counting("resolve_model_options", model_options.resolve_model_options)
+    monkeypatch.setattr(model_options, "resolve_model_options", wrapped)
+    monkeypatch.setattr(loading, "resolve_model_options", wrapped)
+    monkeypatch.setattr(api, "resolve_model_options", wrapped, raising=False)
+    out = tmp_path / "out.png"
+    argv = ["generate", "tiny:toy", "a house", "-o", str(out), "--seed", "1", "--steps", "2", "--no-progress"]
+    assert main(argv) == 0
+    assert calls == {"check_request": 1, "resolve_model_options": 1}
+
+
+def test_a_checked_request_for_another_spec_is_checked_again(tmp_path):
+    """``CheckedRequest`` skips the engine's check only for the spec the engine serves."""
+    import attrs
+    from omnicore.engine.inputs import CheckedRequest
+    from omnicore.engine.request import GenerationRequest, MediaInput, SamplingParams
+    from omnicore.errors import InvalidRequest
+    from toy import toy_host
+
+    settings = Settings(cache_dir=str(tmp_path / "cache"))
+    with Engine("tiny:toy", host=toy_host(settings), settings=settings) as engine:
+        roomy = attrs.evolve(engine.spec, name="other")  # checked against some other spec: not this engine's
+        bad = GenerationRequest("x", params=SamplingParams(num_inference_steps=1),
+                                inputs=(MediaInput("audio", "nonsense", b""),))
+        with pytest.raises(InvalidRequest, match="does not accept role 'nonsense'"):
+            engine.submit(CheckedRequest(bad, roomy))

@@ -2,9 +2,11 @@
 
 What can be known without loading anything is checked here: the model argument itself (a ``tiny:`` preset,
 a checkpoint directory whose spec is detected from its config files, or a Hugging Face repo id), the sizes
-against the model's declared multiple and pixel cap, the input files, roles and counts, the model-specific
-fields the spec declares as required, and the deployment options. Errors name the CLI flags (``--image``,
-``--height``, ``--extra aspect_ratio``), not the engine's field names (``images[0]``, ``params.height``).
+against the model's declared multiple and pixel cap, the input files, roles and counts and the model-specific
+fields the spec declares as required. Errors name the CLI flags (``--image``, ``--height``, ``--extra
+aspect_ratio``), not the engine's field names (``images[0]``, ``params.height``). Each check runs once: the
+request goes on to ``Engine.submit`` as a ``CheckedRequest`` (not checked again), and the deployment options
+(``--model-option``) are the Engine's to check, before it reads any weight.
 """
 
 from __future__ import annotations
@@ -12,9 +14,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequest, UnknownName
+
+if TYPE_CHECKING:
+    from ..engine.inputs import CheckedRequest
+    from ..engine.request import GenerationRequest
+    from ..plugin_host.host import PluginHost
+    from ..specs import ModelSpec, PresetSpec
 
 #: engine field -> the ``omnicore generate`` flag that sets it
 _FLAG_OF = {
@@ -31,13 +39,13 @@ class ModelArgumentError(InvalidRequest):
     """The model argument names nothing loadable (a bare model family, a typo, a missing directory)."""
 
 
-def _family(host: Any, text: str) -> Any:
+def _family(host: PluginHost, text: str) -> ModelSpec | None:
     """The spec whose name or alias is ``text`` (a model family, not something loadable by itself)."""
     low = text.lower()
     return next((s for s in host.models if low == s.name.lower() or low in (a.lower() for a in s.aliases)), None)
 
 
-def resolve_before_load(model: str, host: Any) -> tuple[Any, Any]:
+def resolve_before_load(model: str, host: PluginHost) -> tuple[ModelSpec | None, PresetSpec | None]:
     """``(spec, preset)`` that will serve ``model``, found without loading anything (``preset`` is ``None`` but
     for ``tiny:``), or ``(None, None)`` for a Hugging Face repo id (its spec is known after the download). An
     argument that cannot name a model raises here, saying what to pass: a bare family name (``lingbot``) gets
@@ -113,7 +121,7 @@ def _near(value: int, multiple: int) -> str:
     return str(value) if not value % multiple else f"{max(multiple, low)} or {low + multiple}"
 
 
-def check_size(request: Any, spec: Any) -> None:
+def check_size(request: GenerationRequest, spec: ModelSpec) -> None:
     """``--height``/``--width`` against the declared multiple (naming the nearest valid sizes, as the HTTP
     server does) and the pixel cap of one frame."""
     caps = spec.capabilities
@@ -128,11 +136,11 @@ def check_size(request: Any, spec: Any) -> None:
                                          f"model {spec.name} takes ({caps.max_pixels})")
 
 
-def _ref(preset: Any) -> str:
+def _ref(preset: PresetSpec) -> str:
     return preset.name if preset.name.startswith("tiny:") else f"tiny:{preset.name}"
 
 
-def request_modes(request: Any, spec: Any) -> tuple[str, ...]:
+def request_modes(request: GenerationRequest, spec: ModelSpec) -> tuple[str, ...]:
     """The model's modes ``request`` may be in, from its inputs' roles (``InputRole.modes``); a request without
     inputs is in the model's text-only modes (named ``t2...``: t2i, t2v, t2va)."""
     caps = spec.capabilities
@@ -147,11 +155,12 @@ def request_modes(request: Any, spec: Any) -> tuple[str, ...]:
     return modes
 
 
-def check_served_modes(request: Any, spec: Any, preset: Any, input_flags: list[str]) -> None:
+def check_served_modes(request: GenerationRequest, spec: ModelSpec, preset: PresetSpec | None,
+                       input_flags: list[str]) -> None:
     """An input whose role only serves modes the loaded checkpoint lacks (``--reference`` on a t2va/fl2va
     partition) names the presets and the option values that serve those modes."""
-    served = getattr(preset, "modes", None)
-    if not served:
+    served = preset.modes if preset is not None else None
+    if preset is None or not served:
         return
     roles = {r.role: r for r in spec.capabilities.input_roles()}
     for i, m in enumerate(request.inputs):
@@ -168,7 +177,7 @@ def check_served_modes(request: Any, spec: Any, preset: Any, input_flags: list[s
                                    f"{', '.join(served)}; for {'/'.join(wanted)} {where}")
 
 
-def check_required_fields(request: Any, spec: Any) -> None:
+def check_required_fields(request: GenerationRequest, spec: ModelSpec) -> None:
     """Model-specific fields the spec declares required for the request's mode (``ModelOption.required_for`` of
     ``ModelSpec.request_fields``) must be given with ``--extra``, unless the request gives every parameter the
     field's ``unless`` names (the model then decides, e.g. from an explicit height and width)."""
@@ -187,24 +196,22 @@ def check_required_fields(request: Any, spec: Any) -> None:
                                                    f"{'/'.join(modes)}{example}{alt}")
 
 
-def precheck(model: str, host: Any, request: Any, model_options: dict[str, Any],
-             input_flags: list[str] | None = None) -> tuple[Any, Any]:
-    """Check ``request`` against what the spec of ``model`` declares, before any load. Returns
-    ``(spec, request)`` with default roles filled, or ``(None, request)`` when the spec is only known after a
-    download (the engine checks the same after loading). Errors name the CLI flags."""
-    from ..engine.inputs import check_request
-    from ..engine.model_options import resolve_model_options
+def precheck(model: str, host: PluginHost, request: GenerationRequest,
+             input_flags: list[str] | None = None) -> tuple[ModelSpec | None, GenerationRequest | CheckedRequest]:
+    """Check ``request`` against what the spec of ``model`` declares, before any load. Returns ``(spec,
+    CheckedRequest)`` (default roles filled; ``Engine.submit`` does not check it again), or ``(None, request)``
+    when the spec is only known after a download (the engine checks it at submit). Errors name the CLI flags."""
+    from ..engine.inputs import CheckedRequest
 
     flags = list(input_flags or ())
     spec, preset = resolve_before_load(model, host)
     if spec is None:
         return None, request
-    resolve_model_options(spec, model_options)
     try:
-        request = check_request(request, spec)
-        check_served_modes(request, spec, preset, flags)
-        check_size(request, spec)
-        check_required_fields(request, spec)
+        checked = CheckedRequest.of(request, spec)
+        check_served_modes(checked.request, spec, preset, flags)
+        check_size(checked.request, spec)
+        check_required_fields(checked.request, spec)
     except InvalidRequest as exc:
         raise as_cli(exc, flags) from None
-    return spec, request
+    return spec, checked

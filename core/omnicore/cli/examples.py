@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..specs import InputRole, ModelSpec
 
 #: role -> (HTTP field of ``POST /v1/videos``, media kind) for the roles an example can fill with an image
 _IMAGE_FIELDS = {"first_frame": "input_reference", "last_frame": "last_frame", "reference": "reference_images"}
@@ -20,7 +23,7 @@ PROMPTS = {"image": "a red fox in the snow", "video": "a red fox running"}
 SAMPLE_SIDE = 512  # a square sample image: inside every declared reference size and ratio range we ship
 
 
-def _required_fields(spec: Any, mode: str) -> dict[str, Any]:
+def _required_fields(spec: ModelSpec, mode: str) -> dict[str, Any]:
     """The request fields the spec requires in ``mode``, with their example values."""
     out: dict[str, Any] = {}
     for field in getattr(spec, "request_fields", ()):
@@ -31,7 +34,7 @@ def _required_fields(spec: Any, mode: str) -> dict[str, Any]:
     return out
 
 
-def _mode_needs(spec: Any, mode: str) -> Any:
+def _mode_needs(spec: ModelSpec, mode: str) -> InputRole | None:
     """The input role a conditioned ``mode`` is served through (the first role declaring it), or ``None``."""
     if mode.startswith("t2"):
         return None

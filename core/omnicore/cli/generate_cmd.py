@@ -7,12 +7,16 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, flags_from_args, resolve_settings
 from ..errors import InvalidRequest
 from .checks import as_cli, precheck
 from .progress import ProgressPrinter
+
+if TYPE_CHECKING:
+    from ..engine.request import MediaInput
+    from ..plugin_host.host import PluginHost
 
 _SAMPLING_FLAGS = ("height", "width", "num_frames", "fps", "duration", "num_inference_steps", "guidance_scale",
                    "flow_shift", "seed")
@@ -23,7 +27,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return resolve_settings(flags_from_args(args, "global", "engine"))
 
 
-def make_host(settings: Settings) -> Any:
+def make_host(settings: Settings) -> PluginHost:
     """The plugin host for a CLI run (installed plugins, the CLI's settings). Tests replace this."""
     from ..plugin_host.host import PluginHost
 
@@ -44,7 +48,7 @@ def parse_extra(items: list[str]) -> dict[str, Any]:
     return extra
 
 
-def media_inputs_from_args(args: argparse.Namespace) -> tuple[Any, ...]:
+def media_inputs_from_args(args: argparse.Namespace) -> tuple[MediaInput, ...]:
     """``--first-frame``/``--last-frame`` (images), ``--reference`` (kind read from the file's content), in that
     order; ``--image`` is passed separately (the model's default image role). A file that cannot be read or
     recognised is an ``InvalidRequest`` naming the flag, before any model is loaded."""
@@ -130,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
                                 loras=loras)
     kwargs = {**engine_kwargs(args), **lora_kwargs}
     flags = input_flags(args)
-    # everything the spec declares is checked before the load, under the CLI's flag names; the engine checks
-    # the request again at submit (cheap, pure) because Python callers reach it without this CLI
-    spec, _ = precheck(args.model, host, request, kwargs["model_options"], flags)
+    # everything the spec declares is checked before the load, under the CLI's flag names, once: the engine takes
+    # the checked request as it is, and checks the model options itself before it reads any weight
+    spec, checked = precheck(args.model, host, request, flags)
     check_model_takes_lora(spec, loras)
     from ..engine.api import Engine  # imports torch: only once the platform and the request are known to be usable
 
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     with engine:
         listener = None if args.no_progress else ProgressPrinter(sys.stderr)
         try:
-            outputs = engine.submit(request, on_event=listener).result()
+            outputs = engine.submit(checked, on_event=listener).result()
         except InvalidRequest as exc:  # the model's own rules, after the load: still under the CLI's names
             raise as_cli(exc, flags) from None
     out = outputs[0]

@@ -13,9 +13,12 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    from ..plugin_host.host import PluginHost
 
 #: Run in the child: resolve each path, print one JSON line per path as it finishes (so a crash names the path).
 _CHILD = r"""
@@ -52,7 +55,7 @@ class ImplCheck:
                 "error": self.error}
 
 
-def registered_paths(host: Any) -> list[tuple[str, str, str, str]]:
+def registered_paths(host: PluginHost) -> list[tuple[str, str, str, str]]:
     """``(plugin, kind, name, path)`` for every lazy implementation path in the host's registries."""
     rows: list[tuple[str, str, str, str]] = []
     for kind, registry in host.registries.items():

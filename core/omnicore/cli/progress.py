@@ -8,10 +8,13 @@ changes and whenever progress passes another ``every_percent`` (default 10 %), p
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from ..engine.progress import ProgressEvent
 
 
-def _describe(event: Any) -> str:
+def _describe(event: ProgressEvent) -> str:
     if event.phase == "think":  # a model writing text first: its count is tokens of the budget
         return f"think {event.step}/{event.total_steps} tokens" if event.total_steps else "think"
     steps = f" step {event.step}/{event.total_steps}" if event.total_steps else ""
@@ -32,7 +35,7 @@ class ProgressPrinter:
         self._bar: Any = None
 
     # ------------------------------------------------------------------ listener
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: ProgressEvent) -> None:
         if self.tty:
             self._draw(event)
         else:
@@ -44,7 +47,7 @@ class ProgressPrinter:
             self._bar = None
 
     # ------------------------------------------------------------------ terminal: tqdm
-    def _draw(self, event: Any) -> None:
+    def _draw(self, event: ProgressEvent) -> None:
         if self._bar is None:
             from tqdm import tqdm
 
@@ -58,7 +61,7 @@ class ProgressPrinter:
             self.close()
 
     # ------------------------------------------------------------------ logs: a line per phase and per N %
-    def _log(self, event: Any) -> None:
+    def _log(self, event: ProgressEvent) -> None:
         percent = int(event.progress * 100)
         new_phase = event.phase != self._phase
         if not (new_phase or percent >= self._next_mark or event.terminal):

@@ -29,7 +29,7 @@ from ..offload.policy import OFFLOAD_MODES, apply_offload
 from ..parallel.config import ParallelConfig
 from ..parallel.launch import start_group
 from ..regional_compile import RegionalCompile, apply_regional_compile, check_compile, normalize_compile, outside_graph
-from .inputs import check_request
+from .inputs import CheckedRequest, check_request
 from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
 from .loading import ResolvedModel, instantiate_platform, load_options, load_pipeline, resolve_load
@@ -39,10 +39,16 @@ from .runner import BatchRunner, EngineStats
 from .scheduler import Scheduler, admission_wait
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..offload.layerwise import LayerwiseOffload
+    from ..offload.model import ModelOffload
     from ..outputs.output import Output
+    from ..planning.admission import MemoryGuard
     from ..platforms.base import Platform
     from ..plugin_host.host import PluginHost
-    from ..specs import CacheMethodSpec, ModelSpec
+    from ..quantization import QuantReport
+    from ..specs import AttentionRequirement, CacheMethodSpec, ModelSpec
 
 logger = logging.getLogger("omnicore.engine")
 
@@ -110,7 +116,8 @@ class Engine:
                  settings: Settings | None = None, platform: str | Platform | None = None,
                  cache_methods: Iterable[CacheMethodArg] = (), offload: str = "none",
                  model_options: Mapping[str, Any] | None = None, vae_decode_precision: str | None = None,
-                 parallel: Any = None, compile: bool | str = False, quantization: str | None = None,
+                 parallel: str | Mapping[str, int] | ParallelConfig | None = None, compile: bool | str = False,
+                 quantization: str | None = None,
                  lora_registry: AdapterRegistry | None = None,
                  warmup: bool = False, device_memory: float | None = None) -> None:
         from ..quantization import check_mode
@@ -169,13 +176,13 @@ class Engine:
             self.group.finish_load(None)  # every rank loaded, or the group ends and this raises
         _warn_if_forced_attention_unused(self.resolved.spec, self.settings.attention_backend
                                          or host.settings.attention_backend, self._attention_requests)
-        self.quantization_report: dict[str, Any] = {}
+        self.quantization_report: dict[str, QuantReport] = {}
         if self.quantization is not None:  # before offload and caches, which then move the quantized weights
             from ..quantization import apply_to_pipeline
 
             self.quantization_report = apply_to_pipeline(self.pipeline, self.resolved.spec, self.quantization,
                                                          root=self.resolved.path)  # or its quantized/<mode>/
-        self.offload_handles: list[Any] = []
+        self.offload_handles: list[LayerwiseOffload | ModelOffload] = []
         self.cache_handles: list[Any] = []
         self.compile_handle: RegionalCompile | None = None
         try:
@@ -209,7 +216,7 @@ class Engine:
         if warmup:
             self._warm_up()
 
-    def _memory_guard(self, device_memory: float | None, offload: str, caches: list[str]) -> Any:
+    def _memory_guard(self, device_memory: float | None, offload: str, caches: list[str]) -> MemoryGuard | None:
         """The per-request memory check (None: off), priced before loading; a placement whose weights alone
         exceed the limit is refused here."""
         from ..planning.admission import build_guard
@@ -226,9 +233,9 @@ class Engine:
         """The model's LoRA runtime (None for a model that declares no targets), with what this deployment rules
         out; the registry's preloaded adapters are read and checked now, so a bad one fails at start-up."""
         if self.spec.lora is None:
-            if callable(getattr(self.pipeline, "check_loras", None)):  # the pipeline applies adapters its own way
-                self.pipeline.check_loras([LoRA(name) for name in self.lora_registry.list_modules()],
-                                          self.lora_registry)
+            check_loras = getattr(self.pipeline, "check_loras", None)  # a pipeline applying adapters its own way
+            if callable(check_loras):
+                check_loras([LoRA(name) for name in self.lora_registry.list_modules()], self.lora_registry)
             elif self.lora_registry.list_modules():
                 raise InvalidRequest("lora_modules", f"model {self.spec.name!r} does not support LoRA adapters")
             return None
@@ -280,29 +287,35 @@ class Engine:
         """Why the parallel worker group broke (e.g. ``worker rank 1 (pid ...) exited with code -9``), else None."""
         return self.group.failure if self.group is not None else None
 
-    def _attention(self, requirement: Any) -> Any:
+    def _attention(self, requirement: AttentionRequirement) -> Callable[..., Any]:
         self._attention_requests += 1
         impl = self.host.select_attention(requirement).load_impl()
         return impl if self.compile_mode == "none" else outside_graph(impl)
 
     # ------------------------------------------------------------------ admission
-    def submit(self, request: GenerationRequest, *, on_event: Listener | None = None,
+    def submit(self, request: GenerationRequest | CheckedRequest, *, on_event: Listener | None = None,
                limits: WorkLimits | None = None) -> Job:
         """Preprocess ``request`` (here, once) and queue it. Raises ``InvalidRequest``, ``QueueFull``,
         ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs).
 
         The resolved request is checked against the model's declared limits and the caller's ``limits``
-        (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`)."""
+        (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`). A
+        :class:`~.inputs.CheckedRequest` for this engine's spec (the CLI checked it before loading) is not
+        checked against the spec again."""
+        checked = isinstance(request, CheckedRequest) and request.spec == self.spec
+        if isinstance(request, CheckedRequest):
+            request = request.request
         if not isinstance(request, GenerationRequest):
             raise InvalidRequest("request", f"must be a GenerationRequest, got {type(request).__name__}")
         if self._closed:
             raise EngineClosed("engine is closed")
-        request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
+        if not checked:
+            request = check_request(request, self.spec)  # roles, kinds, counts, outputs: before any model code
         if request.loras:  # read and checked against the model before anything is queued (LoRAError -> 400)
             if self.lora is not None:
                 self.lora.check(request.loras)
-            elif callable(getattr(self.pipeline, "check_loras", None)):
-                self.pipeline.check_loras(request.loras, self.lora_registry)
+            elif callable(check_loras := getattr(self.pipeline, "check_loras", None)):
+                check_loras(request.loras, self.lora_registry)
             else:
                 raise LoRAError(request.loras[0].name_or_path, None,
                                 f"model {self.spec.name!r} does not support LoRA adapters")
@@ -408,7 +421,7 @@ class Engine:
             job = None  # type: ignore[assignment]  # (the loop variable would keep the last job alive)
 
     # ------------------------------------------------------------------ control
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int | bool]:
         """Queue depth (requests and outputs), running jobs, and counters since start."""
         with self._cond:
             queued, queued_outputs, running = len(self.scheduler), self.scheduler.waiting, len(self._running)
@@ -465,7 +478,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close(cancel_running=exc[0] is not None)
 
     def __repr__(self) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ..errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -134,3 +136,17 @@ def check_request(request: GenerationRequest, spec: ModelSpec | Any) -> Generati
     check_outputs(request, caps, spec.name)
     check_fps(request, caps, spec.name)
     return request
+
+
+@attrs.frozen
+class CheckedRequest:
+    """A request already through :func:`check_request` against ``spec`` (roles filled), by a caller that checks
+    before anything loads (the CLI). ``Engine.submit`` takes it and does not check it again when ``spec`` is the
+    spec it serves (it checks anything else)."""
+
+    request: GenerationRequest
+    spec: ModelSpec
+
+    @classmethod
+    def of(cls, request: GenerationRequest, spec: ModelSpec) -> CheckedRequest:
+        return cls(check_request(request, spec), spec)

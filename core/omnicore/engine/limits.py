@@ -16,11 +16,15 @@ the budget through model-specific size or step fields.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ..errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from ..specs import ModelSpec
+    from .request import GenerationRequest, SamplingParams
 
 
 class LimitExceeded(InvalidRequest):
@@ -55,7 +59,7 @@ class WorkLimits:
     source: str = "the model"
 
     @classmethod
-    def of_model(cls, spec: Any) -> WorkLimits:
+    def of_model(cls, spec: ModelSpec) -> WorkLimits:
         """The limits a model spec declares (``ModelCapabilities.max_pixels`` and friends)."""
         caps = spec.capabilities
         return cls(max_pixels=getattr(caps, "max_pixels", None), max_frames=getattr(caps, "max_frames", None),
@@ -91,7 +95,7 @@ class StageWork:
         return self.width * self.height * self.num_frames * self.steps * self.outputs
 
 
-def declared_stages(request: Any) -> tuple[StageWork, ...]:
+def declared_stages(request: GenerationRequest) -> tuple[StageWork, ...]:
     """The stages a prepared request declares (none unless its model listed some): ``request.stages``, else the
     older ``request.extra[STAGES_KEY]`` (still read for plugins written before the typed slot)."""
     stages = getattr(request, "stages", ()) or (getattr(request, "extra", None) or {}).get(STAGES_KEY, ())
@@ -107,7 +111,7 @@ _SERVER_NAMES = {"max_pixels": "--max-image-pixels", "max_work": "--max-work", "
                  "max_steps": "max_steps", "max_pixel_frames": "max_pixel_frames"}
 
 
-def work_units(params: Any) -> int:
+def work_units(params: SamplingParams) -> int:
     """``width x height x frames x steps x outputs``: a proxy for the compute a request asks for."""
     return (int(params.width or 0) * int(params.height or 0) * int(params.num_frames or 1)
             * int(params.num_inference_steps or 1) * int(params.num_outputs or 1))
@@ -125,7 +129,7 @@ def _tightest(attr: str, limits: tuple[WorkLimits | None, ...]) -> tuple[int, st
     return best
 
 
-def check_limits(request: Any, *limits: WorkLimits | None) -> None:
+def check_limits(request: GenerationRequest, *limits: WorkLimits | None) -> None:
     """Raise :class:`LimitExceeded` when the resolved ``request`` breaks any of ``limits`` (naming the tightest)."""
     p = request.params
     w, h = int(p.width or 0), int(p.height or 0)

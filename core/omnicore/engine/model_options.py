@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from ..errors import ConfigError
 from ..specs import ModelOption, ModelSpec
 from ..vae_fast_paths import VAE_DECODE_PRECISIONS, check_vae_decode_precision
 
-__all__ = ["VAE_DECODE_PRECISIONS", "check_vae_decode_precision", "coerce_option", "parse_option_args",
+#: what a declared option holds once resolved (``ModelOption.type``: bool, int, float, path or str; or unset)
+OptionValue = bool | int | float | str | None
+
+__all__ = ["OptionValue", "VAE_DECODE_PRECISIONS", "check_vae_decode_precision", "coerce_option", "parse_option_args",
            "resolve_model_options"]
 
 _TRUE = ("1", "true", "yes", "on")
@@ -27,7 +29,7 @@ def _name(option: ModelOption) -> str:
     return f"model_options.{option.name}"
 
 
-def coerce_option(option: ModelOption, value: Any) -> Any:
+def coerce_option(option: ModelOption, value: object) -> OptionValue:
     """``value`` as the option's type (strings are parsed), checked against ``choices``."""
     name, kind = _name(option), option.type
     if value is None:
@@ -36,7 +38,7 @@ def coerce_option(option: ModelOption, value: Any) -> Any:
     try:
         if kind == "bool":
             if isinstance(value, bool):
-                out: Any = value
+                out: OptionValue = value
             elif text is not None and text.lower() in _TRUE + _FALSE:
                 out = text.lower() in _TRUE
             else:
@@ -67,7 +69,7 @@ def coerce_option(option: ModelOption, value: Any) -> Any:
     return out
 
 
-def resolve_model_options(spec: ModelSpec, given: Mapping[str, Any] | None) -> dict[str, Any]:
+def resolve_model_options(spec: ModelSpec, given: Mapping[str, object] | None) -> dict[str, OptionValue]:
     """Every option ``spec`` declares, with the given value (converted, checked) or its default."""
     declared = {o.name: o for o in spec.options}
     given = dict(given or {})

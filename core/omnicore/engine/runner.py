@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import Cancelled
 from ..vae_fast_paths import request_fast_paths
@@ -23,11 +23,25 @@ from .jobs import Job
 from .stage_progress import stage_progress_scope
 
 if TYPE_CHECKING:
+    from ..lora.runtime import LoRARuntime
     from ..outputs.output import Output
     from ..platforms.base import Platform
     from ..plugin_host.host import PluginHost
+    from .protocol import DenoiseState, Pipeline
 
 logger = logging.getLogger("omnicore.engine")
+
+
+class BatchGroup(Protocol):
+    """What the runner tells rank 0's worker group (``omnicore.parallel.group.WorkerGroup``) around a batch."""
+
+    def announce(self, kind: str, *args: object) -> None: ...
+
+    def end_batch(self) -> None: ...
+
+    def fail_batch(self, exc: BaseException) -> None: ...
+
+    def explain(self, exc: BaseException) -> BaseException: ...
 
 
 class StepAborted(RuntimeError):
@@ -55,8 +69,8 @@ class EngineStats:
 
 
 class BatchRunner:
-    def __init__(self, host: PluginHost, pipeline: Any, platform: Platform, stats: EngineStats,
-                 group: Any = None, lora: Any = None) -> None:
+    def __init__(self, host: PluginHost, pipeline: Pipeline, platform: Platform, stats: EngineStats,
+                 group: BatchGroup | None = None, lora: LoRARuntime | None = None) -> None:
         self.host = host
         self.pipeline = pipeline
         self.platform = platform
@@ -107,7 +121,7 @@ class BatchRunner:
     def _counter(self, name: str) -> Callable[[], None]:
         return lambda: self._count(name)
 
-    def _announce(self, kind: str, *args: Any) -> None:
+    def _announce(self, kind: str, *args: object) -> None:
         if self.group is not None:
             self.group.announce(kind, *args)
 
@@ -218,7 +232,7 @@ class BatchRunner:
         if self.lora is not None:
             self.lora.activate([j.request for j in members])
 
-    def _drop_cancelled(self, state: Any, members: list[Job]) -> tuple[Any, list[Job]]:
+    def _drop_cancelled(self, state: DenoiseState, members: list[Job]) -> tuple[DenoiseState, list[Job]]:
         cancelled = [j for j in members if j.cancel_requested and not j.done]
         if not cancelled:
             return state, members

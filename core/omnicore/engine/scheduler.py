@@ -14,7 +14,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
 
@@ -53,7 +53,7 @@ class Scheduler(Generic[T]):
     :param supports_batching: the model's capability; ``False`` makes every batch a single request.
     """
 
-    def __init__(self, *, max_num_seqs: int, max_queue: int, request_batch_max_wait_ms: Any = 0.0,
+    def __init__(self, *, max_num_seqs: int, max_queue: int, request_batch_max_wait_ms: float = 0.0,
                  supports_batching: bool = True) -> None:
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ConfigError("max_num_seqs", f"must be a positive integer, got {max_num_seqs!r}")
@@ -138,7 +138,7 @@ class Scheduler(Generic[T]):
         return decision.deadline is not None and now >= decision.deadline
 
 
-def admission_wait(scheduler: Scheduler[Any], cond: threading.Condition, decision: AdmissionDecision,
+def admission_wait(scheduler: Scheduler[T], cond: threading.Condition, decision: AdmissionDecision,
                    clock: Callable[[], float], stop: Callable[[], bool]) -> float:
     """The engine's wait loop (call with ``cond`` held); returns the seconds waited.
 

@@ -13,15 +13,18 @@ refused with the reason rather than guessing media.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import UnsupportedFeature
 from .request import GenerationRequest, SamplingParams
 
+if TYPE_CHECKING:
+    from ..specs import ModelSpec
+
 WARMUP_PROMPT = "warm-up"
 
 
-def _text_mode(spec: Any, modes: tuple[str, ...] | None) -> str:
+def _text_mode(spec: ModelSpec, modes: tuple[str, ...] | None) -> str:
     served = tuple(modes) if modes else tuple(spec.capabilities.modes)
     mode = next((m for m in served if m.startswith("t2")), None)
     if mode is None:
@@ -30,7 +33,7 @@ def _text_mode(spec: Any, modes: tuple[str, ...] | None) -> str:
     return mode
 
 
-def warmup_request(spec: Any, modes: tuple[str, ...] | None = None) -> GenerationRequest:
+def warmup_request(spec: ModelSpec, modes: tuple[str, ...] | None = None) -> GenerationRequest:
     """The default request of ``spec``'s first text-to-X mode, one denoise step, a fixed seed."""
     mode = _text_mode(spec, modes)
     extra = {f.name: (f.example if f.example is not None else (f.choices or (None,))[0])

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _REGISTRY_ATTR = "_omnicore_hook_registry"
 
@@ -27,28 +30,28 @@ class ModelHook:
     forward); define it only when the hook may skip or re-route the module's computation.
     """
 
-    def initialize_hook(self, module: Any) -> Any:
+    def initialize_hook(self, module: nn.Module) -> nn.Module:
         """Called once when the hook is registered on ``module``."""
         return module
 
-    def detach_hook(self, module: Any) -> Any:
+    def detach_hook(self, module: nn.Module) -> nn.Module:
         """Called once when the hook is removed from ``module`` (undo what ``initialize_hook`` did)."""
         return module
 
-    def pre_forward(self, module: Any, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return args, kwargs
 
-    def post_forward(self, module: Any, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
         return output
 
-    def reset_state(self, module: Any) -> Any:
+    def reset_state(self, module: nn.Module) -> nn.Module:
         """Forget per-request state (called between requests by the technique that owns the hook)."""
         return module
 
     new_forward: Callable[..., Any] | None = None
 
 
-def _compose(hook: ModelHook, module: Any, inner: Callable[..., Any]) -> Callable[..., Any]:
+def _compose(hook: ModelHook, module: nn.Module, inner: Callable[..., Any]) -> Callable[..., Any]:
     new_forward = hook.new_forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -62,12 +65,12 @@ def _compose(hook: ModelHook, module: Any, inner: Callable[..., Any]) -> Callabl
 class HookRegistry:
     """The named hooks of one module. Get it with :meth:`for_module`; never construct it directly."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: nn.Module) -> None:
         self.module = module
         self.hooks: dict[str, ModelHook] = {}
 
     @classmethod
-    def for_module(cls, module: Any, *, create: bool = True) -> HookRegistry | None:
+    def for_module(cls, module: nn.Module, *, create: bool = True) -> HookRegistry | None:
         registry = module.__dict__.get(_REGISTRY_ATTR)
         if registry is None and create:
             registry = cls(module)
@@ -109,20 +112,20 @@ class HookRegistry:
         object.__setattr__(module, "forward", forward)
 
 
-def register_hook(module: Any, name: str, hook: ModelHook) -> ModelHook:
+def register_hook(module: nn.Module, name: str, hook: ModelHook) -> ModelHook:
     """Attach ``hook`` to ``module`` under ``name`` (a duplicate name is an error, never a silent overwrite)."""
     registry = HookRegistry.for_module(module)
     assert registry is not None
     return registry.register(name, hook)
 
 
-def remove_hook(module: Any, name: str) -> ModelHook | None:
+def remove_hook(module: nn.Module, name: str) -> ModelHook | None:
     """Detach the hook ``name`` from ``module``; returns it, or ``None`` if there was none."""
     registry = HookRegistry.for_module(module, create=False)
     return registry.remove(name) if registry is not None else None
 
 
-def get_hook(module: Any, name: str) -> ModelHook | None:
+def get_hook(module: nn.Module, name: str) -> ModelHook | None:
     registry = HookRegistry.for_module(module, create=False)
     return registry.get(name) if registry is not None else None
 

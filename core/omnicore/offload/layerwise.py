@@ -37,7 +37,7 @@ class LayerwiseOffloadConfig:
     """``device``: where blocks compute; ``excluded_prefixes``: block-relative parameter-name prefixes that
     stay resident outside the transfer set; ``prefetch``: load block ``i+1`` while block ``i`` runs."""
 
-    device: Any
+    device: torch.device | str
     excluded_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     prefetch: bool = True
 
@@ -67,14 +67,15 @@ class LayerwiseOffloadHook(ModelHook):
     def next_owned(self) -> frozenset[str]:
         return self.next.names
 
-    def pre_forward(self, module: Any, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def pre_forward(self, module: nn.Module, *args: object,
+                    **kwargs: object) -> tuple[tuple[object, ...], dict[str, object]]:
         self.current.load()
         self.current.wait()
         if self._prefetch and len(self._sets) > 1:
             self.next.load(stream=self._stream, non_blocking=True)
         return args, kwargs
 
-    def post_forward(self, module: Any, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:  # passed through untouched
         self.offload_current()
         return output
 
@@ -82,7 +83,7 @@ class LayerwiseOffloadHook(ModelHook):
         self.current.release()
 
 
-def move_excluded(blocks: Sequence[nn.Module], prefixes: Sequence[str], device: Any) -> int:
+def move_excluded(blocks: Sequence[nn.Module], prefixes: Sequence[str], device: torch.device | str) -> int:
     """Move every parameter matching ``prefixes`` to ``device``; returns their bytes (only those)."""
     moved = 0
     for block in blocks:
@@ -136,7 +137,8 @@ class LayerwiseOffload:
 
 
 def apply_layerwise_offload(blocks: Sequence[nn.Module], config: LayerwiseOffloadConfig | None = None, *,
-                            device: Any = None, excluded_prefixes: Sequence[str] = ()) -> LayerwiseOffload:
+                            device: torch.device | str | None = None,
+                            excluded_prefixes: Sequence[str] = ()) -> LayerwiseOffload:
     """Offload ``blocks`` layer by layer (give a config, or ``device`` and ``excluded_prefixes``)."""
     if config is None:
         if device is None:

@@ -13,7 +13,6 @@ weights (the AdaLN schedule cache's "prepare for request caches" step).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import attrs
 import torch
@@ -33,7 +32,7 @@ def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
 class ModelOffloadConfig:
     """``device``: where the module computes; ``excluded_prefixes``: parameters that stay resident."""
 
-    device: Any
+    device: torch.device | str
     excluded_prefixes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
 
@@ -41,11 +40,12 @@ class ModelOffloadHook(ModelHook):
     def __init__(self, params: ParamSet) -> None:
         self.params = params
 
-    def pre_forward(self, module: Any, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def pre_forward(self, module: nn.Module, *args: object,
+                    **kwargs: object) -> tuple[tuple[object, ...], dict[str, object]]:
         self.params.load()
         return args, kwargs
 
-    def post_forward(self, module: Any, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:  # passed through untouched
         self.params.release()
         return output
 
@@ -65,7 +65,8 @@ class ModelOffload:
         self.params.restore_resident()
 
 
-def apply_model_offload(module: nn.Module, config: ModelOffloadConfig | None = None, *, device: Any = None,
+def apply_model_offload(module: nn.Module, config: ModelOffloadConfig | None = None, *,
+                        device: torch.device | str | None = None,
                         excluded_prefixes: Sequence[str] = ()) -> ModelOffload:
     if config is None:
         if device is None:

@@ -15,7 +15,7 @@ relative to each offloaded module (a block, or a whole model).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import UnsupportedFeature
 
@@ -44,7 +44,7 @@ def resident_prefixes(roots: Sequence[nn.Module], resident: Iterable[nn.Module])
     return tuple(prefixes)
 
 
-def apply_offload(pipeline: Any, mode: str, device: torch.device | str,
+def apply_offload(pipeline: object, mode: str, device: torch.device | str,
                   resident: Iterable[nn.Module] = ()) -> list[LayerwiseOffload | ModelOffload]:
     """Offload per ``mode``; returns handles whose ``remove()`` puts everything back on the device. The parameters
     of ``resident`` modules (what enabled cache methods own) stay where they are."""

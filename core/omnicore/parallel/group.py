@@ -29,6 +29,9 @@ from .worker import RankSpec, init_distributed, run_rank, worker_main
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from multiprocessing.process import BaseProcess
+
+    from torch.distributed import ProcessGroup
 
 logger = logging.getLogger("omnicore.parallel")
 
@@ -76,7 +79,8 @@ def _visible_device(device_type: str, rank: int) -> Iterator[None]:
 class WorkerGroup:
     """Rank 0 of a parallel engine (see the module docstring)."""
 
-    def __init__(self, spec: RankSpec, control: Any, ctx: ParallelContext, processes: list[Any]) -> None:
+    def __init__(self, spec: RankSpec, control: ProcessGroup, ctx: ParallelContext,
+                 processes: list[BaseProcess]) -> None:
         self.spec = spec
         self.control = control
         self.ctx = ctx
@@ -111,7 +115,7 @@ class WorkerGroup:
 
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         context = mp.get_context("spawn")
-        processes = []
+        processes: list[BaseProcess] = []
         for rank in range(1, world):
             process = context.Process(target=worker_main, args=(rank, init_method, spec, os.getpid()),
                                       name=f"omnicore-rank{rank}", daemon=True)
@@ -203,7 +207,7 @@ class WorkerGroup:
     # ------------------------------------------------------------------ health
     def _check_processes(self, wait_s: float = 0.0) -> None:
         """Mark the group broken if a worker exited (waiting up to ``wait_s`` for one to)."""
-        by_sentinel = {p.sentinel: p for p in self.processes}
+        by_sentinel: dict[Any, BaseProcess] = {p.sentinel: p for p in self.processes}
         for sentinel in multiprocessing.connection.wait(list(by_sentinel), timeout=wait_s) if by_sentinel else ():
             by_sentinel[sentinel].join(2.0)  # its pipe closes while it exits: reap it so the exit code is known
         for rank, process in enumerate(self.processes, start=1):
@@ -255,10 +259,10 @@ def _looks_like_peer_loss(exc: BaseException) -> bool:
     return any(s in text for s in ("connection closed", "connection reset", "broken pipe", "peer", "timed out"))
 
 
-def _join_watching(spec: RankSpec, init_method: str, processes: list[Any]) -> Any:
+def _join_watching(spec: RankSpec, init_method: str, processes: list[BaseProcess]) -> ProcessGroup:
     """Join the process group as rank 0 while watching the spawned workers (a worker that dies before joining
     fails the start at once instead of after the rendezvous timeout)."""
-    result: dict[str, Any] = {}
+    result: dict[str, ProcessGroup | BaseException] = {}
 
     def join() -> None:
         try:
@@ -278,12 +282,14 @@ def _join_watching(spec: RankSpec, init_method: str, processes: list[Any]) -> An
                                     "process group")
         if time.monotonic() > deadline:
             raise WorkerGroupBroken(f"the workers did not join the process group within {spec.timeout_s:.0f} s")
-    if "error" in result:
-        raise result["error"]
-    return result["control"]
+    control = result.get("error", result.get("control"))
+    if isinstance(control, BaseException):
+        raise control
+    assert control is not None
+    return control
 
 
-def _end_processes(processes: list[Any], grace: float = 3.0) -> None:
+def _end_processes(processes: list[BaseProcess], grace: float = 3.0) -> None:
     for process in processes:
         process.terminate()
     deadline = time.monotonic() + grace

@@ -20,11 +20,18 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .config import ParallelConfig
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from ..engine.protocol import Pipeline
+    from ..plugin_host.host import PluginHost
+    from .context import ParallelContext
 
 logger = logging.getLogger("omnicore.parallel")
 
@@ -49,7 +56,8 @@ class RankSpec:
     timeout_s: float = 600.0
 
 
-def init_distributed(backend: str, rank: int, world_size: int, init_method: str | None, timeout_s: float) -> Any:
+def init_distributed(backend: str, rank: int, world_size: int, init_method: str | None,
+                     timeout_s: float) -> ProcessGroup:
     """Join the default process group (``init_method=None``: torchrun's ``env://``) and create the control group."""
     from datetime import timedelta
 
@@ -64,7 +72,7 @@ def init_distributed(backend: str, rank: int, world_size: int, init_method: str 
     return dist.new_group(list(range(world_size)), backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
 
 
-def load_rank_pipeline(spec: RankSpec, ctx: Any) -> tuple[Any, Any]:
+def load_rank_pipeline(spec: RankSpec, ctx: ParallelContext) -> tuple[PluginHost, Pipeline]:
     """``(host, pipeline)`` of this rank, loaded by the engine's load sequence
     (:func:`omnicore.engine.loading.load_model`) with ``LoadOptions.parallel = ctx``, then offloaded like rank 0."""
     from ..config import Settings
@@ -85,7 +93,7 @@ def load_rank_pipeline(spec: RankSpec, ctx: Any) -> tuple[Any, Any]:
     return host, pipeline
 
 
-def receive(control: Any) -> Any:
+def receive(control: ProcessGroup) -> Any:
     """The next command rank 0 broadcasts on the control group."""
     import torch.distributed as dist
 
@@ -94,7 +102,7 @@ def receive(control: Any) -> Any:
     return box[0]
 
 
-def serve_commands(host: Any, pipeline: Any, control: Any) -> None:
+def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup) -> None:
     """Replay rank 0's batch plan until ``shutdown`` (raises on the first failing command)."""
     state = None
     while True:
@@ -113,6 +121,8 @@ def serve_commands(host: Any, pipeline: Any, control: Any) -> None:
                 raise RuntimeError("rank 0 ran a step of a batch this rank failed to encode")
             state = host.denoise(pipeline=pipeline, state=state, step=command[1])
         elif kind == "select":
+            if state is None:
+                raise RuntimeError("rank 0 shrank a batch this rank failed to encode")
             shrunk = pipeline.select_requests(state, command[1])
             state = shrunk if shrunk is not None else state
         elif kind == "decode":
@@ -123,7 +133,7 @@ def serve_commands(host: Any, pipeline: Any, control: Any) -> None:
             raise RuntimeError(f"unknown command from rank 0: {kind!r}")
 
 
-def report_ready(control: Any, error: BaseException | None) -> None:
+def report_ready(control: ProcessGroup, error: BaseException | None) -> None:
     """Tell rank 0 whether this rank loaded (every rank calls this once, in rank order of the gather)."""
     import torch.distributed as dist
 
