@@ -79,12 +79,11 @@ def test_request_normalises_references_and_copies_extra():
     assert r.request_id.startswith("req_") and r.request_id != GenerationRequest("x").request_id
 
 
-def test_batch_key_separates_shapes_schedule_and_quality():
+def test_batch_key_separates_shapes_schedule_and_inputs():
     base = GenerationRequest("a", SamplingParams(height=64, seed=1))
     assert base.batch_key() == GenerationRequest("b", SamplingParams(height=64, seed=99)).batch_key()
     for other in (base.evolve(params=SamplingParams(height=80)),
                   base.evolve(params=SamplingParams(height=64, num_inference_steps=3)),
-                  base.evolve(quality="high"),
                   base.evolve(images=("x.png",))):
         assert other.batch_key() != base.batch_key()
 
