@@ -36,12 +36,11 @@ def _spec(parallel: tuple[str, ...]) -> ModelSpec:
     return ModelSpec(name="m", impl="x:y", capabilities=ModelCapabilities(parallel=parallel))
 
 
-def test_model_must_declare_each_dimension_and_caches_are_refused() -> None:
+def test_model_must_declare_each_dimension_and_caches_are_allowed() -> None:
     check_parallel(ParallelConfig(cfg=2, ulysses=2), _spec(("cfg", "ulysses")))
     with pytest.raises(UnsupportedFeature, match=r"does not implement ulysses.*declares: cfg"):
         check_parallel(ParallelConfig(cfg=2, ulysses=2), _spec(("cfg",)))
-    with pytest.raises(UnsupportedFeature, match="cache methods"):
-        check_parallel(ParallelConfig(cfg=2), _spec(("cfg",)), ["first_block_cache"])
+    check_parallel(ParallelConfig(cfg=2), _spec(("cfg",)), ["first_block_cache"])  # every rank runs the caches
 
 
 def test_heads_the_degree_does_not_divide_are_a_config_error() -> None:
@@ -93,3 +92,14 @@ def test_engine_refuses_parallel_for_a_model_that_does_not_declare_it_before_any
     assert multiprocessing.active_children() == []
     with pytest.raises(ConfigError, match="DIM=N"):
         Engine("tiny:toy", host=toy_host, parallel="pipeline=2")
+
+
+@pytest.mark.slow  # spawned processes with torch: > 10 s on a busy host
+@pytest.mark.parametrize("dims", ["ulysses=2", "cfg=2"])
+def test_cache_criteria_agree_over_the_group(tmp_path: Path, dims: str) -> None:
+    """The relative L1 summed over a Ulysses group equals the full tensors' (each CFG rank keeps its branch's);
+    rank 0's flag reaches every rank."""
+    import torch.multiprocessing as mp
+    from _parallel_cache_helpers import consensus_rank
+
+    mp.spawn(consensus_rank, args=(str(tmp_path / "rendezvous"), dims), nprocs=2, join=True)

@@ -14,6 +14,10 @@ blocks; a step-cache plugin on the ``omnicore_denoise`` hook tells them, per ste
 Calls of the transformer outside the denoise loop always compute and never touch the cache. A pipeline that
 calls the transformer more than once per step (CFG branches) should name each call with
 ``omnicore.module_hooks.hook_context("cond")`` etc.; unnamed calls are told apart by their order within the step.
+
+Over a worker group (``--parallel``) the relative L1 is summed over the ranks computing the same guidance branch
+(:func:`omnicore.parallel.consensus.agreed_relative_l1`): a Ulysses rank holds only its rows, and ranks skipping
+differently would stop in different collectives. The sums are float64 on one process too.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import attrs
 from ..blocks import BlockLoop
 from ..errors import ConfigError, UnsupportedFeature
 from ..module_hooks import ModelHook, StateManager, current_context, register_hook, remove_hook
+from ..parallel.consensus import agreed_relative_l1, group_of
 from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
-from .teacache import relative_l1
 
 METHOD_NAME = "first_block_cache"
 HEAD_HOOK = "omnicore.first_block_cache.head"
@@ -93,8 +97,8 @@ class _HeadHook(ModelHook):
         rest = branch.rest_residuals
         if rest is not None and cache.step_allows and cache.current_step is not None:
             forced = cache.forced(cache.current_step)
-            hit = forced if forced is not None else (
-                relative_l1(residual, branch.head_residual) < cache.threshold)
+            hit = forced if forced is not None else (  # the same decision on every rank of a worker group
+                agreed_relative_l1(residual, branch.head_residual, cache.group) < cache.threshold)
         branch.skipping = hit
         if hit and rest is not None:
             cache.note_hit()
@@ -139,6 +143,7 @@ class FirstBlockCache(StepCache):
         self.loop = loop
         self.blocks = blocks
         self.threshold: float = config.threshold
+        self.group = group_of(pipeline)  # under --parallel: the change is summed over the branch's ranks
         self._branches = StateManager(_BranchState)
         self.branch: _BranchState | None = None
         self.current_step: int | None = None

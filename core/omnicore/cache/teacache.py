@@ -16,6 +16,9 @@ last residual over ``adapter.residual_base``) through the sampler update.
 The pipeline provides its adapter as ``pipeline.teacache_adapter`` (a :class:`TeaCacheAdapter` or a
 zero-argument callable returning one; the callable may raise ``ValueError`` to refuse, e.g. for an
 uncalibrated model variant, in which case nothing is enabled), or ``config.adapter`` overrides it.
+
+Over a worker group (``--parallel``) every rank takes rank 0's reuse decision
+(:func:`omnicore.parallel.consensus.rank0_flag`), so the ranks never diverge.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError, UnsupportedFeature
+from ..parallel.consensus import group_of, rank0_flag
 from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
 
 METHOD_NAME = "teacache"
@@ -135,6 +139,7 @@ class TeaCache(StepCache):
         if not coeffs:
             raise ConfigError("coefficients", "need at least one polynomial coefficient")
         self.coefficients = coeffs
+        self.group = group_of(pipeline)
         super().__init__(pipeline, config)
 
     def decide(self, rs: RequestState, state: Any, step: int, permitted: bool) -> Any:
@@ -149,6 +154,8 @@ class TeaCache(StepCache):
                 rs.data["accumulated"] = rs.data.get("accumulated", 0.0) + abs(
                     polyval(self.coefficients, relative_l1(current, previous)))
                 hit = permitted and rs.data["accumulated"] < self.threshold
+            if self.group is not None:  # every rank takes rank 0's decision (the state is replicated)
+                hit = rank0_flag(hit, self.group)
             if not hit:
                 rs.data["accumulated"] = 0.0
         else:

@@ -163,7 +163,7 @@ class Engine:
         self._attention_requests = 0
         self.group = start_group(self.parallel, self.resolved.spec, os.fspath(model), self.platform, self.settings,
                                  offload=offload, model_options=self.model_options,
-                                 vae_decode_precision=vae_decode_precision, cache_methods=[m for m, _ in methods],
+                                 vae_decode_precision=vae_decode_precision, cache_methods=methods,
                                  quantization=self.quantization)
         options.parallel = self.group.ctx if self.group is not None else None
         try:

@@ -54,6 +54,7 @@ class RankSpec:
     settings: Mapping[str, Any] | None = None  # Settings.as_dict() of rank 0's engine
     quantization: str | None = None  # weight-only int8/fp8 of the model's declared linears, after the load
     timeout_s: float = 600.0
+    cache_methods: tuple[tuple[str, Any], ...] = ()  # (name, config) of rank 0's cache methods, enabled alike
 
 
 def init_distributed(backend: str, rank: int, world_size: int, init_method: str | None,
@@ -90,6 +91,10 @@ def load_rank_pipeline(spec: RankSpec, ctx: ParallelContext) -> tuple[PluginHost
         from ..quantization import apply_to_pipeline
 
         apply_to_pipeline(pipeline, pipeline.spec, spec.quantization)
+    if spec.cache_methods:  # as rank 0 does, after offload: the caches decide alike (omnicore.parallel.consensus)
+        methods = host.check_cache_methods([name for name, _ in spec.cache_methods], target.resolved.spec)
+        for method, (_, config) in zip(methods, spec.cache_methods):
+            host.enable_cache(pipeline, method, config)
     return host, pipeline
 
 
