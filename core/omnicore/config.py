@@ -278,8 +278,19 @@ OPTIONS: tuple[Option, ...] = (
            "Server: device budget of the LoRA cache (bytes, or 512MiB / 2GB); the least recently used adapters "
            "past it leave the device and stay in host memory (pinned on CUDA); none = no limit.",
            metavar="BYTES"),
+    Option("store", "OMNICORE_STORE", None, lambda n, v: (str(v).strip() or None) if v else None,
+           "Server: where job records live: `sqlite` (default: one server, in the state directory) or "
+           "`postgresql://user@host/db`, a database several replicas share (they claim queued jobs with leases).",
+           metavar="URL"),
+    Option("storage_url", "OMNICORE_STORAGE_URL", None, lambda n, v: (str(v).strip() or None) if v else None,
+           "Server: fsspec URL of the directory for job inputs and results (`file:///shared/dir`, mounted at the "
+           "same path on every replica); default: the state directory.", metavar="URL"),
+    Option("lease_s", "OMNICORE_LEASE_S", 30.0, finite_non_negative,
+           "Server with a shared store: seconds a replica's claim on a job lasts without renewal (renewed every "
+           "third of it); a replica that dies or hangs longer gives its jobs back to the queue.", flag="--lease"),
+    Option("claim_slots", "OMNICORE_CLAIM_SLOTS", 2, _positive_int,
+           "Server with a shared store: jobs one replica holds at once (running plus waiting in its engine)."),
 )
-
 
 
 def _pool_bytes(name: str, raw: Any) -> int | None:

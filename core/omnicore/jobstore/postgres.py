@@ -213,13 +213,14 @@ class PostgresJobStore:
         return Renewal(bool(row[0]), bool(row[1])) if row else None
 
     def release(self, job_id: str, token: int) -> bool:
-        """Give a held job back to the queue unfinished (a draining replica): status ``queued``, no lease."""
+        """Give a held job back to the queue unfinished (a draining replica): status ``queued``, no lease (and no
+        ``cancel_requested``: the drain's own stop request is not the client's)."""
         from psycopg.types.json import Jsonb
 
         row = self._one(
             "UPDATE jobs SET lease_owner = NULL, lease_expires = NULL, status = 'queued', record = record || %s"
             " WHERE id = %s AND lease_token = %s AND status <> ALL(%s) RETURNING id",
-            (Jsonb({"status": "queued", "phase": "queued"}), job_id, token, _T))
+            (Jsonb({"status": "queued", "phase": "queued", "cancel_requested": False}), job_id, token, _T))
         return row is not None
 
     def cancel_unheld(self, job_id: str, error: dict[str, str]) -> dict[str, Any] | None:

@@ -50,6 +50,7 @@ class ServerContext:
     served: ServedModel | None = None
     model_arg: str | None = None
     started_at: float = attrs.Factory(time.time)
+    claimer: Any = None  # with a shared store: this replica's Claimer (server/replica.py)
     pool: Any = None  # the ModelPool when the server serves several models (server/models.py)
     models: dict[str, ServedModel] = attrs.Factory(dict)  # with a pool: name -> served model
 
@@ -100,6 +101,12 @@ class ServerContext:
         self.metrics.ready.set(1)
         for job_id in requeue:
             self._requeue(job_id)
+        if getattr(self.store, "shared", False):  # replicas sharing one store pull their work (server/replica.py)
+            from .replica import Claimer
+
+            self.claimer = Claimer(self, tuple(requeue_names(self)))
+            self.jobs.on_released = self.claimer.released
+            self.claimer.start()
 
     def begin_drain(self) -> None:
         """Shutdown step one (SIGTERM): ``/health`` says ``draining``, new work gets 503, queued jobs are held."""
@@ -139,6 +146,15 @@ class ServerContext:
         stats = self.engine.stats()
         self.metrics.queue_depth.set(stats.get("queued", 0))
         self.metrics.running.set(stats.get("running", 0))
+
+
+def requeue_names(ctx: ServerContext) -> tuple[str, ...]:
+    """Every name the models this server serves answer to (the ``model`` of the jobs it may run)."""
+    models = getattr(ctx, "models", None) or {}
+    if getattr(ctx, "pool", None) is not None and models:
+        return tuple(n for m in models.values() for n in m.names)
+    assert ctx.served is not None
+    return tuple(ctx.served.names)
 
 
 class EdgeMiddleware:
@@ -248,7 +264,10 @@ def create_app(engine: Any = None, settings: ServerSettings | None = None, store
         raise ValueError("create_app needs exactly one of engine= or loader=")
     if settings is None:
         raise ValueError("create_app needs settings= (a ServerSettings)")
-    store = store or JobStore(settings.state_dir)
+    if store is None:
+        from ..jobstore import open_store
+
+        store = open_store(settings.store, settings.state_dir, settings.storage_url)
     auth = BearerAuth(settings.api_keys, admin_keys=settings.admin_api_keys,
                       metrics_auth=getattr(settings, "metrics_auth", False), secret=store.secret)
     ctx = ServerContext(settings=settings, store=store, metrics=Metrics(), hub=EventHub(),
@@ -308,4 +327,6 @@ def _shutdown(ctx: ServerContext, owns_engine: bool) -> None:
         if ctx.jobs is not None:
             ctx.jobs.stop()
     finally:
+        if ctx.claimer is not None:
+            ctx.claimer.stop()
         ctx.store.close()

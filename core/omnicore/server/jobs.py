@@ -22,6 +22,7 @@ import attrs
 
 from .. import errors as core_errors
 from ..engine.limits import WorkLimits
+from ..jobstore.base import LeaseLost
 from ..outputs.options import EncodeOptions
 from .errors import ApiError, from_core, is_storage_full, job_error_code
 from .metrics import Metrics, observe_stages
@@ -69,6 +70,8 @@ class LiveJob:
     run_timer: threading.Timer | None = None  # the operator's --max-job-seconds, from the start of running
     on_event: Callable[[Any], None] | None = None  # also sees every engine event, from submission on (streams)
     owner: str | None = None  # key id of the API key that submitted it (auth.key_id); None without auth
+    fence: int | None = None  # lease token of a job claimed from a shared store: every write of it carries it
+    lease_lost: bool = False  # a fenced write was rejected: another replica holds the job now; write nothing more
     model: str | None = None  # the model it is for, when the server serves several (a model pool); else None
 
 
@@ -111,6 +114,7 @@ class JobManager:
         self.metrics = metrics
         self.hub = hub
         self.on_worker_died = on_worker_died
+        self.on_released: Callable[[LiveJob], None] | None = None  # a replica's claimer frees the job's slot
         self.worker_error: str | None = None
         self._lock = threading.Lock()
         self._live: dict[str, LiveJob] = {}
@@ -233,8 +237,36 @@ class JobManager:
                                    "updated_at": now, "queue_position": None}
         if live.status == "in_progress" and live.started is not None:
             changes["started_at"] = int(live.started)
-        self.store.update(live.id, **changes)
+        record = self._write(live, **changes)
+        if live.lease_lost:
+            return
+        if live.fence is not None and record is not None and record.get("cancel_requested") \
+                and not live.cancel_requested:  # DELETE or cancel through another replica: stop at this step
+            self.cancel(live.id, reason="a request through another replica")
         self.hub.publish(live.id, "video.progress", {"id": live.id, **{k: changes[k] for k in PROGRESS_KEYS}})
+
+    def _write(self, live: LiveJob, **changes: Any) -> dict[str, Any] | None:
+        """Write ``changes`` to ``live``'s record, fenced by its lease token when it was claimed from a shared
+        store. A rejected write (another replica re-claimed the job) writes nothing and stops the job here."""
+        if live.lease_lost:
+            return None
+        if live.fence is None:
+            return self.store.update(live.id, **changes)
+        try:
+            return self.store.update(live.id, fence=live.fence, **changes)
+        except LeaseLost as exc:
+            logger.warning("job %s: %s; stopping it on this replica", live.id, exc)
+            self.lose_lease(live)
+            return None
+
+    def lose_lease(self, live: LiveJob) -> None:
+        """``live``'s lease is gone (expired and re-claimed, or cancelled elsewhere): stop it, write nothing."""
+        if live.lease_lost:
+            return
+        live.lease_lost = True
+        live.cancel_requested, live.cancel_reason = True, "lease lost"
+        if live.engine_job is not None:
+            live.engine_job.cancel()
 
     # ------------------------------------------------------------------ monitor (heartbeat, liveness, TTL)
     def _monitor_loop(self) -> None:
@@ -251,7 +283,7 @@ class JobManager:
             jobs = [j for j in self._live.values() if j.persisted and not j.done.is_set()]
         for j in jobs:
             if j.status == "in_progress":
-                self.store.update(j.id, updated_at=now)
+                self._write(j, updated_at=now)
             self.hub.publish(j.id, "video.heartbeat", {"id": j.id, "phase": j.phase, "updated_at": now})
 
     def _expire(self) -> None:
@@ -316,6 +348,9 @@ class JobManager:
 
     def _finish(self, live: LiveJob, job: Any) -> None:
         now = time.time()
+        if live.lease_lost:  # another replica holds the job now: this one records nothing
+            live.status = "cancelled"
+            return
         if live.cancel_t0 is not None:
             self.metrics.cancel_latency.observe(now - live.cancel_t0)
         if job.status == "succeeded":
@@ -326,6 +361,8 @@ class JobManager:
         elif job.status == "cancelled" and self._stopping and live.cancel_reason in (None, "shutdown") \
                 and live.status == "queued" and live.persisted:
             live.status = "queued"  # never started: stays queued in the store and is re-enqueued on restart
+            if live.fence is not None:  # (a shared store: back to the queue now, for the other replicas)
+                self.store.release(live.id, live.fence)
             return
         elif job.status == "cancelled":
             if live.cancel_reason == "timeout":
@@ -335,6 +372,10 @@ class JobManager:
                 live.status, live.error_code = "failed", "server_timeout"
                 message = (f"the job ran longer than this server allows (--max-job-seconds "
                            f"{self.settings.max_job_seconds:g} s of running time) and was stopped")
+            elif self._stopping and live.cancel_reason in (None, "shutdown") and live.fence is not None \
+                    and self.store.release(live.id, live.fence):
+                live.status = "queued"  # a shared store: another replica runs it again (from its last checkpoint)
+                return
             elif self._stopping and live.cancel_reason in (None, "shutdown"):
                 live.status, live.error_code = "failed", "interrupted"
                 message = "the server shut down while this job was running"
@@ -388,7 +429,8 @@ class JobManager:
             out = attrs.evolve(out, kind="video", fps=job.request.params.fps)
         self._set_phase(live, "encode_output", 0.0)
         t0 = time.perf_counter()
-        path = out.save(self.store.result_path(live.id, "mp4"), EncodeOptions(durable=True))  # temp, fsync, rename
+        ext = "mp4" if live.fence is None else f"{live.fence}.mp4"  # per claim: a stale holder never overwrites
+        path = out.save(self.store.result_path(live.id, ext), EncodeOptions(durable=True))  # temp, fsync, rename
         save_s = time.perf_counter() - t0
         try:
             self._set_phase(live, "finalize", 0.0)
@@ -405,8 +447,8 @@ class JobManager:
         # (H3 at 4 s writes 107 frames at 24 fps: 4.46 s); the request's own value is kept in the stored body
         seconds = f"{out.num_frames / fps:.3g}" if out.num_frames and fps else None
         try:
-            record = self.store.update(
-                live.id, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
+            record = self._write(
+                live, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
             completed_at=int(completed),
             updated_at=int(completed), expires_at=int(completed + ttl) if ttl > 0 else None, cancel_requested=False,
             seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
@@ -419,6 +461,9 @@ class JobManager:
         except Exception:
             path.unlink(missing_ok=True)  # not recorded as completed: the result goes too (the job fails)
             raise
+        if live.lease_lost:  # the completion was rejected: the job is another replica's now
+            path.unlink(missing_ok=True)
+            return
         self.metrics.stage.labels(stage="finalize").observe(time.perf_counter() - t_final)
         if record is not None:
             self.hub.publish(live.id, "video.completed", record, final=True)
@@ -433,7 +478,9 @@ class JobManager:
                                    "expires_at": now + int(ttl) if ttl > 0 else None, "queue_position": None,
                                    "cancel_requested": False, "phase": None, "phase_progress": None}
         try:
-            record = self.store.update(live.id, **changes)
+            record = self._write(live, **changes)
+            if live.lease_lost:
+                return
         except Exception as exc:
             logger.error("job %s: could not record status %s (%s: %s); retrying with backoff", live.id, status,
                          type(exc).__name__, exc)
@@ -500,7 +547,8 @@ class JobManager:
 
     def _release(self, live: LiveJob) -> None:
         try:
-            if live.persisted and live.id not in self._unwritten and self.store.delete_pending(live.id):
+            if live.persisted and not live.lease_lost and live.id not in self._unwritten \
+                    and self.store.delete_pending(live.id):
                 self.store.delete(live.id)
         except Exception:  # the job still ends (its waiters wake) when the store is unusable
             logger.exception("job %s: deleting the record after DELETE failed", live.id)
@@ -513,6 +561,8 @@ class JobManager:
                 loop.call_soon_threadsafe(_resolve, fut)
             except RuntimeError:
                 pass
+        if self.on_released is not None:
+            self.on_released(live)
 
     # ------------------------------------------------------------------ control (any thread)
     def cancel(self, job_id: str, reason: str = "client request") -> bool:
@@ -525,7 +575,7 @@ class JobManager:
             live.cancel_reason = reason
             live.cancel_t0 = time.time()
             if live.persisted:
-                self.store.update(job_id, cancel_requested=True, updated_at=int(time.time()))
+                self._write(live, cancel_requested=True, updated_at=int(time.time()))
         if live.engine_job is not None:
             live.engine_job.cancel()
         return True

@@ -18,9 +18,11 @@ from ..jobstore.base import DuplicateKey
 from . import video_media
 from .auth import Principal
 from .errors import ApiError, is_storage_full, pydantic_to_api, storage_full_error
+from .eta import with_queue_info
 from .forms import is_json, is_multipart, read_json, read_multipart
 from .http_edge import RangeFileResponse
 from .jobs import PROGRESS_KEYS, LiveJob
+from .replica import accepted, cancel_remote, is_shared, poll_events
 from .routes_images import job_failure, wait_or_disconnect
 from .schemas import (
     ErrorResponse,
@@ -103,9 +105,8 @@ def rebuild_request(ctx: Any, job_id: str, served: Any = None) -> Any:
 
 
 def _with_position(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
-    if record["status"] == "queued" and ctx.jobs is not None:
-        record = dict(record, queue_position=ctx.jobs.queue_position(record["id"]))
-    return record
+    """``queue_position`` and ``eta_s`` filled in (from the shared store when replicas share one: server/eta.py)."""
+    return with_queue_info(ctx, record)
 
 
 def principal_of(request: Request) -> Principal | None:
@@ -194,6 +195,9 @@ async def create_video(request: Request) -> Any:
         if is_storage_full(exc):
             raise storage_full_error(exc) from None
         raise
+    if is_shared(ctx):  # replicas share the queue: whichever has a free slot claims it (server/replica.py)
+        return JSONResponse(accepted(ctx, dict(created, **_effective(greq.params, dto))),
+                            headers={"Location": f"/v1/videos/{job_id}"})
     live = LiveJob(id=job_id, kind="video", task="video.generate", persisted=True, deadline_s=dto.timeout_s,
                    owner=owner, model=ctx.model_key(served))
     try:
@@ -291,7 +295,7 @@ async def video_events(video_id: str, request: Request) -> Any:
             if snap["status"] in TERMINAL:
                 yield encode_event(ctx.hub.next_id(video_id, last_id), f"video.{snap['status']}", snap)
                 return
-            missed = ctx.hub.since(video_id, last_id) if last_id else None
+            missed = ctx.hub.since(video_id, last_id) if last_id and not is_shared(ctx) else None
             if missed is None:
                 sent = ctx.hub.next_id(video_id, last_id)
                 yield encode_event(sent, "video.progress", {"id": video_id, **{k: snap.get(k) for k in PROGRESS_KEYS}})
@@ -300,6 +304,10 @@ async def video_events(video_id: str, request: Request) -> Any:
                 for ev in missed:
                     yield ev.encode()
                     sent = ev.id
+            if is_shared(ctx):  # the job may run on any replica: follow its row (server/replica.py)
+                async for chunk in poll_events(ctx, video_id, snap, sent, _overlay):
+                    yield chunk
+                return
             idle = 0.0
             while True:
                 ev = await sub.get(timeout=tick_s)
@@ -339,6 +347,8 @@ def _last_event_id(request: Request) -> int:
 async def _cancel_and_wait(ctx: Any, video_id: str, reason: str) -> bool:
     """Cancel an active job and wait up to ``--cancel-wait`` for the worker; ``True`` once it stopped."""
     live = ctx.jobs.get_live(video_id) if ctx.jobs is not None else None
+    if live is None and is_shared(ctx):  # queued in the shared store, or running on another replica
+        return await cancel_remote(ctx, video_id, reason)
     if live is None or live.done.is_set():
         return True
     ctx.jobs.cancel(video_id, reason=reason)

@@ -216,6 +216,7 @@ class VideoJob(BaseModel):
     step: int | None = None
     total_steps: int | None = None
     queue_position: int | None = None
+    eta_s: float | None = None  # estimated seconds until completion, from measured times
     cancel_requested: bool = False
     size: str
     seconds: str

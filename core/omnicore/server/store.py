@@ -357,7 +357,7 @@ class JobStore:
                              " ('queued', 'in_progress')", (job_id, token)).fetchone()
             if row is None:
                 return False
-            record = {**json.loads(row[0]), "status": "queued", "phase": "queued"}
+            record = {**json.loads(row[0]), "status": "queued", "phase": "queued", "cancel_requested": False}
             db.execute("UPDATE jobs SET lease_owner = NULL, lease_expires = NULL, status = 'queued', record = ?"
                        " WHERE id = ?", (json.dumps(record), job_id))
         return True
