@@ -111,6 +111,16 @@ def cases(device: str = "cuda", tiny: bool = False) -> Iterator[object]:
     yield Case("gpu_kernels", "wan_rms_norm_silu_256ch_4x96x96_cl3d", "fused", "eager",
                lambda: ops.rms_norm_silu(fmap_cl, gamma, beta), lambda: ref.rms_norm_silu(fmap_cl, gamma, beta),
                goal=ratio_at_most(1.0), reps=20, warmup=3, sync=sync)
+    # per-request LoRA (issue 22): 8 requests with 8 adapters in one batch on a 3072-wide linear, rank 32, bf16; the
+    # eager reference is one bmm pair over equal segments (its best case); goal: the kernel >= 3x its throughput
+    rows, width, rank = (16, 64, 4) if tiny else (4096, 3072, 32)
+    lx = torch.randn(8 * rows, width, device=dev, dtype=bf16)
+    la = torch.randn(8, rank, width, device=dev, dtype=bf16) * width ** -0.5
+    lb = torch.randn(8, width, rank, device=dev, dtype=bf16) * rank ** -0.5
+    ends = torch.arange(1, 9, dtype=torch.int64) * rows
+    yield Case("gpu_kernels", f"lora_segment_delta_8x{rows}_{width}_r{rank}", "triton_sgmv", "eager_grouped",
+               lambda: ops.lora_segment_delta(lx, la, lb, ends), lambda: ref.lora_segment_delta(lx, la, lb, ends),
+               goal=ratio_at_most(1 / 3), reps=20, warmup=3, sync=sync)
 
 
 if __name__ == "__main__":

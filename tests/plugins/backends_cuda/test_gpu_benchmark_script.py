@@ -41,4 +41,5 @@ def test_every_case_runs_both_arms_and_they_agree():
             names.append(case.case)
     finally:
         sys.path.remove(str(SCRIPT.parent))
-    assert sum(n.startswith("attn_") for n in names) == 2 and len(names) == 8, names
+    assert sum(n.startswith("attn_") for n in names) == 2 and len(names) == 9, names
+    assert any(n.startswith("lora_segment_delta_") for n in names), names
