@@ -2,10 +2,10 @@
 
 A plan reads a checkpoint's configs (and, where there are weights, only the safetensors headers), builds every
 component on the meta device through the model plugin's own builders, and prices candidate placements (one
-device, model / layer-wise offload, Ulysses, CFG-parallel, tensor parallel where the DiT declares a plan) with and
-without weight-only int8 / fp8 quantization. Weight bytes are exact for the built modules; activation peaks are
-estimates from a stated formula (see :mod:`omnicore.planning.estimate`). The JSON form is documented in
-``docs/plan-json.md``.
+device, model / layer-wise offload, Ulysses, CFG-parallel, tensor and expert parallel where the model declares
+how it splits, and their combinations) with and without weight-only int8 / fp8 quantization. Weight bytes are
+exact for the built modules; activation peaks are estimates from a stated formula (see
+:mod:`omnicore.planning.estimate`). The JSON form is documented in ``docs/plan-json.md``.
 
 A model plugin takes part by giving the module of its tiny presets (``spec.presets[0].builder``) two functions
 and, optionally, real-size presets:
@@ -16,8 +16,12 @@ and, optionally, real-size presets:
   ``layerwise``),
   ``shape`` (``layers``, ``hidden``, ``heads``, ``head_dim``, ``ffn``, ``block_prefix``), ``quantizable``
   (component -> ``fnmatch`` patterns of linears), ``cfg_capable``, optional ``tp_plans`` (component ->
-  the :class:`~omnicore.parallel.tensor_parallel.TensorParallelPlan` its loader shards with) and
-  ``provenance``. The quantizer reads ``quantization_targets(pipeline)`` from the same module.
+  the :class:`~omnicore.parallel.tensor_parallel.TensorParallelPlan` its loader shards with), optional
+  ``experts`` (``{"count": routed experts, "modules": component -> patterns of the stacked-expert modules}``:
+  ``ep`` rows split them on the expert dim), optional ``shard`` (``(tp, ep) -> {component: module}``: rank 0's
+  components under that placement, narrowed on the meta device by the loader's own code; used instead of
+  ``tp_plans`` / ``experts`` when given; a degree the model refuses raises ``ConfigError``) and ``provenance``.
+  The quantizer reads ``quantization_targets(pipeline)`` from the same module.
 * ``plan_request(root, request) -> dict``: ``tokens`` (DiT rows per forward and branch), ``cfg_branches``,
   ``steps`` and ``resolved`` (the request after the model's own rules), optional ``adaln_rows_per_step`` and
   ``cache_elements`` (cache name -> elements in the plan's dtype, e.g. a prompt K/V).

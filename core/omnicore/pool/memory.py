@@ -88,26 +88,38 @@ def checkpoint_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-def pipeline_modules(pipeline: Any) -> list[Any]:
-    """The ``nn.Module``s a pipeline holds: attributes, and modules in dict/list/tuple attributes (each once)."""
+def pipeline_modules(pipeline: Any, max_depth: int = 3) -> list[Any]:
+    """The ``nn.Module``s a pipeline holds, each once: its attributes, modules in dicts, lists and tuples there, and
+    modules inside the plain objects it keeps (a text encoder wrapper holding ``.model``), up to ``max_depth``
+    levels. omnicore's own records (the plugin host, the spec, the load options, the platform) are not entered."""
     from torch import nn
 
     found: dict[int, nn.Module] = {}
+    seen: set[int] = set()
 
     def visit(value: Any, depth: int) -> None:
+        if id(value) in seen or value is None or isinstance(value, (str, bytes, int, float, bool)):
+            return
+        seen.add(id(value))
         if isinstance(value, nn.Module):
             found.setdefault(id(value), value)
-        elif depth < 2 and isinstance(value, dict):
-            for v in value.values():
-                visit(v, depth + 1)
-        elif depth < 2 and isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v, depth + 1)
+            return
+        if depth >= max_depth:
+            return
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        elif type(value).__module__.startswith("omnicore") and depth > 0:
+            return  # (records of the core: host, spec, options, platform)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            children = list(vars(value).values())
+        else:
+            return
+        for child in list(children):
+            visit(child, depth + 1)
 
-    if isinstance(pipeline, nn.Module):
-        visit(pipeline, 0)
-    for value in list(vars(pipeline).values()) if hasattr(pipeline, "__dict__") else ():
-        visit(value, 0)
+    visit(pipeline, 0)
     return list(found.values())
 
 
