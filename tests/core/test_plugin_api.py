@@ -53,6 +53,8 @@ PUBLIC_NAMES = frozenset({
     "LoRA", "LoRATargets", "LoRAError", "lora_packed_rows", "lora_sample_rows", "lora_base_only",
     # one plugin surface (1.7): the core checks a spec's declared extra fields
     "check_extra",
+    # stage progress and expert parallel (1.7)
+    "report_stage_progress", "ExpertDispatch", "check_dispatch", "check_expert_degree", "expert_bytes_per_layer",
 })
 
 

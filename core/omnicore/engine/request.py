@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -38,8 +38,8 @@ def random_seed(num_outputs: int = 1) -> int:
     return secrets.randbelow(MAX_SEED - max(1, num_outputs) + 2)
 
 
-def _opt_int(lo: int, hi: int | None = None) -> Any:
-    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _opt_int(lo: int, hi: int | None = None) -> Any:  # (an attrs validator)
+    def check(inst: object, attr: attrs.Attribute, value: object) -> None:
         if value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int):
@@ -50,8 +50,8 @@ def _opt_int(lo: int, hi: int | None = None) -> Any:
     return check
 
 
-def _opt_float(lo: float, *, strict: bool = False, hi: float | None = None) -> Any:
-    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _opt_float(lo: float, *, strict: bool = False, hi: float | None = None) -> Any:  # (an attrs validator)
+    def check(inst: object, attr: attrs.Attribute, value: object) -> None:
         if value is None:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -64,7 +64,7 @@ def _opt_float(lo: float, *, strict: bool = False, hi: float | None = None) -> A
     return check
 
 
-def _opt_float_conv(value: Any) -> Any:
+def _opt_float_conv(value: object) -> object:
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
@@ -154,12 +154,12 @@ class MediaInput:
     data: Any = attrs.field(eq=attrs.cmp_using(eq=lambda a, b: a is b or (type(a) is type(b) and _same(a, b))))
 
     @kind.validator
-    def _check_kind(self, attribute: attrs.Attribute, value: Any) -> None:
+    def _check_kind(self, attribute: attrs.Attribute, value: object) -> None:
         if value not in MEDIA_KINDS:
             raise InvalidRequest("inputs.kind", f"must be one of {list(MEDIA_KINDS)}, got {value!r}")
 
     @role.validator
-    def _check_role(self, attribute: attrs.Attribute, value: Any) -> None:
+    def _check_role(self, attribute: attrs.Attribute, value: object) -> None:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise InvalidRequest("inputs.role", f"must be a non-empty string or None, got {value!r}")
 
@@ -171,7 +171,7 @@ class MediaInput:
         return load_media(self.kind, self.data, **caps)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     try:
         return bool(a == b)
     except (ValueError, TypeError):  # arrays and other objects without a plain truth value: identity only
@@ -229,7 +229,7 @@ class GenerationRequest:
     stages: tuple[StageWork, ...] = attrs.field(default=(), eq=False, repr=False, converter=_tuple)
 
     @prompt.validator
-    def _check_prompt(self, attribute: attrs.Attribute, value: Any) -> None:
+    def _check_prompt(self, attribute: attrs.Attribute, value: object) -> None:
         if isinstance(value, str):
             if not value.strip():
                 raise InvalidRequest("prompt", "must be a non-empty string")
@@ -242,15 +242,17 @@ class GenerationRequest:
             raise InvalidRequest("quality", f"must be one of {list(QUALITIES)}, got {value!r}")
 
     @params.validator
-    def _check_params(self, attribute: attrs.Attribute, value: Any) -> None:
+    def _check_params(self, attribute: attrs.Attribute, value: object) -> None:
         if not isinstance(value, SamplingParams):
             raise InvalidRequest("params", f"must be SamplingParams, got {type(value).__name__}")
 
     def __init__(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
                  negative_prompt: str | None = None, images: Any = (), videos: Any = (), audios: Any = (),
-                 modalities: Any = None, quality: str = "standard", extra: Mapping[str, Any] | None = None,
+                 modalities: Iterable[str] | None = None, quality: str = "standard",
+                 extra: Mapping[str, Any] | None = None,
                  request_id: str | None = None, prepared: bool = False, *, inputs: Any = (),
-                 plan: object | None = None, stages: Any = (), loras: Any = ()) -> None:
+                 plan: object | None = None, stages: Iterable[StageWork] = (),
+                 loras: LoRA | str | Iterable[LoRA | str] | None = ()) -> None:
         self.__attrs_init__(prompt=prompt, params=SamplingParams() if params is None else params,
                             negative_prompt=negative_prompt,
                             inputs=media_inputs(images, videos, audios, inputs), modalities=modalities,

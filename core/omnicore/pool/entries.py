@@ -195,7 +195,7 @@ def load_models_file(path: str | Path) -> PoolFile:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the backport, when installed
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib  # type: ignore[no-redef, unused-ignore]
         except ModuleNotFoundError:
             raise ConfigError("--models", "reading models.toml needs Python 3.11+ (tomllib) or the tomli "
                                           "package on Python 3.10 (pip install tomli)") from None

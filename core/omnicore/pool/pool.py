@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
@@ -676,7 +676,7 @@ class ModelPool:
         from ..engine.request import GenerationRequest
 
         slot = self._slot(model)
-        marker = _Waiting(_NoJob(), GenerationRequest(prompt="(load)"), None, time.monotonic())
+        marker = _Waiting(cast("Job", _NoJob()), GenerationRequest(prompt="(load)"), None, time.monotonic())
         with self._cond:
             if slot.state == "loaded":
                 return

@@ -47,7 +47,7 @@ def _flat_state(module: nn.Module) -> dict[str, torch.Tensor]:
     for name, t in module.state_dict(keep_vars=True).items():
         flatten = getattr(type(t), "__tensor_flatten__", None)
         if flatten is not None and type(t) not in (torch.Tensor, nn.Parameter):
-            inner, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+            inner, _ = t.__tensor_flatten__()  # type: ignore[attr-defined, unused-ignore]
             for n in inner:
                 value = getattr(t, n)
                 if isinstance(value, torch.Tensor):

@@ -75,7 +75,7 @@ def build_flux_modular(target: str | Path) -> None:
     a ``modular_model_index.json`` checkpoint."""
     from diffusers.modular_pipelines import FluxAutoBlocks
 
-    pipe = FluxAutoBlocks().init_pipeline()
+    pipe = FluxAutoBlocks().init_pipeline()  # type: ignore[attr-defined, unused-ignore]
     pipe.update_components(**flux_components())
     pipe.save_pretrained(str(target), overwrite_modular_index=True)
 
