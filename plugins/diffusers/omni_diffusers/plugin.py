@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnicore.plugin import InputRole, ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults, hookimpl
+from omnicore.plugin import InputRole, ModelCapabilities, ModelSpec, PresetSpec, RequestDefaults, hookimpl, model_plugin
 
 SMALL = RequestDefaults(height=32, width=32, num_inference_steps=2, guidance_scale=3.5)
 
@@ -55,13 +55,8 @@ MODEL_SPEC = ModelSpec(
 )
 
 
-def plugin_info() -> dict[str, Any]:
-    return {"kind": "model", "api": ">=1.0,<2", "models": [MODEL_SPEC.name]}
-
-
-@hookimpl
-def omnicore_register_models(register: Any) -> None:
-    register(MODEL_SPEC)
+#: plugin_info() (kind, the spec's name and presets) and the registration hook, derived from MODEL_SPEC
+plugin_info, omnicore_register_models = model_plugin(MODEL_SPEC, api=">=1.7,<2")
 
 
 @hookimpl(tryfirst=True)

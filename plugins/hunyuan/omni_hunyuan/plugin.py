@@ -5,11 +5,16 @@ Must import quickly and never import torch: everything heavy is named by a lazy 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import attrs
-from omnicore.plugin import InputRole, ModelCapabilities, ModelOption, ModelSpec, PresetSpec, RequestDefaults, hookimpl
+from omnicore.plugin import (
+    InputRole,
+    ModelCapabilities,
+    ModelOption,
+    ModelSpec,
+    PresetSpec,
+    RequestDefaults,
+    model_plugin,
+)
 
 from . import __version__
 from .detect import ARCHITECTURE
@@ -79,11 +84,5 @@ MODEL_SPEC = ModelSpec(
 )
 
 
-def plugin_info() -> dict[str, Any]:
-    return {"kind": "model", "api": ">=1.2,<2", "version": __version__, "models": [MODEL_SPEC.name],
-            "presets": [p.name for p in PRESETS]}
-
-
-@hookimpl
-def omnicore_register_models(register: Callable[[ModelSpec], None]) -> None:
-    register(MODEL_SPEC)
+#: plugin_info() (kind, version, the spec's name and presets) and the registration hook, derived from MODEL_SPEC
+plugin_info, omnicore_register_models = model_plugin(MODEL_SPEC, api=">=1.7,<2", version=__version__)
