@@ -35,6 +35,8 @@ _LAZY: dict[str, str] = {
     "AttentionCapabilities": "omnicore.specs:AttentionCapabilities",
     "AttentionRequirement": "omnicore.specs:AttentionRequirement",
     "CacheMethodSpec": "omnicore.specs:CacheMethodSpec",
+    # an entry module's plugin_info and omnicore_register_models, derived from its model specs (1.7)
+    "model_plugin": "omnicore.registration:model_plugin",
     # -- the pipeline protocol and the records it threads ---------------------------------------------------
     "Pipeline": "omnicore.engine.protocol:Pipeline",
     "BasePipeline": "omnicore.engine.protocol:BasePipeline",
@@ -129,10 +131,6 @@ _LAZY: dict[str, str] = {
     "expert_bytes_per_layer": "omnicore.parallel.experts:expert_bytes_per_layer",
     # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
-    # parallel VAE decode: tile decodes shared out round-robin over the ranks, gathered for the blend (1.7)
-    "decode_tiles": "omnicore.parallel.vae_decode:decode_tiles",
-    "parallel_vae_decode_enabled": "omnicore.parallel.vae_decode:parallel_vae_decode_enabled",
-    "PARALLEL_VAE_DECODE_OPTION": "omnicore.parallel.vae_decode:PARALLEL_VAE_DECODE_OPTION",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
     "install_fast_path": "omnicore.vae_fast_paths:install_fast_path",
     "apply_decode_precision": "omnicore.vae_fast_paths:apply_decode_precision",
@@ -250,10 +248,8 @@ if TYPE_CHECKING:
     from .parallel.ulysses import check_heads as check_heads
     from .parallel.ulysses import padded_length as padded_length
     from .platforms.base import Platform as Platform
+    from .registration import model_plugin as model_plugin
     from .specs import AttentionBackendSpec as AttentionBackendSpec
-    from .parallel.vae_decode import PARALLEL_VAE_DECODE_OPTION as PARALLEL_VAE_DECODE_OPTION
-    from .parallel.vae_decode import decode_tiles as decode_tiles
-    from .parallel.vae_decode import parallel_vae_decode_enabled as parallel_vae_decode_enabled
     from .specs import AttentionCapabilities as AttentionCapabilities
     from .specs import AttentionRequirement as AttentionRequirement
     from .specs import CacheMethodSpec as CacheMethodSpec
