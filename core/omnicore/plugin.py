@@ -129,6 +129,10 @@ _LAZY: dict[str, str] = {
     "check_dispatch": "omnicore.parallel.experts:check_dispatch",
     "check_expert_degree": "omnicore.parallel.experts:check_expert_degree",
     "expert_bytes_per_layer": "omnicore.parallel.experts:expert_bytes_per_layer",
+    # parallel VAE decode: tile decodes shared out round-robin over the ranks, gathered for the blend (1.7)
+    "decode_tiles": "omnicore.parallel.vae_decode:decode_tiles",
+    "parallel_vae_decode_enabled": "omnicore.parallel.vae_decode:parallel_vae_decode_enabled",
+    "PARALLEL_VAE_DECODE_OPTION": "omnicore.parallel.vae_decode:PARALLEL_VAE_DECODE_OPTION",
     # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
@@ -247,6 +251,9 @@ if TYPE_CHECKING:
     from .parallel.ulysses import UlyssesAttention as UlyssesAttention
     from .parallel.ulysses import check_heads as check_heads
     from .parallel.ulysses import padded_length as padded_length
+    from .parallel.vae_decode import PARALLEL_VAE_DECODE_OPTION as PARALLEL_VAE_DECODE_OPTION
+    from .parallel.vae_decode import decode_tiles as decode_tiles
+    from .parallel.vae_decode import parallel_vae_decode_enabled as parallel_vae_decode_enabled
     from .platforms.base import Platform as Platform
     from .registration import model_plugin as model_plugin
     from .specs import AttentionBackendSpec as AttentionBackendSpec

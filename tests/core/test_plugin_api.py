@@ -55,6 +55,8 @@ PUBLIC_NAMES = frozenset({
     "check_extra",
     # stage progress and expert parallel (1.7)
     "report_stage_progress", "ExpertDispatch", "check_dispatch", "check_expert_degree", "expert_bytes_per_layer",
+    # parallel VAE decode (1.7)
+    "decode_tiles", "parallel_vae_decode_enabled", "PARALLEL_VAE_DECODE_OPTION",
     # an entry module's plugin_info and registration hook derived from its specs (1.7)
     "model_plugin",
 })

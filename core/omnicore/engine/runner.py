@@ -175,10 +175,14 @@ class BatchRunner:
         for job in members:
             job.emit("decode", step=total, total_steps=total)
         reused = len(getattr(state, "reused_steps", ()))  # filled by step caches (DenoiseState.reused_steps)
-        self._announce("decode")  # the steps are over on every rank
+        # the steps are over on every rank; a pipeline whose decode shares tiles over the ranks
+        # (omnicore.parallel.vae_decode) decodes on every rank, so rank 0 alone must not leave it half-way
+        every_rank = self.group is not None and bool(getattr(pipeline, "decode_on_every_rank", False))
+        self._announce("decode", every_rank)
         t = time.perf_counter()
         try:  # a chunked decode checks between chunks (engine.cancellation), so DELETE stops it within seconds
-            with cancel_scope(lambda: all(j.cancel_requested or j.done for j in members)):
+            with (contextlib.nullcontext() if every_rank
+                  else cancel_scope(lambda: all(j.cancel_requested or j.done for j in members))):
                 outputs = pipeline.decode(state)
         except Cancelled:
             for job in members:

@@ -88,7 +88,8 @@ class WorkerGroup:
         self.failure: str | None = None
         self._own_failure = False  # the group was ended because rank 0 itself failed mid-step
         self._checked: BaseException | None = None  # the last error looked at by explain()
-        self._stepping: int | None = None  # the step announced last, until the next command says it completed
+        # the step (or "decode") announced last, until the next command says it completed
+        self._stepping: int | str | None = None
         self._stopping = False
         self._lock = threading.Lock()
         self._monitor = None
@@ -167,6 +168,8 @@ class WorkerGroup:
             raise self.explain(exc) from exc
         if kind == "step":
             self._stepping = args[0]
+        elif kind == "decode" and args and args[0]:  # a decode every rank takes part in: ranks in lockstep
+            self._stepping = "decode"
 
     def end_batch(self) -> None:
         """Tell the workers the batch is over (never raises: it runs while a failure is being reported)."""
@@ -182,7 +185,8 @@ class WorkerGroup:
         self.explain(exc)  # records a dead worker first, if that is what happened
         if self.failure is None and self._stepping is not None:
             self._own_failure = True
-            self._mark_broken(f"rank 0 failed in denoise step {self._stepping} ({type(exc).__name__}: {exc}); "
+            where = "the parallel VAE decode" if self._stepping == "decode" else f"denoise step {self._stepping}"
+            self._mark_broken(f"rank 0 failed in {where} ({type(exc).__name__}: {exc}); "
                               "the ranks are out of step")
         self.end_batch()
 

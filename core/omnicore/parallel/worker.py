@@ -2,7 +2,8 @@
 
 Rank 0 (the engine's process) announces each batch on the control group: ``("batch", requests)`` (encode the
 prepared requests), ``("step", i)`` (run denoise step ``i`` through the ``omnicore_denoise`` hook),
-``("select", keep)`` (drop cancelled requests), ``("decode",)`` (the steps are over; rank 0 decodes),
+``("select", keep)`` (drop cancelled requests), ``("decode", every_rank)`` (the steps are over; rank 0 decodes,
+with every rank taking part when the pipeline shares its VAE tiles out, ``decode_on_every_rank``),
 ``("end",)`` (forget the batch) and ``("shutdown",)``. Every rank
 holds the same latents (CFG and Ulysses results are exchanged inside the model), so replaying the same calls keeps
 the ranks in lockstep; only rank 0 decodes and returns outputs.
@@ -130,8 +131,11 @@ def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup) 
                 raise RuntimeError("rank 0 shrank a batch this rank failed to encode")
             shrunk = pipeline.select_requests(state, command[1])
             state = shrunk if shrunk is not None else state
-        elif kind == "decode":
-            pass  # rank 0 decodes alone
+        elif kind == "decode":  # rank 0 decodes alone, unless the pipeline shares the tiles out over the ranks
+            if len(command) > 1 and command[1]:
+                if state is None:
+                    raise RuntimeError("rank 0 decoded a batch this rank failed to encode")
+                pipeline.decode(state)  # this rank's tiles; rank 0 gathers them and keeps the outputs
         elif kind == "end":
             state = None
         else:
