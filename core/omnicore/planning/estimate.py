@@ -335,6 +335,7 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     shard_fn = profile.get("shard")  # (tp, ep) -> rank 0's narrowed meta components, by the loader's own code
     experts: Mapping[str, Any] = profile.get("experts") or {}
     narrowed: dict[tuple[int, int], dict[str, Any] | None] = {}
+    refusals: dict[tuple[int, int], str] = {}  # the model's reason for each (tp, ep) its shard hook refused
 
     def narrowed_modules(tp: int, ep: int) -> dict[str, Any] | None:
         if (tp, ep) not in narrowed:
@@ -343,8 +344,9 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             assert shard_fn is not None
             try:
                 narrowed[(tp, ep)] = dict(shard_fn(tp, ep))
-            except (ConfigError, ValueError):  # a degree the model refuses (heads, experts it does not divide)
+            except (ConfigError, ValueError) as exc:  # a degree the model refuses (heads, experts it does not divide)
                 narrowed[(tp, ep)] = None
+                refusals[(tp, ep)] = str(exc)
         return narrowed[(tp, ep)]
 
     def sharded(tp: int, ep: int, quant: str) -> dict[str, int] | None:
@@ -421,8 +423,10 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     else:
         tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, tp_plan, d) is not None]
     if not tp_ok and devices > 1:
+        refused = next((why for (t, _), why in refusals.items() if t > 1), None)
         notes.append(f"tp: left out ({dit_name} declares no tensor-parallel plan)" if tp_plan is None and
-                     shard_fn is None else f"tp: no degree up to {devices} divides the plan's counts")
+                     shard_fn is None else f"tp: left out ({refused})" if refused else
+                     f"tp: no degree up to {devices} divides the plan's counts")
     count = int(experts.get("count", 0))
     ep_ok = _divisors_up_to(count, devices) if count else []
     missing = sorted({"cfg", "ulysses", "tp", *(["ep"] if ep_ok else [])} - set(parallel_dims))

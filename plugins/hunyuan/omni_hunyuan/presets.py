@@ -193,7 +193,20 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
         components["vision"] = torch.nn.ModuleList([model.vision_model, model.vision_aligner])
     ffn = (config.moe_topk + config.num_shared_expert) * config.moe_intermediate_size
     raw = json.loads((Path(root) / "config.json").read_text())
+
+    def shard(tp: int, ep: int) -> dict[str, torch.nn.Module]:
+        """Rank 0's language model under ``(tp, ep)``: the load's own :func:`.transformer.model.build_sharded`
+        narrowing (``shard_module`` with the TP plan, ``StackedExperts.keep_experts``) on the meta device, cast as
+        the load casts (a degree the plan or the expert count refuses raises ConfigError)."""
+        from .transformer.model import build_sharded_meta
+
+        sharded = build_sharded_meta(config, None, (0, tp) if tp > 1 else None, (0, ep) if ep > 1 else None)
+        return {"language_model": sharded.model.to(dtype=dtype)}
+
+    experts = ({"experts": {"count": config.num_experts, "modules": {"language_model": ("layers.*.mlp.experts",)}}}
+               if config.num_experts > 1 else {})
     return {
+        **experts, "shard": shard,
         "components": components, "dit": "language_model",
         "offload_modes": [],  # the pipeline declares neither offload_modules nor a block loop
         "shape": {"layers": config.num_hidden_layers, "hidden": config.hidden_size,

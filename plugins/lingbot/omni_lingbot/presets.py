@@ -10,10 +10,11 @@ end-to-end fixtures, not mocks.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omnicore.plugin import byte_level_tokenizer, init_visible_weights
@@ -287,7 +288,27 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     ffn = ((cfg.num_experts_per_tok + (cfg.n_shared_experts or 0)) * cfg.moe_intermediate_size if moe
            else cfg.intermediate_size)
     index = json.loads((root / "model_index.json").read_text()) if (root / "model_index.json").is_file() else {}
+    moe_parts = {k: v for k, v in components.items() if k in configs and configs[k].num_experts > 0}
+
+    def shard(tp: int, ep: int) -> dict[str, torch.nn.Module]:
+        """Rank 0's MoE DiTs under ``ep`` (narrowed on the meta device by ``keep_expert_share``, the method the
+        load's ``enable_expert_parallel`` narrows with; the load runs it on the transformer and the refiner)."""
+        from omnicore.plugin import ConfigError
+
+        if tp > 1:
+            raise ConfigError("parallel", f"tp={tp}: LingBot declares no tensor-parallel plan")
+        out: dict[str, torch.nn.Module] = {}
+        for name, module in components.items():
+            if name in configs and ep > 1:
+                narrowed = copy.deepcopy(module)
+                cast(Any, narrowed).keep_expert_share(0, ep)  # a dense DiT is refused, as at load
+                out[name] = narrowed
+        return out
+
+    experts = ({"experts": {"count": cfg.num_experts, "modules": {k: ("blocks.*.ffn.experts",) for k in moe_parts}},
+                "shard": shard} if moe else {})
     return {
+        **experts,
         "components": components, "dit": "transformer",
         "offload_modules": [k for k in ("transformer", "text_encoder", "refiner") if k in components],
         "shape": {"layers": cfg.depth, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,

@@ -77,7 +77,20 @@ def build_sharded(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, 
     on the meta device, narrowed (:func:`omnicore.plugin.shard_module`, ``StackedExperts.keep_experts``), then
     given empty CPU storage for :func:`.loader.load_state` to fill (every parameter comes from the checkpoint; the
     model holds no buffers, which ``to_empty`` could not restore — checked)."""
-    from omnicore.plugin import ConfigError, shard_module
+    from omnicore.plugin import ConfigError
+
+    model = build_sharded_meta(config, attention_backend, tp, ep)
+    buffers = [name for name, _ in model.named_buffers()]
+    if buffers:
+        raise ConfigError("parallel", f"cannot build a sharded model holding buffers ({buffers[0]})")
+    return model.to_empty(device="cpu")
+
+
+def build_sharded_meta(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, int] | None,
+                       ep: tuple[int, int] | None = None) -> HunyuanImage3:
+    """:func:`build_sharded`'s model before it gets storage: on the meta device with this rank's shapes (a
+    degree the plan or the expert count refuses is a ConfigError). ``omnicore plan`` sizes a rank from it."""
+    from omnicore.plugin import shard_module
 
     from .blocks import StackedExperts
     from .tensor_parallel import module_plan
@@ -89,9 +102,6 @@ def build_sharded(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, 
         check_experts(config, ep[1])
     with torch.device("meta"):
         model = HunyuanImage3(config, attention_backend=attention_backend)
-    buffers = [name for name, _ in model.named_buffers()]
-    if buffers:
-        raise ConfigError("parallel", f"cannot build a sharded model holding buffers ({buffers[0]})")
     if tp is not None:
         shard_module(model, plan, rank=tp[0], degree=tp[1])
     if ep is not None:
@@ -99,7 +109,7 @@ def build_sharded(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, 
         for module in model.modules():
             if isinstance(module, StackedExperts):
                 module.keep_experts(ep[0] * per, per)
-    return model.to_empty(device="cpu")
+    return model
 
 
 def check_experts(config: HunyuanConfig, degree: int) -> None:

@@ -14,7 +14,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import torch
-from omnicore.plugin import AttentionMetadata, SequenceShard, UlyssesAttention, check_heads, sdpa_attention
+from omnicore.plugin import (
+    AttentionMetadata,
+    SequenceShard,
+    UlyssesAttention,
+    check_heads,
+    lora_packed_rows,
+    sdpa_attention,
+)
 from torch import nn
 
 from .attention import AttentionFn
@@ -103,15 +110,27 @@ class LingBotVideoTransformer3DModel(nn.Module):
         ``1/ep``; a count the degree does not divide is a ConfigError naming both), tokens dispatched to their
         experts' ranks by ``dispatch`` (``all_to_all`` or ``all_reduce``; see :mod:`.moe`). A dense DiT (no MoE
         block) is refused: expert parallel would only replicate it."""
+        for moe in self.moe_blocks(ctx.ep):
+            moe.enable_expert_parallel(ctx, dispatch)
+
+    def moe_blocks(self, degree: int) -> list[Any]:
+        """The MoE FFNs expert parallel of ``degree`` splits (a dense DiT is a ConfigError: it would only
+        replicate)."""
         from omnicore.plugin import ConfigError
 
         from .moe import LingBotMoE
 
         moes = [m for m in self.modules() if isinstance(m, LingBotMoE)]
         if not moes:
-            raise ConfigError("parallel", f"ep={ctx.ep} needs a mixture-of-experts DiT; this one has no MoE block")
-        for moe in moes:
-            moe.enable_expert_parallel(ctx, dispatch)
+            raise ConfigError("parallel", f"ep={degree} needs a mixture-of-experts DiT; this one has no MoE block")
+        return moes
+
+    def keep_expert_share(self, rank: int, degree: int) -> None:
+        """Expert parallel's narrowing alone (no dispatch): every MoE block keeps rank ``rank``'s ``1/degree`` of
+        its routed experts, as :meth:`enable_expert_parallel` does at load (the planner runs it on the meta
+        device)."""
+        for moe in self.moe_blocks(degree):
+            moe.keep_expert_share(rank, degree)
 
     def enable_sparse_attention(self, options: Mapping[str, Any] | None = None) -> bool:
         """Attach block-sparse plans to the attention calls when the backend executes them (it carries a
@@ -209,8 +228,10 @@ class LingBotVideoTransformer3DModel(nn.Module):
         if sp is not None:  # this rank's rows only, until the output head
             shard = SequenceShard(layout.total, sp.sp_rank, sp.ulysses)
             x, freqs, blocks_layout = shard.take(x), shard.take(freqs), ShardedLayout(layout, shard)
-        for block, attention in zip(self.blocks, self.layer_attention(layout.attention)):
-            x = block(x, temb6, blocks_layout, freqs, attention)
+        # per-request LoRA: the blocks' linears see packed [T, H] rows, sample i's document is segments[i]
+        with lora_packed_rows([end for _, end in layout.segments], layout.total):
+            for block, attention in zip(self.blocks, self.layer_attention(layout.attention)):
+                x = block(x, temb6, blocks_layout, freqs, attention)
         if sp is not None:
             x = shard.gather(x, sp)
 

@@ -220,15 +220,24 @@ class LingBotMoE(nn.Module):
     def enable_expert_parallel(self, ctx: Any, dispatch: str = "all_to_all") -> None:
         """Keep this rank's ``1/ctx.ep`` of the routed experts (an expert count the degree does not divide is a
         ConfigError naming both) and route tokens to the other ranks' experts by ``dispatch``."""
-        from omnicore.plugin import ExpertDispatch, check_dispatch, check_expert_degree
+        from omnicore.plugin import ExpertDispatch, check_dispatch
 
         check_dispatch(dispatch)
-        check_expert_degree(self.experts.total, ctx.ep)
-        per = self.experts.total // ctx.ep
-        if self.experts.w1.shape[0] != per:
-            self.experts.keep_experts(ctx.ep_rank * per, per)
+        per = self.keep_expert_share(ctx.ep_rank, ctx.ep)
         router = ExpertDispatch(rank=ctx.ep_rank, degree=ctx.ep, per_rank=per, group=ctx.ep_group, stats=ctx.stats)
         self.expert_parallel = (router, ctx, dispatch)
+
+    def keep_expert_share(self, rank: int, degree: int) -> int:
+        """Keep expert-parallel rank ``rank``'s contiguous ``1/degree`` of the routed experts (a count the degree
+        does not divide is a ConfigError naming both); returns the experts per rank. The load and the planner's
+        meta-device ``shard`` hook both narrow through here, so a plan's EP bytes are the load's."""
+        from omnicore.plugin import check_expert_degree
+
+        check_expert_degree(self.experts.total, degree)
+        per = self.experts.total // degree
+        if self.experts.w1.shape[0] != per:
+            self.experts.keep_experts(rank * per, per)
+        return per
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return route(
