@@ -35,7 +35,8 @@ def decode_tiles_rank(rank: int, init_file: str) -> None:
                 expected = [decoder(t) for t in tiles]  # the single-process tiled loop
                 calls: list[int] = []
 
-                def decode(t: torch.Tensor, calls: list[int] = calls) -> torch.Tensor:
+                def decode(t: torch.Tensor, calls: list[int] = calls,
+                           tiles: list[torch.Tensor] = tiles) -> torch.Tensor:
                     calls.append(next(i for i, x in enumerate(tiles) if x is t))
                     return decoder(t)
 

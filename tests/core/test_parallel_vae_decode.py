@@ -11,7 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omnicore.parallel.vae_decode import PARALLEL_VAE_DECODE_OPTION, decode_tiles, parallel_vae_decode_enabled, tile_owner
+from omnicore.parallel.vae_decode import (
+    PARALLEL_VAE_DECODE_OPTION,
+    decode_tiles,
+    parallel_vae_decode_enabled,
+    tile_owner,
+)
 
 
 def test_one_rank_is_the_plain_tile_loop() -> None:

@@ -44,6 +44,7 @@ from omnicore.plugin import (
     fast_path_gate,
     materialize,
     output_seeds,
+    parallel_vae_decode_enabled,
     schedule_key,
 )
 
@@ -215,10 +216,14 @@ class MiniMaxH3Pipeline(BasePipeline):
                        H3AudioVAE.from_pretrained(layout.audio_vae, device=device), deployment, device=device,
                        dtype=dtype, reference_short_edge=settings.reference_image_short_edge, path=root)
         pipeline.enable_parallel(parallel)
+        pipeline.decode_on_every_rank = parallel_vae_decode_enabled(parallel, options.model_options)
         return pipeline
 
     #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
     parallel: Any = None
+    #: under ``--parallel`` (unless ``parallel_vae_decode=false``): every rank runs :meth:`decode`, decoding its
+    #: round-robin share of each clip's VAE tiles; rank 0 stitches them and returns the outputs
+    decode_on_every_rank: bool = False
 
     def enable_parallel(self, ctx: Any) -> None:
         """Run over a worker group. ``tp``: each DiT's attention and MLP linears are split over the TP ranks (a
@@ -596,6 +601,19 @@ class MiniMaxH3Pipeline(BasePipeline):
         video_parts = state.latents[0].split([it.video_rows for it in items])
         audio_parts = state.latents[1].split([it.audio_rows for it in items])
         order = sorted(range(len(items)), key=lambda i: (items[i].request_index, items[i].output_index))
+        tiles_over = self.parallel if self.decode_on_every_rank else None  # parallel VAE decode (tiles per rank)
+
+        def frames_of(i: int) -> torch.Tensor:
+            it, r = items[i], items[i].resolved
+            lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
+            target = video_parts[i][it.layout.num_condition_video_rows:].cpu()
+            return self.video_vae.decode(packing.unpatchify(target, self.video_vae.latent_channels,
+                                                            r.num_latent_frames, lh, lw, patch), parallel=tiles_over)
+
+        if tiles_over is not None and not tiles_over.is_driver:  # a worker: its share of the tiles, no outputs
+            for i in order:
+                frames_of(i)
+            return []
 
         def audio_of(i: int) -> np.ndarray:
             with torch.no_grad():
@@ -608,11 +626,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="h3-audio-decode") as pool:
             waves = [pool.submit(audio_of, i) for i in order]
             for i, wave in zip(order, waves):
-                it, r = items[i], items[i].resolved
-                lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
-                target = video_parts[i][it.layout.num_condition_video_rows:].cpu()
-                frames = self.video_vae.decode(packing.unpatchify(target, self.video_vae.latent_channels,
-                                                                  r.num_latent_frames, lh, lw, patch))
+                it = items[i]
+                frames = frames_of(i)
                 pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
                 request = state.requests[it.request_index]
                 outputs.append(Output(kind="video", frames=pixels, fps=FPS, audio=wave.result(),

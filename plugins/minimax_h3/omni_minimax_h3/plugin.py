@@ -7,6 +7,7 @@ here — the pipeline and the preset builders are named by lazy ``"module:attr"`
 from __future__ import annotations
 
 from omnicore.plugin import (
+    PARALLEL_VAE_DECODE_OPTION,
     InputRole,
     ModelCapabilities,
     ModelOption,
@@ -89,6 +90,7 @@ OPTIONS = (
                      "(npu_rainfusion; default 0.8; other backends ignore it)"),
     ModelOption("rainfusion_skip_layers", "str", default=None,
                 help="DiT layers that stay dense under a block-sparse attention backend, e.g. '0-3,38'"),
+    PARALLEL_VAE_DECODE_OPTION,  # --parallel: each clip's VAE tiles (the native tile mode) decoded across the ranks
 )
 
 #: Per-request fields (``model_params``) declared for clients such as the playground; request_rules checks them.

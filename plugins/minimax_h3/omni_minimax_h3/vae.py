@@ -15,12 +15,14 @@ RMSNorm (block pre-norms and the attention's q/k norms) on ``rms_norm`` and ever
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omnicore.plugin import fast_path_gate, install_fast_path
+from omnicore.plugin import decode_tiles, fast_path_gate, install_fast_path
 
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
@@ -80,6 +82,42 @@ def install_fast_paths(owner: Any, vae: Any, ops: Any) -> list[str]:
     return installed
 
 
+@contextmanager
+def tiles_over_ranks(vae: Any, ctx: Any) -> Iterator[None]:
+    """Inside the block, every spatially tiled clip ``vae`` decodes has its tiles shared out over the ranks of
+    ``ctx``'s worker group (:func:`omnicore.plugin.decode_tiles`, round-robin) and stitched on rank 0 by the VAE's
+    own ``_stitch_tiles``: the tile layout (``_split_tiles``), each tile's decode and the blend are those of
+    diffusers' ``_decode_clip``, so rank 0's frames are the single-process tiled decode's. The other ranks stitch
+    shape-only zeros (their frames are discarded). Untiled VAEs decode each clip on every rank as before."""
+    native = vae._decode_clip
+
+    def decode_clip(z: torch.Tensor) -> torch.Tensor:
+        if not vae.use_tiling:
+            return native(z)
+        ratio = int(vae.spatial_compression_ratio)
+        ys, y_lengths, y_overlaps = vae._split_tiles(z.shape[-2] * ratio, vae.tile_sample_min_height,
+                                                      vae.tile_sample_min_overlap_height)
+        xs, x_lengths, x_overlaps = vae._split_tiles(z.shape[-1] * ratio, vae.tile_sample_min_width,
+                                                      vae.tile_sample_min_overlap_width)
+        cells = [(i // ratio, h // ratio, j // ratio, w // ratio)
+                 for i, h in zip(ys, y_lengths) for j, w in zip(xs, x_lengths)]
+
+        def one(cell: tuple[int, int, int, int]) -> torch.Tensor:
+            i, h, j, w = cell
+            return vae.decoder(vae.post_quant_conv(z[..., i:i + h, j:j + w]))
+
+        tiles = decode_tiles(cells, one, ctx, device=z.device, placeholders=True)
+        assert tiles is not None  # placeholders=True: every rank gets a list
+        rows = [tiles[r * len(xs):(r + 1) * len(xs)] for r in range(len(ys))]
+        return vae._stitch_tiles(rows, y_overlaps, x_overlaps)
+
+    vae._decode_clip = decode_clip
+    try:
+        yield
+    finally:
+        del vae._decode_clip  # the class's method again
+
+
 class H3VideoVAE:
     """``precision`` (``LoadOptions.vae_decode_precision``): None/"fp32" decodes in float32 (bit-stable, the
     parity setting); "fp16"/"bf16" decode under autocast, as the release does on GPUs (fp16)."""
@@ -123,15 +161,20 @@ class H3VideoVAE:
         return (z - self.mean) / self.std
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised ``[1, C, t, h, w]`` -> frames ``[F, H, W, 3]`` float32 in [0, 1]."""
+    def decode(self, latents: torch.Tensor, parallel: Any = None) -> torch.Tensor:
+        """Normalised ``[1, C, t, h, w]`` -> frames ``[F, H, W, 3]`` float32 in [0, 1].
+
+        ``parallel`` (this rank's ``ParallelContext``; every rank of the group calls this with the same latents):
+        the tiles of each clip are decoded across the ranks (:func:`tiles_over_ranks`); rank 0 gets the frames of
+        the single-process tiled decode, the other ranks frames to discard."""
         dev = self.device
         z = latents.to(dev, torch.float32) * self.std.to(dev) + self.mean.to(dev)
-        if self.autocast is None:
-            video = self.vae.decode(z, return_dict=False)[0].float()
-        else:
-            with torch.autocast(dev.type, dtype=self.autocast):
+        with tiles_over_ranks(self.vae, parallel) if parallel is not None else nullcontext():
+            if self.autocast is None:
                 video = self.vae.decode(z, return_dict=False)[0].float()
+            else:
+                with torch.autocast(dev.type, dtype=self.autocast):
+                    video = self.vae.decode(z, return_dict=False)[0].float()
         mean = torch.tensor(PIXEL_MEAN, device=dev).view(1, 3, 1, 1, 1)
         std = torch.tensor(PIXEL_STD, device=dev).view(1, 3, 1, 1, 1)
         video = (video * std + mean).clamp(0, 1)
