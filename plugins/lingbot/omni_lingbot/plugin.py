@@ -8,6 +8,7 @@ from __future__ import annotations
 import attrs
 from omnicore.plugin import (
     InputRole,
+    LoRATargets,
     ModelCapabilities,
     ModelOption,
     ModelSpec,
@@ -87,6 +88,20 @@ OPTIONS = (
                      "bytes when k > 1, see benchmarks/parallel.py)"),
 )
 
+#: Per-request LoRA (``loras=[LoRA(...)]``, ``--lora``, HTTP ``lora``): the attention and FFN linears of every block
+#: (the dense FFN, or an MoE block's shared experts; routed experts are stacked weights and the router decides the
+#: routing, neither is adaptable), the patch embedder, the output head and the two timestep modulations (LingBot has
+#: no AdaLN schedule cache, so nothing precomputes them). The text embedder runs on the real text tokens of every
+#: sample packed together, rows an adapter could not tell apart: not adaptable. Module names are the diffusers
+#: checkpoint's (``transformer.blocks.0.attn.to_q``), so PEFT, diffusers and kohya files need no renaming.
+LORA_TARGETS = LoRATargets(
+    modules=("blocks.*.attn.to_q", "blocks.*.attn.to_k", "blocks.*.attn.to_v", "blocks.*.attn.to_out",
+             "blocks.*.ffn.gate_proj", "blocks.*.ffn.up_proj", "blocks.*.ffn.down_proj",
+             "blocks.*.ffn.shared_experts.gate_proj", "blocks.*.ffn.shared_experts.up_proj",
+             "blocks.*.ffn.shared_experts.down_proj",
+             "patch_embedder", "proj_out", "time_modulation.1", "norm_out_modulation.1"),
+)
+
 MODEL_SPEC = ModelSpec(
     name="lingbot",
     impl="omni_lingbot.pipeline:LingBotPipeline",
@@ -98,6 +113,7 @@ MODEL_SPEC = ModelSpec(
     presets=PRESETS,
     options=OPTIONS,
     extra_fields=EXTRA_FIELDS,
+    lora=LORA_TARGETS,
 )
 
 

@@ -42,6 +42,7 @@ from omnicore.plugin import (
     PluginError,
     check_extra,
     fast_path_gate,
+    lora_sample_rows,
     materialize,
     output_seeds,
     parallel_vae_decode_enabled,
@@ -428,7 +429,8 @@ class MiniMaxH3Pipeline(BasePipeline):
                                                           f"ulysses={self.parallel.ulysses} ranks: use a multiple")
             lh, lw = r.height // self.video_vae.spatial_ratio, r.width // self.video_vae.spatial_ratio
             layout = layout.with_latent_grid((r.num_latent_frames // patch[0], lh // patch[1], lw // patch[2]))
-            plan = dit.prepare_request(layout, cond["embeds"])
+            with lora_sample_rows([len(items)]):  # the refiner's rows are this request's (its first output's LoRA)
+                plan = dit.prepare_request(layout, cond["embeds"])
             first_seed = output_seeds(request)[0]  # the engine set it; a missing seed is an error naming the request
             for oi in range(r.num_outputs):
                 seed = first_seed + oi

@@ -9,6 +9,7 @@ from __future__ import annotations
 from omnicore.plugin import (
     PARALLEL_VAE_DECODE_OPTION,
     InputRole,
+    LoRATargets,
     ModelCapabilities,
     ModelOption,
     ModelSpec,
@@ -104,6 +105,21 @@ REQUEST_FIELDS = (
                 help="t2va, fl2va or ref2va; default: inferred from the conditioning inputs"),
 )
 
+#: Per-request LoRA (``loras=[LoRA(...)]``, ``--lora``, HTTP ``lora``) on the DiT of every task partition
+#: (``transformers``: one adapter fits FL2VA and Ref2VA alike): the attention and MLP linears of the blocks and of the
+#: token refiner (which refines each request's own text rows). The AdaLN projections are not adaptable: they run on
+#: a batch's distinct timesteps, one row shared by every request at that timestep, and the adaln_schedule cache
+#: precomputes them; nor are the patch embedders, the text projection or the output heads. Adapters in diffusers'
+#: names (``transformer_blocks.N.attn.to_q``, ``ff.net.0.proj``, ...) or the release's head-grouped fused qkv are
+#: converted by omni_minimax_h3.lora.
+LORA_TARGETS = LoRATargets(
+    root="transformers",
+    modules=("blocks.*.attn.qkv_proj", "blocks.*.attn.out_proj", "blocks.*.mlp.fc1", "blocks.*.mlp.fc2",
+             "token_refiner.blocks.*.attn.qkv_proj", "token_refiner.blocks.*.attn.out_proj",
+             "token_refiner.blocks.*.mlp.fc1", "token_refiner.blocks.*.mlp.fc2"),
+    converter="omni_minimax_h3.lora:checkpoint_to_ours",
+)
+
 MODEL_SPEC = ModelSpec(
     name="minimax-h3",
     impl="omni_minimax_h3.pipeline:MiniMaxH3Pipeline",
@@ -116,6 +132,7 @@ MODEL_SPEC = ModelSpec(
     options=OPTIONS,
     request_fields=REQUEST_FIELDS,
     extra_fields=EXTRA_FIELDS,
+    lora=LORA_TARGETS,
 )
 
 

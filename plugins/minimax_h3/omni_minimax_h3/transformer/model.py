@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from omnicore.plugin import ABSENT, AdaLNScheduleController, SequenceShard, UlyssesAttention, check_heads
+from omnicore.plugin import (
+    ABSENT,
+    AdaLNScheduleController,
+    SequenceShard,
+    UlyssesAttention,
+    check_heads,
+    lora_packed_rows,
+)
 from torch import nn
 
 from .attention import AttentionFn, Documents, PackedAttention
@@ -152,7 +159,8 @@ class MiniMaxH3DiT(nn.Module):
         text = self.condition_proj(prompt_embeds.to(device=device, dtype=w.dtype))
         if text.shape[0]:
             docs = Documents([0, text.shape[0]], device)
-            text = self.token_refiner(text, docs, self.attention, self.ops)
+            with lora_packed_rows([text.shape[0]], text.shape[0]):  # one request's rows (its LoRA: sample_rows)
+                text = self.token_refiner(text, docs, self.attention, self.ops)
         positions = torch.zeros(layout.seq_len, 3, dtype=torch.float64)
         positions[: layout.used] = layout.position_ids
         cos, sin = self.rope.table(positions.to(device), dtype)
@@ -245,8 +253,10 @@ class MiniMaxH3DiT(nn.Module):
             if sp is not None:  # this rank's rows only (every per-row table is gathered by row), until the heads
                 shard = SequenceShard(batch.total, sp.sp_rank, sp.ulysses)
                 x, rows, rope = shard.take(x), shard.take(rows), (shard.take(batch.cos), shard.take(batch.sin))
-            for block in self.blocks:
-                x = block(x, t_emb, rows, batch.docs, attention, self.ops, rope)
+            # per-request LoRA: the blocks' linears see packed [T, H] rows, one document per output
+            with lora_packed_rows(batch.offsets[1:], batch.total):
+                for block in self.blocks:
+                    x = block(x, t_emb, rows, batch.docs, attention, self.ops, rope)
             if sp is not None:
                 x = shard.gather(x, sp)
             if residual_out is not None:
