@@ -271,6 +271,12 @@ class AttentionCapabilities:
     spans: bool = False  # honours causal attention with bidirectional AttentionMetadata.spans
 
 
+def dtype_name(dtype: object) -> str:
+    """The name attention capabilities and requirements use for a dtype: ``torch.bfloat16`` -> ``"bfloat16"``
+    (a name passes through). Works on the object's ``str``, so this module never imports torch."""
+    return str(dtype).removeprefix("torch.")
+
+
 @attrs.frozen
 class AttentionRequirement:
     """What a model needs from attention at one call site; backends are matched against it."""

@@ -5,26 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 from omnicore.attention.reference import sdpa_attention
+from omnicore.engine.protocol import LoadOptions
 from omnicore.integrations.diffusers import SelectedAttention, route_diffusers_attention
+from omnicore.platforms.cpu import CpuPlatform
 from omnicore.specs import AttentionRequirement
 
 
-@attrs.define
-class _Platform:
-    name: str = "cpu"
-
-
-@attrs.define
-class _Options:
-    platform: Any = attrs.Factory(_Platform)
-    attention: Any = None
+def _Options(attention: Any = None) -> LoadOptions:
+    """The options a pipeline's ``from_pretrained`` gets, on the CPU platform, with ``attention`` as the selector."""
+    return LoadOptions(platform=CpuPlatform(), attention=attention)
 
 
 class Recorder:

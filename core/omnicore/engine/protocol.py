@@ -10,17 +10,25 @@ incl. CFG) and ``update`` (the sampler) lets step caches reuse a prediction with
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from ..specs import AttentionRequirement, dtype_name
+
 if TYPE_CHECKING:
+    import torch
+
     from ..outputs.output import Output
+    from ..parallel.context import ParallelContext
     from ..platforms.base import Platform
     from ..specs import ModelSpec
     from .request import GenerationRequest
+
+#: the host's attention selector: a requirement in, the chosen backend's attention function out
+AttentionSelector = Callable[[AttentionRequirement], Callable[..., Any]]
 
 
 def _vae_precision(value: Any) -> str | None:
@@ -39,14 +47,36 @@ class LoadOptions:
     """
 
     platform: Platform
-    dtype: Any = None  # torch dtype; None = the platform's default
-    attention: Any = None  # callable(AttentionRequirement) -> attention function
+    dtype: torch.dtype | None = None  # None = the platform's default (see torch_dtype())
+    attention: AttentionSelector | None = None  # None: built outside the engine, the model's own attention
     offload: str = "none"  # "none" | "model" | "layerwise"
     model_options: Mapping[str, Any] = attrs.field(factory=dict)
     vae_decode_precision: str | None = attrs.field(default=None, converter=_vae_precision)
-    # omnicore.parallel.ParallelContext of this rank when the engine runs over a worker group (``--parallel``);
-    # None in a single-process engine. Models use it only for the dimensions their spec declares (parallel=...).
-    parallel: Any = None
+    # this rank's context when the engine runs over a worker group (``--parallel``); None in a single-process
+    # engine. Models use it only for the dimensions their spec declares (parallel=...).
+    parallel: ParallelContext | None = None
+
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype to load in: ``dtype``, else the platform's default (every loader made this choice itself)."""
+        return self.dtype if self.dtype is not None else self.platform.default_dtype()
+
+    def device(self) -> torch.device:
+        """The device this process loads onto (the platform's first device)."""
+        device: torch.device = self.platform.device()
+        return device
+
+    def attention_requirement(self, dtype: torch.dtype | str, head_dim: int, **needs: bool) -> AttentionRequirement:
+        """What one attention call site needs, on this platform: ``dtype`` (a torch dtype or its name),
+        ``head_dim`` and the capability flags of :class:`AttentionRequirement` (``packed_varlen=True`` ...)."""
+        return AttentionRequirement(platform=self.platform.name, dtype=dtype_name(dtype), head_dim=head_dim,
+                                    **needs)
+
+    def select_attention(self, dtype: torch.dtype | str, head_dim: int, **needs: bool) -> Callable[..., Any] | None:
+        """The attention function the host selects for that call site, or ``None`` when these options carry no
+        selector (the model then uses its own attention). An unmet requirement raises ``UnsupportedFeature``."""
+        if self.attention is None:
+            return None
+        return self.attention(self.attention_requirement(dtype, head_dim, **needs))
 
 
 @attrs.define(eq=False)

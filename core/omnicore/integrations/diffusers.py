@@ -9,9 +9,12 @@ becomes a :class:`SelectedAttention` calling that backend. Only modules on diffu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..specs import AttentionRequirement
+from ..specs import dtype_name
+
+if TYPE_CHECKING:
+    from ..engine.protocol import LoadOptions
 
 ROUTABLE_PROCESSORS = ("AttnProcessor2_0", "AttnProcessor")
 
@@ -61,7 +64,7 @@ class SelectedAttention:
         return out / attn.rescale_output_factor
 
 
-def route_diffusers_attention(model: Any, options: Any) -> int:
+def route_diffusers_attention(model: Any, options: LoadOptions) -> int:
     """Install :class:`SelectedAttention` on every routable attention module of ``model``; returns how many.
 
     ``options`` is the pipeline's :class:`~omnicore.engine.protocol.LoadOptions` (its ``platform`` and
@@ -76,11 +79,9 @@ def route_diffusers_attention(model: Any, options: Any) -> int:
     for module in model.modules():
         if not isinstance(module, Attention) or type(module.processor).__name__ not in ROUTABLE_PROCESSORS:
             continue
-        dtype = str(module.to_q.weight.dtype).removeprefix("torch.")
-        key = (dtype, module.inner_dim // module.heads)
+        key = (dtype_name(module.to_q.weight.dtype), module.inner_dim // module.heads)
         if key not in chosen:
-            requirement = AttentionRequirement(platform=options.platform.name, dtype=key[0], head_dim=key[1])
-            chosen[key] = SelectedAttention(options.attention(requirement))
+            chosen[key] = SelectedAttention(options.attention(options.attention_requirement(*key)))
         processor: Any = chosen[key]  # duck-typed: diffusers calls it like an AttnProcessor
         module.set_processor(processor)
         routed += 1

@@ -20,7 +20,6 @@ import attrs
 import numpy as np
 import torch
 from omnicore.plugin import (
-    AttentionRequirement,
     BasePipeline,
     ConfigError,
     DenoiseState,
@@ -75,10 +74,6 @@ def _text_defaults(path: Path) -> dict[str, Any]:
         return {}
     keys = ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")
     return {k: data[k] for k in keys if k in data and data[k] is not None}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @attrs.frozen
@@ -146,21 +141,12 @@ class HunyuanImage3Pipeline(BasePipeline):
             gen_config = GenerationConfig.from_file(root / "generation_config.json")
         except ConfigFileError as exc:
             raise CheckpointError(PLUGIN, root, str(exc)) from exc
-        device = options.platform.device()
-        dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
-        backend = None
-        if options.attention is not None:
-            try:
-                requirement = AttentionRequirement(platform=options.platform.name, dtype=_dtype_name(dtype),
-                                                   head_dim=config.attention_head_dim, spans=True)
-            except TypeError:  # a core without span metadata: the model's own mask-free attention
-                requirement = None
-            if requirement is not None:
-                try:
-                    backend = options.attention(requirement)
-                except UnsupportedFeature:  # no backend serves spans here: the model's own mask-free attention
-                    backend = None
-        parallel = getattr(options, "parallel", None)
+        device, dtype = options.device(), options.torch_dtype()
+        try:
+            backend = options.select_attention(dtype, config.attention_head_dim, spans=True)
+        except UnsupportedFeature:  # no backend serves spans here: the model's own mask-free attention
+            backend = None
+        parallel = options.parallel
         tp = (parallel.tp_rank, parallel.tp) if parallel is not None and parallel.tp > 1 else None
         ep = (parallel.ep_rank, parallel.ep) if parallel is not None and parallel.ep > 1 else None
         if tp is not None or ep is not None:  # --parallel tp / ep: this rank reads and keeps its shard only

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 from omnicore.plugin import (
-    AttentionRequirement,
     BasePipeline,
     ConfigError,
     DenoiseState,
@@ -62,10 +61,6 @@ def pad_embeddings(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Te
         out[i, : r.shape[0]] = r
         mask[i, : r.shape[0]] = True
     return out, mask
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def sparse_attention_options(model_options: Any) -> dict[str, Any]:
@@ -111,18 +106,15 @@ class LingBotPipeline(BasePipeline):
         for part in ("transformer", "text_encoder", "processor", "vae"):
             if not (root / part).is_dir():
                 raise CheckpointError(PLUGIN, root, f"missing the {part}/ folder")
-        device = options.platform.device()
-        dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
-        parallel = getattr(options, "parallel", None)
+        device, dtype = options.device(), options.torch_dtype()
+        parallel = options.parallel
 
         def dit(folder: Path) -> Any:
             attention = None
             if options.attention is not None:
                 cfg = read_json(folder / "config.json", plugin=PLUGIN, component=folder.name)
                 head_dim = int(cfg.get("hidden_size", 2048)) // int(cfg.get("num_attention_heads", 16))
-                attention = options.attention(AttentionRequirement(
-                    platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=head_dim,
-                    packed_varlen=True))
+                attention = options.select_attention(dtype, head_dim, packed_varlen=True)
             model = load_transformer(folder, device=device, dtype=dtype, attention=attention,
                                      ops=options.platform.ops)
             if parallel is not None and parallel.ulysses > 1:

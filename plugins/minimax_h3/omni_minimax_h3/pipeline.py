@@ -31,7 +31,6 @@ import numpy as np
 import torch
 from omnicore.plugin import (
     STATE_STEP_KEY,
-    AttentionRequirement,
     BasePipeline,
     ConfigError,
     DenoiseState,
@@ -131,10 +130,6 @@ def _grid(latents: torch.Tensor) -> tuple[int, int, int]:
     return int(latents.shape[2]), int(latents.shape[3]), int(latents.shape[4])
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 class MiniMaxH3Pipeline(BasePipeline):
     """Loads a MiniMax-H3 repository (either partition or both) and generates video with sound."""
 
@@ -184,19 +179,17 @@ class MiniMaxH3Pipeline(BasePipeline):
                 raise ConfigError("model_options.partition", f"{root} has no {' / '.join(missing)} partition "
                                                              f"(it has {', '.join(sorted(dirs))})")
             dirs = {p: dirs[p] for p in parts}
-        device = options.platform.device()
-        dtype = options.dtype if options.dtype is not None else options.platform.default_dtype()
+        device, dtype = options.device(), options.torch_dtype()
         ops = getattr(options.platform, "ops", None)
-        parallel = getattr(options, "parallel", None)
+        parallel = options.parallel
         tp = (parallel.tp_rank, parallel.tp) if parallel is not None and parallel.tp > 1 else None
         transformers = {}
         for part, folder in sorted(dirs.items()):
             attention = None
             if options.attention is not None:
                 cfg = read_transformer_config(folder)
-                attention = options.attention(AttentionRequirement(
-                    platform=options.platform.name, dtype=_dtype_name(dtype), head_dim=cfg.attention_head_dim,
-                    packed_varlen=True, packed_mask_free=True))
+                attention = options.select_attention(dtype, cfg.attention_head_dim, packed_varlen=True,
+                                                     packed_mask_free=True)
             transformers[part] = load_transformer(folder, device=device, dtype=dtype, attention=attention, ops=ops,
                                                  tp=tp)
             enable_sparse_attention(transformers[part], sparse_attention_options(options.model_options))
