@@ -172,6 +172,8 @@ def test_a_model_larger_than_the_budget_is_refused_with_a_clear_error(dirs, cach
         assert job.wait(30) and job.status == "failed"
         assert isinstance(job.error, ModelUnavailable) and "pinned" in str(job.error) and "'b'" in str(job.error)
         assert pool.state_of("a") == "loaded"
+        with pytest.raises(ModelUnavailable, match="pinned"):  # ModelPool.load says so too, instead of waiting
+            pool.load("b", timeout=30)
 
 
 def test_host_budget_unloads_the_least_recently_used_offloaded_model(dirs, cache, size):

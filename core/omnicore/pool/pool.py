@@ -676,7 +676,8 @@ class ModelPool:
         from ..engine.request import GenerationRequest
 
         slot = self._slot(model)
-        marker = _Waiting(cast("Job", _NoJob()), GenerationRequest(prompt="(load)"), None, time.monotonic())
+        nobody = _NoJob()
+        marker = _Waiting(cast("Job", nobody), GenerationRequest(prompt="(load)"), None, time.monotonic())
         with self._cond:
             if slot.state == "loaded":
                 return
@@ -684,6 +685,8 @@ class ModelPool:
             self._cond.notify_all()
             end = time.monotonic() + timeout
             while slot.state not in ("loaded", "failed"):
+                if nobody.error is not None:  # refused: it cannot fit the budget
+                    raise nobody.error
                 left = end - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"model {model!r} did not load within {timeout} s")
@@ -742,14 +745,20 @@ class ModelPool:
 
 
 class _NoJob:
-    """The waiting-list marker :meth:`ModelPool.load` uses: a job nobody listens to."""
+    """The waiting-list marker :meth:`ModelPool.load` uses: a job nobody listens to, except for the error the pool
+    fails its waiting work with (a model that cannot fit the budget), which :meth:`ModelPool.load` raises."""
 
     done = False
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
 
     def emit(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def finish(self, *args: Any, **kwargs: Any) -> bool:
+    def finish(self, *args: Any, error: BaseException | None = None, **kwargs: Any) -> bool:
+        if error is not None:
+            self.error = error
         return False
 
 
