@@ -36,6 +36,7 @@ from omnicore.plugin import (
     data_parallel,
     hook_context,
     output_seeds,
+    parallel_vae_decode_enabled,
     read_json,
     resolve_roles,
 )
@@ -80,6 +81,9 @@ class LingBotPipeline(BasePipeline):
     reuse_forward_metadata: bool = True
     #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
     parallel: Any = None
+    #: under ``--parallel`` (unless ``parallel_vae_decode=false``): every rank runs :meth:`decode`, decoding its
+    #: round-robin share of the VAE tiles of each request that asked for a tiled decode; rank 0 blends them
+    decode_on_every_rank: bool = False
 
     def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
                  scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
@@ -145,6 +149,7 @@ class LingBotPipeline(BasePipeline):
         pipeline = cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
                        refiner=refiner, prompts=prompts)
         pipeline.parallel = parallel
+        pipeline.decode_on_every_rank = parallel_vae_decode_enabled(parallel, options.model_options)
         return pipeline
 
     # ------------------------------------------------------------------------------------------ admission
@@ -416,10 +421,23 @@ class LingBotPipeline(BasePipeline):
         refiner's size)."""
         outputs = []
         image = state.extras["mode"] == "t2i"
+        par = self.parallel if self.decode_on_every_rank else None  # parallel VAE decode of tiled requests
+        if par is not None and not par.is_driver:  # a worker: its share of every tiled decode's tiles, no outputs
+            for i, request in enumerate(state.requests):
+                with self.vae.tiling(plan_of(request).vae_tiling):
+                    if self.vae.splits_over_ranks(state.latents[i: i + 1]):
+                        self.vae.decode_over_ranks(state.latents[i: i + 1], par)
+            return []
         for i, request in enumerate(state.requests):
             plan = plan_of(request)
             with self.vae.tiling(plan.vae_tiling):
-                frames = self.vae.decode(state.latents[i: i + 1])[0]  # [F, H, W, 3] in [0, 1]
+                latents = state.latents[i: i + 1]
+                if par is not None and self.vae.splits_over_ranks(latents):
+                    decoded = self.vae.decode_over_ranks(latents, par)
+                    assert decoded is not None  # rank 0 receives every tile
+                    frames = decoded[0]
+                else:
+                    frames = self.vae.decode(latents)[0]  # [F, H, W, 3] in [0, 1]
             pixels = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             refiner = plan.refiner
             fps = None if image else refiner.fps if refiner is not None else request.params.fps

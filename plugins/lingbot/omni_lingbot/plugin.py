@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 from omnicore.plugin import (
+    PARALLEL_VAE_DECODE_OPTION,
     InputRole,
     LoRATargets,
     ModelCapabilities,
@@ -86,6 +87,7 @@ OPTIONS = (
                 help="--parallel ep=N: send token copies to their experts' ranks and back (all_to_all), or run "
                      "each rank's experts on the replicated tokens and all-reduce the shares (all_reduce: fewer "
                      "bytes when k > 1, see benchmarks/parallel.py)"),
+    PARALLEL_VAE_DECODE_OPTION,  # --parallel: a tiled request's VAE tiles (extra.vae_tiling) decoded across ranks
 )
 
 #: Per-request LoRA (``loras=[LoRA(...)]``, ``--lora``, HTTP ``lora``): the attention and FFN linears of every block

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.plugin import cancel_points, fast_path_gate, install_fast_path
+from omnicore.plugin import cancel_points, decode_tiles, fast_path_gate, install_fast_path
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -90,6 +90,65 @@ def install_fast_paths(owner: Any, vae: Any, ops: Any) -> list[str]:
     return installed
 
 
+def tiled_decode_over_ranks(vae: Any, z: torch.Tensor, ctx: Any) -> torch.Tensor | None:
+    """diffusers' ``AutoencoderKLWan.tiled_decode`` with its tiles shared out over the ranks of ``ctx``'s worker
+    group (:func:`omnicore.plugin.decode_tiles`, round-robin), then blended on rank 0 exactly as there: the same
+    tile grid (latent stride steps), each tile decoded frame by frame through the causal feature cache (cleared per
+    tile), the VAE's own ``blend_v`` / ``blend_h`` and crops. Rank 0 returns the decoded ``[B, 3, T, H, W]`` in
+    [-1, 1]; the other ranks return ``None`` after decoding their tiles. Every rank calls it with the same ``z``."""
+    if vae.use_slicing and z.shape[0] > 1:  # as AutoencoderKLWan.decode: one sample at a time
+        parts = [tiled_decode_over_ranks(vae, row, ctx) for row in z.split(1)]
+        return None if parts[0] is None else torch.cat([p for p in parts if p is not None])
+    _, _, num_frames, height, width = z.shape
+    ratio = int(vae.spatial_compression_ratio)
+    tile_h, tile_w = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+    stride_h, stride_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+    sample_h, sample_w = height * ratio, width * ratio
+    out_stride_h, out_stride_w = vae.tile_sample_stride_height, vae.tile_sample_stride_width
+    patch = vae.config.patch_size
+    if patch is not None:
+        sample_h, sample_w = sample_h // patch, sample_w // patch
+        out_stride_h, out_stride_w = out_stride_h // patch, out_stride_w // patch
+        blend_h = vae.tile_sample_min_height // patch - out_stride_h
+        blend_w = vae.tile_sample_min_width // patch - out_stride_w
+    else:
+        blend_h = vae.tile_sample_min_height - out_stride_h
+        blend_w = vae.tile_sample_min_width - out_stride_w
+    ys, xs = list(range(0, height, stride_h)), list(range(0, width, stride_w))
+
+    def one(cell: tuple[int, int]) -> torch.Tensor:
+        i, j = cell
+        vae.clear_cache()
+        frames = []
+        for k in range(num_frames):
+            vae._conv_idx = [0]
+            tile = vae.post_quant_conv(z[:, :, k:k + 1, i:i + tile_h, j:j + tile_w])
+            frames.append(vae.decoder(tile, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=(k == 0)))
+        return torch.cat(frames, dim=2)
+
+    tiles = decode_tiles([(i, j) for i in ys for j in xs], one, ctx, device=z.device)
+    vae.clear_cache()
+    if tiles is None:
+        return None
+    rows = [tiles[r * len(xs):(r + 1) * len(xs)] for r in range(len(ys))]
+    out_rows = []
+    for r, row in enumerate(rows):
+        out_row = []
+        for c, tile in enumerate(row):
+            if r > 0:
+                tile = vae.blend_v(rows[r - 1][c], tile, blend_h)
+            if c > 0:
+                tile = vae.blend_h(row[c - 1], tile, blend_w)
+            out_row.append(tile[:, :, :, :out_stride_h, :out_stride_w])
+        out_rows.append(torch.cat(out_row, dim=-1))
+    dec = torch.cat(out_rows, dim=3)[:, :, :, :sample_h, :sample_w]
+    if patch is not None:
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        dec = unpatchify(dec, patch_size=patch)
+    return torch.clamp(dec, min=-1.0, max=1.0)
+
+
 class LingBotVAE:
     """Encode an aligned reference frame to a clean latent; decode latents to [0, 1] frames."""
 
@@ -147,6 +206,13 @@ class LingBotVAE:
         z = self.vae.encode(x).latent_dist.sample(generator=generator).float()
         return (z - self.mean.to(z.device)) / self.std.to(z.device)
 
+    def splits_over_ranks(self, latents: torch.Tensor) -> bool:
+        """Whether :meth:`decode` of ``latents`` under the current tiling is tiled (diffusers tiles only a latent
+        larger than one tile), i.e. whether a parallel decode shares it out over the ranks."""
+        ratio = int(self.vae.spatial_compression_ratio)
+        return bool(self.vae.use_tiling) and (latents.shape[-1] > self.vae.tile_sample_min_width // ratio
+                                              or latents.shape[-2] > self.vae.tile_sample_min_height // ratio)
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents ``[B, C, t, h, w]`` → frames ``[B, T, H, W, 3]`` float32 in [0, 1]."""
@@ -155,4 +221,19 @@ class LingBotVAE:
         # time, so DELETE stops a long video decode within one chunk (omnicore.engine.cancellation)
         with cancel_points(self.vae.decoder):
             video = self.vae.decode(z).sample.float().clamp(-1.0, 1.0)
+        return self._frames(video)
+
+    @torch.no_grad()
+    def decode_over_ranks(self, latents: torch.Tensor, parallel: Any) -> torch.Tensor | None:
+        """:meth:`decode` with a tiled decode's tiles decoded across the ranks of ``parallel`` (this rank's
+        ``ParallelContext``; every rank calls it with the same latents when :meth:`splits_over_ranks`): rank 0 gets
+        the frames of the single-process tiled decode, the other ranks ``None``. Untiled: :meth:`decode` here."""
+        if not self.splits_over_ranks(latents):
+            return self.decode(latents)
+        z = latents.to(self.device, torch.float32) * self.std.to(self.device) + self.mean.to(self.device)
+        tiled = tiled_decode_over_ranks(self.vae, z, parallel)
+        return None if tiled is None else self._frames(tiled.float().clamp(-1.0, 1.0))
+
+    @staticmethod
+    def _frames(video: torch.Tensor) -> torch.Tensor:
         return ((video + 1.0) / 2.0).permute(0, 2, 3, 4, 1).contiguous()
