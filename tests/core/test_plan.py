@@ -143,7 +143,7 @@ def test_acceptance_table_and_json_are_deterministic(cache: Path) -> None:
     assert set(one) == {"schema_version", "model", "spec", "source", "dtype", "devices", "device_memory_bytes",
                         "request", "components", "placements", "auto", "cost_model", "notes", "header_bytes_read"}
     row = one["placements"][0]
-    assert set(row) == {"name", "devices", "ulysses", "tp", "cfg", "offload", "quantization", "weights_bytes",
+    assert set(row) == {"name", "devices", "ulysses", "tp", "cfg", "ep", "offload", "quantization", "weights_bytes",
                         "cache_bytes", "activation_bytes", "reserve_bytes", "per_rank_bytes", "per_rank_gib",
                         "host_bytes", "step_seconds_estimate", "fits", "runnable", "auto"}
     assert sum(p["auto"] for p in one["placements"]) == 1
