@@ -30,6 +30,8 @@ from omnicore.plugin import (
     UnsupportedFeature,
     check_extra,
     fast_path_gate,
+    lora_base_only,
+    lora_sample_rows,
     output_seeds,
     random_seed,
     report_stage_progress,
@@ -74,6 +76,11 @@ def _text_defaults(path: Path) -> dict[str, Any]:
         return {}
     keys = ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")
     return {k: data[k] for k in keys if k in data and data[k] is not None}
+
+
+def _adapted(request: GenerationRequest) -> bool:
+    """Whether a LoRA adapter changes this request (scale 0 is exactly no adapter)."""
+    return any(lora.scale != 0.0 for lora in request.loras)
 
 
 @attrs.frozen
@@ -370,12 +377,14 @@ class HunyuanImage3Pipeline(BasePipeline):
         if steps is None or shift is None:
             raise ValueError("encode() takes preprocessed requests (steps and shift are filled by preprocess)")
         grid = sigmas(steps, shift, self.sampler_grid)
-        texts = self.run_text_stage(reqs)
+        with lora_base_only():  # the text stage writes on the base weights (its rows are text jobs, not outputs)
+            texts = self.run_text_stage(reqs)
         items, latents = [], []
         for i, r in enumerate(reqs):
             result = texts.get(i)
             layout = self.layout_of(r) if result is None else result.layout
-            past = None if result is None or not self.reuse_text_kv else result.past
+            # an adapted request's prompt K/V is recomputed with its adapters (the text stage's are the base's)
+            past = None if result is None or not self.reuse_text_kv or _adapted(r) else result.past
             mine = self._cfg_row(layout.rows)
             if past is not None and mine is not None:  # CFG-parallel: this rank keeps its row's K/V only
                 past = past.row(mine)
@@ -475,12 +484,13 @@ class HunyuanImage3Pipeline(BasePipeline):
             t = torch.full((local,), t_value, device=self.device, dtype=torch.float32)
             past = item["past"]  # under CFG-parallel: the K/V of this rank's row only
             hashes: list[Any] = []
-            if past is None:
+            if past is None and not _adapted(item["request"]):  # pooled blocks hold the base weights' K/V
                 past, hashes = self._pooled_prefix(item, mine)
             needs_cond = past is None or past.length <= (layout.cond[-1].vit_end if layout.cond else -1)
             cond = self._ensure_cond(item) if needs_cond else None
-            pred, kept = self.model.denoise(layout, tokens, item["rope"], lat, t, past=past, cond=cond,
-                                            guidance=resolved.guidance)
+            with lora_sample_rows([i] * local):  # every CFG row is request i's (one output per request)
+                pred, kept = self.model.denoise(layout, tokens, item["rope"], lat, t, past=past, cond=cond,
+                                                guidance=resolved.guidance)
             if mine is not None:  # both rows on every rank (one all-gather), so the ranks' latents stay equal
                 from omnicore.plugin import cfg_branches
 

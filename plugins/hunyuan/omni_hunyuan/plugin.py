@@ -8,6 +8,7 @@ from __future__ import annotations
 import attrs
 from omnicore.plugin import (
     InputRole,
+    LoRATargets,
     ModelCapabilities,
     ModelOption,
     ModelSpec,
@@ -70,6 +71,21 @@ PRESETS = (
                defaults=attrs.evolve(DEFAULTS, height=256, width=256, num_inference_steps=4)),
 )
 
+#: Per-request LoRA (``loras=[LoRA(...)]``, ``--lora``, HTTP ``lora``) on the language model's image stage: the
+#: attention (fused ``qkv_proj``, ``o_proj``) and the shared / dense MLP linears of every layer. Routed experts and
+#: the router are not adaptable (stacked weights, chosen per token); nor are the timestep and patch embedders, the
+#: image head, the ViT or the LM head. Adapters are read in the released checkpoint's names and layouts (grouped
+#: qkv rows, fused ``gate_and_up_proj``; see omni_hunyuan.lora). The text stage (think / recaption) writes its text
+#: on the base weights; the image stage then recomputes the prompt's K/V with the request's adapters.
+LORA_TARGETS = LoRATargets(
+    root="model",
+    modules=("model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.o_proj",
+             "model.layers.*.mlp.shared_mlp.gate_proj", "model.layers.*.mlp.shared_mlp.up_proj",
+             "model.layers.*.mlp.shared_mlp.down_proj",
+             "model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj", "model.layers.*.mlp.down_proj"),
+    converter="omni_hunyuan.lora:checkpoint_to_ours",
+)
+
 MODEL_SPEC = ModelSpec(
     name="hunyuan-image3",
     impl="omni_hunyuan.pipeline:HunyuanImage3Pipeline",
@@ -81,6 +97,7 @@ MODEL_SPEC = ModelSpec(
     presets=PRESETS,
     options=OPTIONS,
     extra_fields=EXTRA_FIELDS,
+    lora=LORA_TARGETS,
 )
 
 

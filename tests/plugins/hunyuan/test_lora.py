@@ -1,0 +1,113 @@
+"""Per-request LoRA on the HunyuanImage-3 micro checkpoint (CFG rows per request, one forward per request): a
+mixed batch equals each request alone and peft's merged model; adapters are read in the released checkpoint's
+layout (``qkv_proj`` rows grouped per key/value head, MLPs ``gate_and_up_proj`` fused ``[up | gate]``) and
+converted exactly. Tiny models output noise: only equalities are checked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _lora_helpers import FinalLatents, make_peft_adapter, merged_weights, submit_together
+from omnicore.config import Settings
+from omnicore.engine.api import Engine, make_request
+from omnicore.lora import AdapterRegistry, LoRA, LoRAError
+from omnicore.plugin_host.host import PluginHost
+from safetensors.torch import load_file, save_file
+
+ARGS = {"height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 4.0}
+
+
+def hf_layout(adapter: Path, out: Path, config: Any) -> Path:
+    """The same adapter as the released checkpoint lays it out: ``qkv_proj``'s B rows grouped per kv head, and a
+    ``gate_proj`` adapter as one on the fused ``gate_and_up_proj`` (rows ``[up | gate]``: zero up rows)."""
+    from omni_hunyuan.loader import group_qkv
+
+    state = load_file(str(adapter / "adapter_model.safetensors"))
+    out.mkdir(parents=True, exist_ok=True)
+    for key, value in list(state.items()):
+        if ".self_attn.qkv_proj.lora_B." in key:
+            state[key] = group_qkv(value, config.num_key_value_heads, config.groups, config.attention_head_dim)
+        elif ".gate_proj.lora_" in key:
+            fused = key.replace(".gate_proj.", ".gate_and_up_proj.")
+            value = state.pop(key)
+            state[fused] = torch.cat([torch.zeros_like(value), value]) if ".lora_B." in key else value
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
+    shutil.copy(adapter / "adapter_config.json", out / "adapter_config.json")
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(micro_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("loras")
+    settings = Settings(cache_dir=str(tmp_path_factory.mktemp("cache")), max_num_seqs=8,
+                        request_batch_max_wait_ms=2000)
+    host = PluginHost(settings)
+    capture = FinalLatents()
+    host.pm.register(capture, name="final-latents")
+    engine = Engine(str(micro_dir), host=host, settings=settings, model_options={"kv_mode": "dense_legacy"},
+                    lora_registry=AdapterRegistry(lora_dirs=[root]))
+    model = engine.pipeline.model
+    layers = len(model.model.layers)
+    attn = [f"model.layers.{i}.self_attn.{p}" for i in range(layers) for p in ("qkv_proj", "o_proj")]
+    mlp = [f"model.layers.{i}.mlp.shared_mlp.{p}" for i in range(layers) for p in ("gate_proj", "down_proj")]
+    ours = {"a": make_peft_adapter(model, attn, root / "ours_a", rank=4, seed=1),
+            "b": make_peft_adapter(model, attn[:1] + mlp, root / "ours_b", rank=8, seed=2)}
+    files = {name: hf_layout(path, root / name, model.config) for name, path in ours.items()}
+    yield engine, capture, ours, files
+    engine.close()
+
+
+def _request(prompt: str, *loras: LoRA) -> Any:
+    return make_request(prompt, seed=7, loras=loras, **ARGS)
+
+
+def _latents(engine: Engine, capture: FinalLatents, request: Any) -> torch.Tensor:
+    engine.submit(request).result(300)
+    return capture.latents[request.request_id]
+
+
+@pytest.mark.slow
+def test_mixed_batch_equals_each_alone_and_the_merged_model(setup: Any) -> None:
+    engine, capture, ours, _ = setup
+    names = ["a", None, "b"]
+    requests = [_request(f"a lighthouse {i}", *((LoRA(n),) if n else ())) for i, n in enumerate(names)]
+    outputs = submit_together(engine, requests)
+    assert all(o[0].metrics["batch_requests"] == 3 for o in outputs)
+    for i, name in enumerate(names):
+        mixed = capture.latents[requests[i].request_id]
+        alone = _latents(engine, capture, _request(f"a lighthouse {i}", *((LoRA(name),) if name else ())))
+        torch.testing.assert_close(mixed, alone, atol=1e-5, rtol=0)
+        if name is None:
+            continue
+        with merged_weights(engine.pipeline.model, [(ours[name], 1.0)]):
+            merged = _latents(engine, capture, _request(f"a lighthouse {i}"))
+        torch.testing.assert_close(mixed, merged, atol=1e-5, rtol=0)
+        assert (merged - _latents(engine, capture, _request(f"a lighthouse {i}"))).abs().max() > 1e-4
+
+
+def test_the_fused_mlp_layout_converts_to_gate_and_up() -> None:
+    from omni_hunyuan.lora import checkpoint_to_ours
+
+    a, b = torch.randn(4, 8), torch.randn(12, 4)  # rows [up | gate] of a fused 6-wide MLP
+    out = checkpoint_to_ours({"model.layers.0.mlp.gate_and_up_proj": (a, b)}, None)
+    assert torch.equal(out["model.layers.0.mlp.up_proj"][1], b[:6])
+    assert torch.equal(out["model.layers.0.mlp.gate_proj"][1], b[6:])
+    assert out["model.layers.0.mlp.gate_proj"][0] is a
+
+
+def test_experts_are_not_adaptable(setup: Any, tmp_path: Path) -> None:
+    engine, _, _, files = setup
+    bad = files["a"].parent / "experts"
+    shutil.copytree(files["a"], bad)
+    state = load_file(str(bad / "adapter_model.safetensors"))
+    state["base_model.model.model.layers.0.mlp.gate.lora_A.weight"] = torch.zeros(4, 32)
+    state["base_model.model.model.layers.0.mlp.gate.lora_B.weight"] = torch.zeros(4, 4)
+    save_file(state, str(bad / "adapter_model.safetensors"))
+    json.loads((bad / "adapter_config.json").read_text())
+    with pytest.raises(LoRAError, match="not adaptable"):
+        engine.submit(_request("x", LoRA("experts")))
