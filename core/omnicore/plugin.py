@@ -61,6 +61,7 @@ _LAZY: dict[str, str] = {
     "resolve_roles": "omnicore.engine.inputs:resolve_roles",
     "check_inputs": "omnicore.engine.inputs:check_inputs",
     "check_extra": "omnicore.engine.inputs:check_extra",  # the declared ModelSpec.extra_fields (1.7)
+    "parse_size_wh": "omnicore.sizes:parse_size_wh",  # "WIDTHxHEIGHT" -> (width, height) (1.7)
     # a stage a model runs besides the base loop (a refiner), listed in ``extra[STAGES_KEY]`` by its preprocess: held
     # to the same limits and counted into the job's work budget (1.4)
     "StageWork": "omnicore.engine.limits:StageWork",
@@ -256,6 +257,7 @@ if TYPE_CHECKING:
     from .parallel.vae_decode import parallel_vae_decode_enabled as parallel_vae_decode_enabled
     from .platforms.base import Platform as Platform
     from .registration import model_plugin as model_plugin
+    from .sizes import parse_size_wh as parse_size_wh
     from .specs import AttentionBackendSpec as AttentionBackendSpec
     from .specs import AttentionCapabilities as AttentionCapabilities
     from .specs import AttentionRequirement as AttentionRequirement

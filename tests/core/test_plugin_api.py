@@ -59,6 +59,8 @@ PUBLIC_NAMES = frozenset({
     "decode_tiles", "parallel_vae_decode_enabled", "PARALLEL_VAE_DECODE_OPTION",
     # an entry module's plugin_info and registration hook derived from its specs (1.7)
     "model_plugin",
+    # the one "WIDTHxHEIGHT" parser, (width, height) (1.7)
+    "parse_size_wh",
 })
 
 

@@ -39,9 +39,7 @@ if TYPE_CHECKING:
     from ..platforms.base import Platform
     from ..plugin_host.host import PluginHost
     from ..specs import AttentionRequirement
-    from .protocol import Pipeline
-
-    AttentionSelector = Callable[[AttentionRequirement], Callable[..., Any]]
+    from .protocol import AttentionSelector, Pipeline
 
 logger = logging.getLogger("omnicore.engine")
 

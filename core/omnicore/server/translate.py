@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from ..engine.request import QUALITIES, GenerationRequest, MediaInput, SamplingParams, random_seed
+from ..errors import InvalidRequest
+from ..sizes import parse_size_wh
 from .errors import ApiError
 from .schemas import ImageGenerationRequest, SharedFields, VideoCreateRequest
 from .settings import ServerSettings
@@ -114,18 +116,15 @@ def _bad(param: str, message: str, code: str = "invalid_value", status: int = 40
     return ApiError(status, code, message, param=param)
 
 
-def parse_size(size: str | None, param: str = "size") -> tuple[int, int] | None:
-    """``"WxH"`` -> ``(width, height)``; ``"auto"``/``None`` -> ``None`` (the model default)."""
+def request_size(size: str | None, param: str = "size") -> tuple[int, int] | None:
+    """``"WxH"`` -> ``(width, height)`` (the core's one size parser, each side at least 16); ``"auto"``/``None``
+    -> ``None`` (the model default)."""
     if size is None or size == "auto":
         return None
     try:
-        w_text, h_text = size.lower().split("x")
-        w, h = int(w_text), int(h_text)
-    except ValueError:
-        raise _bad(param, f"size must be 'WxH' or 'auto', got {size!r}") from None
-    if w < 16 or h < 16:
-        raise _bad(param, f"size {size} is too small; each side must be at least 16")
-    return w, h
+        return parse_size_wh(size, param, minimum=16)
+    except InvalidRequest as exc:
+        raise _bad(param, f"{param}: {exc.rule} ('auto': the model's default)") from None
 
 
 def check_size(wh: tuple[int, int] | None, served: ServedModel, settings: ServerSettings,
@@ -197,7 +196,7 @@ def image_request(dto: ImageGenerationRequest, served: ServedModel, settings: Se
                    code="unsupported_for_model")
     if dto.n > served.max_outputs:
         raise _bad("n", f"n={dto.n} is more than model {served.id} produces per request ({served.max_outputs})")
-    wh = parse_size(dto.size)
+    wh = request_size(dto.size)
     check_size(wh, served, settings)
     if len(images) > served.max_reference_images:
         raise _bad("image", f"{len(images)} input images; model {served.id} accepts at most "
@@ -267,7 +266,7 @@ def video_request(dto: VideoCreateRequest, served: ServedModel, settings: Server
     inputs = video_inputs(served, [*(("input_reference", im) for im in images), *media])
     if dto.generate_audio and not served.audio:
         raise _bad("generate_audio", f"model {served.id} does not generate audio", code="unsupported_for_model")
-    wh = parse_size(dto.size)
+    wh = request_size(dto.size)
     check_size(wh, served, settings)
     duration = parse_seconds(dto.seconds)
     num_frames = dto.num_frames

@@ -8,12 +8,11 @@ pipeline's ``preprocess``; nothing here imports torch.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from omnicore.plugin import InvalidRequest
+from omnicore.plugin import InvalidRequest, parse_size_wh
 
 from .prompts import compact_json, default_negative_prompt
 from .stage_options import (
@@ -224,15 +223,6 @@ def resolve_num_frames(
 
 # ----------------------------------------------------------------------------------------------- size
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX×*]\s*(\d+)\s*$")
-
-
-def parse_size(value: Any, field: str = "size") -> tuple[int, int]:
-    """``"WxH"`` → ``(height, width)``."""
-    if not isinstance(value, str) or not (m := _SIZE_RE.match(value)):
-        raise InvalidRequest(field, f"must be a 'WIDTHxHEIGHT' string such as '832x480', got {value!r}")
-    return int(m.group(2)), int(m.group(1))
-
 
 def _check_dim(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -273,7 +263,7 @@ def resolve_size(
             raise InvalidRequest(f"{source}ratio", f"unknown ratio {ratio!r}; known: {', '.join(table)}")
         return table[ratio]
     if size is not None:
-        h, w = parse_size(size, f"{source}size")
+        w, h = parse_size_wh(size, f"{source}size")
         fields = (f"{source}size", f"{source}size")
     else:
         h, w = _check_dim(height, f"{source}height"), _check_dim(width, f"{source}width")
