@@ -12,6 +12,7 @@ the pooled prefix blocks on a pool hit), keeping the prefix K/V; later steps onl
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from omnicore.plugin import (
     lora_base_only,
     lora_sample_rows,
     output_seeds,
+    parallel_vae_decode_enabled,
     random_seed,
     report_stage_progress,
 )
@@ -61,6 +63,7 @@ from .transformer.config import ConfigFileError, GenerationConfig, HunyuanConfig
 from .transformer.layout import PreparedLayout, SequenceLayout, kv_requests
 from .transformer.model import CondFeatures, HunyuanImage3, PrefixKV
 from .vae import install_fast_paths as install_vae_fast_paths
+from .vae_tiling import VaeTiles, tiled_decode
 
 MODES = ("t2i", "edit")
 __all__ = ["PROMPT_FIELDS", "HunyuanImage3Pipeline", "Resolved"]
@@ -181,10 +184,18 @@ class HunyuanImage3Pipeline(BasePipeline):
                    text_max_new_tokens=int(opts.get("text_max_new_tokens") or 2048),
                    vae_decode_precision=getattr(options, "vae_decode_precision", None))
         pipeline.parallel = parallel
+        pipeline.vae_tiles = VaeTiles.from_options(opts)
+        pipeline.decode_on_every_rank = (pipeline.vae_tiles is not None
+                                         and parallel_vae_decode_enabled(parallel, options.model_options))
         return pipeline
 
     #: this rank's omnicore.parallel.ParallelContext under ``--parallel`` (None in a single-process engine)
     parallel: Any = None
+    #: ``vae_tile_size`` / ``vae_tile_overlap``: decode in overlapping tiles (None: untiled, the release's way)
+    vae_tiles: VaeTiles | None = None
+    #: under ``--parallel`` with a tiled decode (unless ``parallel_vae_decode=false``): every rank runs
+    #: :meth:`decode`, decoding its round-robin share of each image's VAE tiles; rank 0 blends them
+    decode_on_every_rank: bool = False
 
     def _cfg_row(self, rows: int) -> int | None:
         """Under ``--parallel cfg=2``: the CFG row (0 conditional, 1 unconditional) this rank computes of a guided
@@ -519,16 +530,30 @@ class HunyuanImage3Pipeline(BasePipeline):
 
     # ------------------------------------------------------------------------------------------ decode
     @torch.no_grad()
+    def _decode_image(self, latents: torch.Tensor, parallel: Any = None) -> torch.Tensor | None:
+        """``[1, C, h, w]`` -> ``[1, 3, H, W]`` in [0, 1], tiled when ``vae_tiles`` asks (its tiles decoded across
+        the ranks of ``parallel``: ``None`` on the ranks other than 0), under the decode precision."""
+        tiles = self.vae_tiles
+        with (torch.autocast(self.device.type, dtype=self.vae_decode_dtype) if self.vae_decode_dtype is not None
+              else contextlib.nullcontext()):
+            if tiles is not None and tiles.splits(latents):
+                return tiled_decode(self.model.vae.decode, latents, tiles, parallel)
+            return self.model.vae.decode(latents).float()
+
     def decode(self, state: DenoiseState) -> list[Output]:
         outputs = []
+        par = self.parallel if self.decode_on_every_rank else None  # parallel VAE decode (tiles per rank)
+        if par is not None and not par.is_driver:  # a worker: its share of every tiled image's tiles, no outputs
+            for i in range(len(state.extras["items"])):
+                latents = state.latents[i:i + 1].float()
+                if self.vae_tiles is not None and self.vae_tiles.splits(latents):
+                    self._decode_image(latents, par)
+            return []
         for i, item in enumerate(state.extras["items"]):
             request = item["request"]
-            latents = state.latents[i:i + 1].float()
-            if self.vae_decode_dtype is None:
-                image = self.model.vae.decode(latents)[0]  # [3, H, W] in [0, 1]
-            else:
-                with torch.autocast(self.device.type, dtype=self.vae_decode_dtype):
-                    image = self.model.vae.decode(latents)[0].float()
+            decoded = self._decode_image(state.latents[i:i + 1].float(), par)
+            assert decoded is not None  # rank 0 receives every tile
+            image = decoded[0]  # [3, H, W] in [0, 1]
             pixels = (image.permute(1, 2, 0) * 255.0).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
             metrics = {"kv_pool_hit_tokens": float(item["pool_hit_tokens"]), **item.get("text_metrics", {})}
             outputs.append(Output(kind="image", frames=np.ascontiguousarray(pixels[None]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 from omnicore.plugin import (
+    PARALLEL_VAE_DECODE_OPTION,
     InputRole,
     LoRATargets,
     ModelCapabilities,
@@ -63,6 +64,14 @@ OPTIONS = (
                 "--parallel ep=N: send token copies to their experts' ranks and back (all_to_all), or run each "
                 "rank's experts on the replicated tokens and all-reduce the shares (all_reduce: fewer bytes when "
                 "k > 1, see benchmarks/parallel.py)"),
+    ModelOption("vae_tile_size", "int", None, None,
+                "decode the image in overlapping square VAE tiles of this many pixels (a multiple of 16; default: "
+                "untiled, as released). Bounds the decoder's memory; a tiled image is close to, not equal to, the "
+                "untiled one; under --parallel the tiles are decoded across the ranks"),
+    ModelOption("vae_tile_overlap", "int", None, None,
+                "pixels two neighbouring VAE tiles share and blend over (a multiple of 16, below vae_tile_size; "
+                "default: a quarter of the tile)"),
+    PARALLEL_VAE_DECODE_OPTION,
 )
 
 PRESETS = (
