@@ -167,6 +167,10 @@ def _known(name: str, raw: RawAdapter, tmap: TargetMap, key: str) -> str:
     if name in tmap.linears:
         raise LoRAError(raw.label, key, f"module {name!r} of model {tmap.model!r} is not adaptable (LoRA targets: "
                                         f"{', '.join(tmap.targets.modules)})")
+    inside = tmap.not_linear(name)
+    if inside is not None:
+        raise LoRAError(raw.label, key, f"module {inside[0]!r} of model {tmap.model!r} is a {inside[1]}, not an "
+                                        "nn.Linear: not adaptable (LoRA adapts the model's linear layers only)")
     raise LoRAError(raw.label, key, f"model {tmap.model!r} has no adaptable module {name!r}")
 
 

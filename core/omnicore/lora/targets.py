@@ -34,6 +34,18 @@ class TargetMap:
     itemsize: int = 4
     #: the network's ``config`` attribute (what a model's LoRA converter may need: head counts, ...)
     config: Any = attrs.field(default=None, eq=False, repr=False)
+    #: every other module of the root with parameters of its own -> its class name (a router, stacked experts):
+    #: an adapter naming one, or a name inside one, is told it is not a linear layer
+    others: dict[str, str] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def not_linear(self, name: str) -> tuple[str, str] | None:
+        """``(module, class name)`` when ``name`` is, or lies inside, a module that is not an ``nn.Linear``."""
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:end])
+            if prefix in self.others:
+                return prefix, self.others[prefix]
+        return None
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -52,9 +64,12 @@ class TargetMap:
 
         shapes: dict[str, tuple[int, int]] = {}
         linears = set()
+        others: dict[str, str] = {}
         itemsize = 4
         for name, module in root.named_modules():
             if not isinstance(module, nn.Linear):
+                if name and any(True for _ in module.parameters(recurse=False)):
+                    others[name] = type(module).__name__
                 continue
             linears.add(name)
             if any(fnmatch.fnmatchcase(name, p) for p in targets.modules):
@@ -67,7 +82,7 @@ class TargetMap:
                              f"under {targets.root!r}")
         adaln = frozenset(n for n in shapes if any(fnmatch.fnmatchcase(n, p) for p in targets.adaln))
         return cls(model=model, targets=targets, shapes=shapes, adaln=adaln, linears=frozenset(linears),
-                   itemsize=itemsize, config=getattr(root, "config", None))
+                   itemsize=itemsize, config=getattr(root, "config", None), others=others)
 
 
 def resolve_roots(pipeline: Any, targets: LoRATargets) -> list[Any]:

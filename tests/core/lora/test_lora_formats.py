@@ -148,3 +148,26 @@ def test_request_records_validate(tmp_path: Path) -> None:
     assert GenerationRequest("x", loras="a").loras == (LoRA("a"),)
     assert LoRA.parse("./dir/a:0.5") == LoRA("./dir/a", 0.5) and LoRA.parse("C:/a") == LoRA("C:/a")
     assert GenerationRequest("x", loras=["a"]).batch_key() == GenerationRequest("x", loras=["b"]).batch_key()
+
+
+class _Router(torch.nn.Module):
+    """A module with a weight that is not an nn.Linear (a router, stacked experts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(4, 16))
+
+
+def test_a_module_that_is_not_a_linear_is_named_with_its_class(tmp_path: Path) -> None:
+    model = Toy()
+    model.router = _Router()
+    tmap = TargetMap.build(model, TARGETS, "toy")
+    for name, module in (("router", "router"), ("inside", "router.experts.0.up")):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file({f"base_model.model.{module}.lora_A.weight": torch.zeros(2, 16),
+                   f"base_model.model.{module}.lora_B.weight": torch.zeros(4, 2)},
+                  str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 2}))
+        _refused(tmp_path, name, tmap, f"base_model.model.{module}.lora_A.weight",
+                 "module 'router' of model 'toy' is a _Router, not an nn.Linear")

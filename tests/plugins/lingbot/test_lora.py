@@ -147,3 +147,39 @@ def test_cancelling_one_row_of_a_mixed_batch_leaves_the_others_exact(setup: Any)
                                        atol=1e-5, rtol=0)
     finally:
         engine.host.pm.unregister(gate, name="cancel-at")
+
+
+@pytest.mark.slow
+def test_moe_shared_experts_are_adapted_and_routed_experts_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """tiny:lingbot-moe (block 1 a top-2 MoE): an adapter on block 1's attention and shared experts equals peft's
+    merged DiT; the router and the routed experts (stacked weights, chosen per token) are refused by name."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("moe-loras")
+    settings = Settings(cache_dir=str(tmp_path_factory.mktemp("moe-cache")), max_num_seqs=4,
+                        request_batch_max_wait_ms=2000)
+    host = PluginHost(settings)
+    capture = FinalLatents()
+    host.pm.register(capture, name="final-latents")
+    with Engine("tiny:lingbot-moe", host=host, settings=settings,
+                lora_registry=AdapterRegistry(lora_dirs=[root])) as engine:
+        dit = engine.pipeline.transformer
+        shared = [f"blocks.1.ffn.shared_experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+        adapter = make_peft_adapter(dit, ["blocks.1.attn.to_q", *shared], root / "moe", rank=4, seed=5)
+        requests = [_request("p0", LoRA("moe")), _request("p1")]
+        submit_together(engine, requests)
+        with merged_weights(dit, [(adapter, 1.0)]):
+            merged = _latents(engine, capture, _request("p0"))
+        torch.testing.assert_close(capture.latents[requests[0].request_id], merged, atol=1e-5, rtol=0)
+        assert (merged - capture.latents[requests[1].request_id]).abs().max() > 1e-4
+        for module, what in (("blocks.1.ffn.router", "'blocks.1.ffn.router' .* is a MoERouter, not an nn.Linear"),
+                             ("blocks.1.ffn.experts.0.gate_proj", "'blocks.1.ffn.experts' .* is a MoEExperts")):
+            folder = root / module.replace(".", "_")
+            folder.mkdir()
+            save_file({f"base_model.model.{module}.lora_A.weight": torch.zeros(2, 64),
+                       f"base_model.model.{module}.lora_B.weight": torch.zeros(4, 2)},
+                      str(folder / "adapter_model.safetensors"))
+            (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 2, "lora_alpha": 2}')
+            with pytest.raises(LoRAError, match=what) as info:
+                engine.submit(_request("x", LoRA(folder.name)))
+            assert info.value.key == f"base_model.model.{module}.lora_A.weight"
