@@ -152,6 +152,10 @@ _LAZY: dict[str, str] = {
     "ByteLevelTokenizer": "omnicore.tiny_checkpoints:ByteLevelTokenizer",
     # -- wrapping diffusers models ---------------------------------------------------------------------------
     "route_diffusers_attention": "omnicore.integrations.diffusers:route_diffusers_attention",
+    # -- Qwen3-VL as a text encoder: loading (optionally the first N decoder layers) and the tiny presets' one (1.7)
+    "load_qwen3_vl": "omnicore.integrations.qwen3_vl:load_qwen3_vl",
+    "build_tiny_qwen3_vl": "omnicore.integrations.qwen3_vl:build_tiny_qwen3_vl",
+    "QWEN_SPECIAL_TOKENS": "omnicore.integrations.qwen3_vl:QWEN_SPECIAL_TOKENS",
     # -- per-request LoRA: the spec's target map, the request record, how packed rows map to samples ------------
     "LoRA": "omnicore.lora.records:LoRA",
     "LoRATargets": "omnicore.lora.records:LoRATargets",
@@ -216,6 +220,9 @@ if TYPE_CHECKING:
     from .errors import UnsupportedFeature as UnsupportedFeature
     from .hookspecs import CacheHandle as CacheHandle
     from .integrations.diffusers import route_diffusers_attention as route_diffusers_attention
+    from .integrations.qwen3_vl import QWEN_SPECIAL_TOKENS as QWEN_SPECIAL_TOKENS
+    from .integrations.qwen3_vl import build_tiny_qwen3_vl as build_tiny_qwen3_vl
+    from .integrations.qwen3_vl import load_qwen3_vl as load_qwen3_vl
     from .lora.errors import LoRAError as LoRAError
     from .lora.records import LoRA as LoRA
     from .lora.records import LoRATargets as LoRATargets

@@ -61,6 +61,8 @@ PUBLIC_NAMES = frozenset({
     "model_plugin",
     # the one "WIDTHxHEIGHT" parser, (width, height) (1.7)
     "parse_size_wh",
+    # Qwen3-VL as a text encoder and the tiny presets' one (1.7)
+    "load_qwen3_vl", "build_tiny_qwen3_vl", "QWEN_SPECIAL_TOKENS",
 })
 
 

@@ -17,16 +17,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from omnicore.plugin import byte_level_tokenizer, init_visible_weights
+from omnicore.plugin import build_tiny_qwen3_vl, init_visible_weights
 
 from .detect import PIPELINE_CLASS, TRANSFORMER_CLASS
 from .loader import save_transformer
 
 SEED = 20240607
-QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-    "<|video_pad|>",
-)
 
 TINY_DIT: dict[str, Any] = {
     "patch_size": [1, 2, 2], "in_channels": 4, "out_channels": 4, "hidden_size": 64, "num_attention_heads": 2,
@@ -77,42 +73,6 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
                          is_plain=_is_modulation_table)
 
 
-def build_tokenizer_files(processor_dir: Path) -> dict[str, int]:
-    """A byte-level BPE without merges (any text encodes) plus the Qwen special tokens; returns their ids."""
-    tok = byte_level_tokenizer(processor_dir, QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>",
-                               pad_token="<|endoftext|>")
-    return {**tok.special_ids, "__vocab_size__": tok.vocab_size}
-
-
-def build_image_processor(processor_dir: Path) -> None:
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
-                             image_std=[0.5] * 3).save_pretrained(str(processor_dir))
-
-
-def build_text_encoder(text_encoder_dir: Path, ids: dict[str, int], seed: int) -> None:
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    vocab = ids["__vocab_size__"]
-    config = Qwen3VLConfig(
-        text_config={
-            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "num_key_value_heads": 1, "head_dim": 16, "vocab_size": vocab, "max_position_embeddings": 65536,
-            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        },
-        vision_config={
-            "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
-            "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 32,
-            "num_position_embeddings": 64, "deepstack_visual_indexes": [0],
-        },
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-    )
-    torch.manual_seed(seed)
-    Qwen3VLForConditionalGeneration(config).save_pretrained(str(text_encoder_dir))
-
-
 def build_vae(vae_dir: Path, seed: int) -> None:
     """A tiny Wan VAE whose reconstructions depend on the image: with PyTorch's default init the signal fades
     through the stack and every image decodes to nearly the same grey, so the weights get a sqrt(3) gain and the
@@ -150,9 +110,7 @@ def build_tiny(target_dir: str | Path, dit_config: dict[str, Any], seed: int = S
         build_transformer(root / "transformer", dit_config, seed)
         if refiner_config is not None:
             build_transformer(root / "refiner", refiner_config, seed + 3)
-        ids = build_tokenizer_files(root / "processor")
-        build_image_processor(root / "processor")
-        build_text_encoder(root / "text_encoder", ids, seed + 1)
+        build_tiny_qwen3_vl(root / "text_encoder", root / "processor", seed + 1)  # + tokenizer, image processor
         build_vae(root / "vae", seed + 2)
     _write_json(root / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
     index: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Prompt encoding with transformers' Qwen3-VL.
+"""Prompt encoding with transformers' Qwen3-VL (loaded by ``omnicore.plugin.load_qwen3_vl``).
 
 We drive the tokenizer and the image processor ourselves instead of ``Qwen3VLProcessor``: that class insists
 on a video processor, which needs torchvision, and LingBot never feeds video to the encoder. The expansion of
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omnicore.plugin import load_qwen3_vl
 
 from .conditions import vlm_image
 from .prompts import IMAGE_PAD_TOKEN, PROMPT_TEMPLATE, build_prompt, split_template
@@ -37,12 +38,7 @@ class LingBotTextEncoder:
     @classmethod
     def from_pretrained(cls, text_encoder_dir: Path, processor_dir: Path, *, device: torch.device,
                         dtype: torch.dtype, template: str = PROMPT_TEMPLATE) -> LingBotTextEncoder:
-        from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
-
-        full = Qwen3VLForConditionalGeneration.from_pretrained(str(text_encoder_dir), dtype=dtype)
-        model = full.model.to(device).eval().requires_grad_(False)
-        tokenizer = AutoTokenizer.from_pretrained(str(processor_dir))
-        image_processor = AutoImageProcessor.from_pretrained(str(processor_dir))
+        model, tokenizer, image_processor = load_qwen3_vl(text_encoder_dir, processor_dir, device=device, dtype=dtype)
         return cls(model, tokenizer, image_processor, template)
 
     @property

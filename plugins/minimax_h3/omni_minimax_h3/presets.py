@@ -20,13 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.plugin import byte_level_tokenizer, init_visible_weights
+from omnicore.plugin import build_tiny_qwen3_vl, init_visible_weights
 
 SEED = 20260601
-QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-    "<|video_pad|>",
-)
 #: The release reads hidden_states[50]; one more layer keeps the read pre-norm (and diffusers accepts it).
 TEXT_LAYERS = 51
 TEXT_HIDDEN = 32
@@ -64,47 +60,6 @@ def randomize_(module: torch.nn.Module, seed: int, *, gain: float = 1.0) -> None
     init_visible_weights(module, seed, gain=gain)
 
 
-def build_tokenizer(target: Path) -> dict[str, int]:
-    """A byte-level BPE without merges (any text encodes) plus the Qwen special tokens; returns their ids."""
-    tok = byte_level_tokenizer(target, QWEN_SPECIAL_TOKENS, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    return {"__vocab_size__": tok.vocab_size, **tok.special_ids}
-
-
-def build_processor(tokenizer_dir: Path, processor_dir: Path) -> None:
-    """``processor/``: the tokenizer plus the Qwen2-VL image processor (patch 16, merge 2, temporal patch 2).
-
-    The release ships a full ``Qwen3VLProcessor`` here; transformers only builds one with torchvision installed
-    (its video processor), so the tiny repository carries the parts the image path reads."""
-    from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(processor_dir))
-    Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
-                             image_std=[0.5] * 3).save_pretrained(str(processor_dir))
-
-
-def build_text_encoder(target: Path, ids: dict[str, int], seed: int) -> None:
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    config = Qwen3VLConfig(
-        text_config={
-            "hidden_size": TEXT_HIDDEN, "intermediate_size": 64, "num_hidden_layers": TEXT_LAYERS,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": ids["__vocab_size__"],
-            "max_position_embeddings": 65536,
-            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        },
-        vision_config={
-            "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
-            "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": TEXT_HIDDEN,
-            "num_position_embeddings": 64, "deepstack_visual_indexes": [0],
-        },
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-    )
-    torch.manual_seed(seed)
-    Qwen3VLForConditionalGeneration(config).save_pretrained(str(target))
-
-
 def build_transformer(target: Path, seed: int) -> None:
     """A diffusers ``MiniMaxH3Transformer3DModel`` (tiny, randomised) written with ``save_pretrained``."""
     from diffusers import MiniMaxH3Transformer3DModel
@@ -135,9 +90,10 @@ def build_tiny(target_dir: str | Path, partitions: tuple[str, ...], seed: int = 
             build_transformer(root / "transformer", seed)
         if "ref2va" in partitions:
             build_transformer(root / "transformer_ref", seed + 7)
-        ids = build_tokenizer(root / "tokenizer")
-        build_processor(root / "tokenizer", root / "processor")
-        build_text_encoder(root / "text_encoder", ids, seed + 1)
+        # processor/: the tokenizer plus the Qwen2-VL image processor (the release ships a full Qwen3VLProcessor, which
+        # transformers only builds with torchvision installed, so the tiny repository carries the parts we read)
+        build_tiny_qwen3_vl(root / "text_encoder", root / "processor", seed + 1, tokenizer_dir=root / "tokenizer",
+                            hidden_size=TEXT_HIDDEN, layers=TEXT_LAYERS)
         build_vaes(root, seed + 2)
     for name, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
         _write_json(root / name / "scheduler_config.json",

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from omnicore.plugin import load_qwen3_vl
 
 DEFAULT_LAYER = 50
 TEXT_TAG, VIDEO_TAG = 1, 0
@@ -61,27 +62,8 @@ class H3TextEncoder:
     def from_pretrained(cls, text_encoder_dir: Path, tokenizer_dir: Path, processor_dir: Path, *, device: Any,
                         dtype: torch.dtype, layer: int = DEFAULT_LAYER) -> H3TextEncoder:
         """Load the conditioner with only its first ``layer`` decoder layers (the later ones' weights are skipped)."""
-        from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-        config = Qwen3VLConfig.from_pretrained(str(text_encoder_dir))
-        text: Any = config.text_config
-        if text.num_hidden_layers < layer:
-            raise ValueError(f"{text_encoder_dir}: {text.num_hidden_layers} decoder layers, MiniMax-H3 reads layer "
-                             f"{layer}")
-        text.num_hidden_layers = layer
-        if getattr(text, "layer_types", None):
-            text.layer_types = list(text.layer_types)[:layer]
-        from transformers.utils import logging as hf_logging
-
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the skipped layers are reported as unused weights
-        try:
-            full = Qwen3VLForConditionalGeneration.from_pretrained(str(text_encoder_dir), config=config, dtype=dtype)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        model = full.model.to(device).eval().requires_grad_(False)
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        image_processor = AutoImageProcessor.from_pretrained(str(processor_dir))
+        model, tokenizer, image_processor = load_qwen3_vl(text_encoder_dir, tokenizer_dir, processor_dir,
+                                                          device=device, dtype=dtype, layers=layer)
         return cls(model, tokenizer, image_processor, layer)
 
     @property

@@ -11,8 +11,9 @@ import pytest
 import torch
 from _lingbot_helpers import load, request, run
 from omni_lingbot.loader import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, CheckpointError, WeightMismatch, save_transformer
-from omni_lingbot.presets import QWEN_SPECIAL_TOKENS, build_tiny_lingbot
+from omni_lingbot.presets import build_tiny_lingbot
 from omnicore.errors import PluginError
+from omnicore.plugin import QWEN_SPECIAL_TOKENS
 from safetensors.torch import load_file, save_file
 
 
