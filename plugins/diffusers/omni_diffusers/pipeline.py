@@ -11,6 +11,7 @@ between steps, step timings in the outputs' metrics.
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -245,9 +246,18 @@ class DiffusersPipeline(BasePipeline):
         if self.modular:  # the decode block's output itself (output_type "np")
             result = attrs.evolve(_Frames(result), video=card.video)
         if card.video:
-            frames = result.frames
-            rows = [to_uint8(np.asarray(f)) for f in frames]
-            return [Output(kind="video", frames=f, fps=p.fps, metrics=dict(metrics)) for f in rows]
+            from .audio import audio_rows, sample_rate
+
+            rows = [to_uint8(np.asarray(f)) for f in result.frames]
+            sounds = audio_rows(result, len(rows)) if "audio" in card.capabilities.outputs else [None] * len(rows)
+            rate = sample_rate(self.pipe) if any(a is not None for a in sounds) else None
+            if rate is None and any(a is not None for a in sounds):
+                warnings.warn(f"{card.class_name} returned audio but no sample rate omnicore knows where to find "
+                              f"(omni_diffusers.audio.RATE_ATTRIBUTES); the videos are written without sound",
+                              stacklevel=1)
+            return [Output(kind="video", frames=f, fps=p.fps, metrics=dict(metrics),
+                           audio=a if rate else None, sample_rate=rate if a is not None else None)
+                    for f, a in zip(rows, sounds, strict=True)]
         images = to_uint8(np.asarray(result.images))
         return [Output(kind="image", frames=img[None], metrics=dict(metrics)) for img in images]
 

@@ -131,7 +131,10 @@ def describe(pipe: Any, base: ModelCapabilities, defaults: RequestDefaults) -> P
                          and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)))
     temporal = getattr(pipe, "vae_scale_factor_temporal", None) if video else None
     multiple = size_multiple(pipe)
-    caps = attrs.evolve(base, modes=tuple(modes), outputs=("video",) if video else ("image",),
+    from .audio import returns_audio
+
+    outputs = (("video", "audio") if returns_audio(type(pipe)) else ("video",)) if video else ("image",)
+    caps = attrs.evolve(base, modes=tuple(modes), outputs=outputs,
                         inputs=tuple(declared), size_multiple_of=multiple,
                         max_frames=None if video else 1,
                         frame_rule=f"{temporal}n+1" if temporal else None)
