@@ -14,16 +14,17 @@ from typing import Any
 
 from .errors import ApiError
 
-_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"))
+#: the image formats the HTTP API accepts in uploads; the core's one magic-byte table (``omnicore.media``) knows GIF
+#: and BMP as well, which the CLI reads but the API refuses (415)
+ACCEPTED_IMAGE_FORMATS = ("png", "jpeg", "webp")
 
 
 def sniff(data: bytes) -> str | None:
-    for magic, name in _MAGIC:
-        if data.startswith(magic):
-            return name
-    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    return None
+    """The format of an uploaded image when the API accepts it, else ``None`` (read from the magic bytes)."""
+    from ..media import image_format
+
+    found = image_format(data[:16])
+    return found if found in ACCEPTED_IMAGE_FORMATS else None
 
 
 def decode_image(data: bytes, *, param: str, max_pixels: int) -> Any:
