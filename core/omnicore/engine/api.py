@@ -34,7 +34,7 @@ from .jobs import Job, Listener
 from .limits import WorkLimits, check_limits
 from .loading import ResolvedModel, instantiate_platform, load_options, load_pipeline, resolve_load
 from .progress import TERMINAL_PHASES, ProgressEvent
-from .request import GenerationRequest, MediaInput, SamplingParams, random_seed
+from .request import GenerationRequest, MediaInput, SamplingParams
 from .runner import BatchRunner, EngineStats
 from .scheduler import Scheduler, admission_wait
 
@@ -319,10 +319,7 @@ class Engine:
             else:
                 raise LoRAError(request.loras[0].name_or_path, None,
                                 f"model {self.spec.name!r} does not support LoRA adapters")
-        if request.params.seed is None:
-            default = self.spec.defaults.seed
-            seed = default if default is not None else random_seed(request.params.num_outputs)
-            request = request.evolve(params=attrs.evolve(request.params, seed=seed))
+        request = request.seeded(self.spec.defaults.seed)
         job = Job(request, canceller=self._cancel)
         if on_event is not None:
             job.add_listener(on_event)

@@ -285,6 +285,15 @@ class GenerationRequest:
         """The inputs of ``kind`` and/or ``role`` (``None`` matches any), in request order."""
         return tuple(m for m in self.inputs if (kind is None or m.kind == kind) and (role is None or m.role == role))
 
+    def seeded(self, default: int | None = None) -> GenerationRequest:
+        """This request with a seed: its own when set, else ``default`` (the model's declared default seed), else
+        a :func:`random_seed` draw with room for every output. The engine and the model pool fill it this way at
+        submission, so a job's seed is known (and reported) before it runs."""
+        if self.params.seed is not None:
+            return self
+        seed = default if default is not None else random_seed(self.params.num_outputs)
+        return self.evolve(params=attrs.evolve(self.params, seed=seed))
+
     def evolve(self, **changes: Any) -> GenerationRequest:
         """A changed copy. ``images=``/``videos=``/``audios=`` replace the inputs of that kind: one for one
         (roles kept) when the count is unchanged, otherwise as role-less inputs."""

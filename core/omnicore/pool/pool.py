@@ -234,16 +234,13 @@ class ModelPool:
         ``QueueFull`` (the model's own limit), ``ModelUnavailable`` (its load failed) and ``EngineClosed``."""
         from ..engine.inputs import check_request
         from ..engine.jobs import Job
-        from ..engine.request import GenerationRequest, random_seed
+        from ..engine.request import GenerationRequest
 
         if not isinstance(request, GenerationRequest):
             raise InvalidRequest("request", f"must be a GenerationRequest, got {type(request).__name__}")
         slot = self._slot(model)
         request = check_request(self._with_defaults(slot, request), slot.spec)
-        if request.params.seed is None:
-            default = slot.spec.defaults.seed
-            seed = default if default is not None else random_seed(request.params.num_outputs)
-            request = request.evolve(params=attrs.evolve(request.params, seed=seed))
+        request = request.seeded(slot.spec.defaults.seed)
         job = Job(request, canceller=self._cancel)
         job.pool_model = slot.entry.name  # type: ignore[attr-defined]
         if on_event is not None:
