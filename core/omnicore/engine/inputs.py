@@ -10,7 +10,7 @@ selects which task) stay in the model's ``preprocess``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,7 +19,7 @@ from ..errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ..specs import InputRole, ModelCapabilities, ModelSpec
-    from .request import GenerationRequest
+    from .request import GenerationRequest, MediaInput
 
 _UNSUPPORTED = "unsupported_for_model"
 
@@ -49,26 +49,65 @@ def resolve_roles(request: GenerationRequest, caps: ModelCapabilities, model: st
     return request.evolve(inputs=tuple(inputs))
 
 
+def _input_names(fields: Sequence[str] | None) -> Callable[[int, str], str]:
+    """How errors name input ``i``: ``inputs[i]<part>``, or the caller's ``fields[i]`` (an HTTP form field)."""
+    if fields is None:
+        return lambda i, part: f"inputs[{i}]{part}"
+    return lambda i, part: fields[i]
+
+
+def _checked_role(i: int, inputs: Sequence[MediaInput], roles: Mapping[str, InputRole], counts: dict[str, int],
+                  model: str, name: Callable[[int, str], str]) -> InputRole:
+    """Input ``i``'s declared role, after its role, kind and per-role count are checked (``counts`` updated)."""
+    m = inputs[i]
+    spec = roles.get(m.role or "")
+    if spec is None:
+        raise InvalidRequest(name(i, ".role"), f"model {model} does not accept role {m.role!r}; it accepts: "
+                                               f"{_roles_text(tuple(roles.values()))}", code=_UNSUPPORTED)
+    if m.kind not in spec.kinds:
+        raise InvalidRequest(name(i, ".kind"), f"role {m.role!r} of model {model} takes "
+                                               f"{' or '.join(spec.kinds)}, not {m.kind}", code=_UNSUPPORTED)
+    counts[spec.role] = counts.get(spec.role, 0) + 1
+    if counts[spec.role] > spec.max_count:
+        code = "too_many_input_images" if m.kind == "image" else None
+        given = sum(1 for x in inputs if x.role == spec.role)
+        raise InvalidRequest(name(i, ""), f"model {model} takes at most {spec.max_count} {spec.role} "
+                                          f"input(s), got {given}", code=code)
+    return spec
+
+
+def _check_total(inputs: Sequence[MediaInput], caps: ModelCapabilities, model: str,
+                 fields: Sequence[str] | None) -> None:
+    total = len(inputs)
+    if caps.max_inputs is not None and total > caps.max_inputs:
+        raise InvalidRequest(fields[caps.max_inputs] if fields is not None else "inputs",
+                             f"model {model} takes at most {caps.max_inputs} inputs in total, got {total}")
+
+
+def check_input_roles(inputs: Sequence[MediaInput], caps: ModelCapabilities, model: str,
+                      fields: Sequence[str] | None = None) -> None:
+    """Role, kind, per-role and total counts of ``inputs``, reading no media (``data`` may still be undecoded).
+
+    Errors name ``inputs[i].role`` / ``inputs[i].kind`` / ``inputs[i]`` (``inputs`` for the total), or
+    ``fields[i]`` when given: the HTTP server passes each input's form field and runs this before decoding."""
+    roles = {r.role: r for r in caps.input_roles()}
+    counts: dict[str, int] = {}
+    name = _input_names(fields)
+    for i in range(len(inputs)):
+        _checked_role(i, inputs, roles, counts, model, name)
+    _check_total(inputs, caps, model, fields)
+
+
 def check_inputs(request: GenerationRequest, caps: ModelCapabilities, model: str) -> None:
-    """Role, kind, per-role and total counts, and declared durations of every input."""
+    """Role, kind, per-role and total counts (as :func:`check_input_roles`), and declared durations of every
+    input, input by input."""
     from ..media import media_duration
 
     roles = {r.role: r for r in caps.input_roles()}
     counts: dict[str, int] = {}
+    name = _input_names(None)
     for i, m in enumerate(request.inputs):
-        spec = roles.get(m.role or "")
-        if spec is None:
-            raise InvalidRequest(f"inputs[{i}].role", f"model {model} does not accept role {m.role!r}; it accepts: "
-                                                      f"{_roles_text(tuple(roles.values()))}", code=_UNSUPPORTED)
-        if m.kind not in spec.kinds:
-            raise InvalidRequest(f"inputs[{i}].kind", f"role {m.role!r} of model {model} takes "
-                                                      f"{' or '.join(spec.kinds)}, not {m.kind}", code=_UNSUPPORTED)
-        counts[spec.role] = counts.get(spec.role, 0) + 1
-        if counts[spec.role] > spec.max_count:
-            code = "too_many_input_images" if m.kind == "image" else None
-            given = sum(1 for x in request.inputs if x.role == spec.role)
-            raise InvalidRequest(f"inputs[{i}]", f"model {model} takes at most {spec.max_count} {spec.role} "
-                                                 f"input(s), got {given}", code=code)
+        spec = _checked_role(i, request.inputs, roles, counts, model, name)
         if m.kind != "image" and (spec.max_duration_s is not None or spec.min_duration_s is not None):
             duration = media_duration(m.kind, m.data, field=f"inputs[{i}]")
             if duration is not None and spec.max_duration_s is not None and duration > spec.max_duration_s + 1e-6:
@@ -77,9 +116,7 @@ def check_inputs(request: GenerationRequest, caps: ModelCapabilities, model: str
             if duration is not None and spec.min_duration_s is not None and duration < spec.min_duration_s - 1e-6:
                 raise InvalidRequest(f"inputs[{i}]", f"the {m.kind} lasts {duration:.3g} s; role {spec.role!r} of "
                                                      f"model {model} needs at least {spec.min_duration_s:g} s")
-    total = len(request.inputs)
-    if caps.max_inputs is not None and total > caps.max_inputs:
-        raise InvalidRequest("inputs", f"model {model} takes at most {caps.max_inputs} inputs in total, got {total}")
+    _check_total(request.inputs, caps, model, None)
 
 
 def check_outputs(request: GenerationRequest, caps: ModelCapabilities, model: str) -> None:

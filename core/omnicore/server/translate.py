@@ -13,9 +13,11 @@ from typing import Any
 
 import attrs
 
+from ..engine.inputs import check_input_roles
 from ..engine.request import QUALITIES, GenerationRequest, MediaInput, SamplingParams, random_seed
 from ..errors import InvalidRequest
 from ..sizes import parse_size_wh
+from ..specs import ModelCapabilities
 from .errors import ApiError
 from .schemas import ImageGenerationRequest, SharedFields, VideoCreateRequest
 from .settings import ServerSettings
@@ -225,37 +227,24 @@ def parse_seconds(value: int | str | None) -> float | None:
     return float(seconds)
 
 
-def _roles_text(served: ServedModel) -> str:
-    caps = served.spec.capabilities if served.spec is not None else None
-    roles = caps.input_roles() if caps is not None else ()
-    return ", ".join(f"{r.role} ({'/'.join(r.kinds)}, up to {r.max_count})" for r in roles) or "none"
-
-
 def video_inputs(served: ServedModel, media: Sequence[tuple[str, Any]]) -> tuple[MediaInput, ...]:
-    """``(http field, data)`` pairs -> role-tagged inputs, each field gated by the model's declared roles:
-    a role it lacks is 400 ``unsupported_for_model``, more than the role takes is 400 (``too_many_input_images``
-    for images). A model that declares no roles (only ``max_reference_images``) gets ``input_reference`` in its
-    default image role."""
-    declared = bool(served.spec is not None and served.spec.capabilities.inputs)
-    counts: dict[str, int] = {}
+    """``(http field, data)`` pairs -> role-tagged inputs, checked by the engine's own rules
+    (:func:`omnicore.engine.inputs.check_input_roles`, reading no media) with each error naming the field: a role
+    the model lacks is 400 ``unsupported_for_model``, more than a role takes is 400 (``too_many_input_images`` for
+    images). A model that declares no roles (only ``max_reference_images``) gets ``input_reference`` in its default
+    image role."""
+    caps = served.spec.capabilities if served.spec is not None else ModelCapabilities()
     inputs = []
     for field, data in media:
         kind, role_name = VIDEO_MEDIA_FIELDS[field]
-        role = served.role(role_name)
-        if role is None and not declared and field == "input_reference" and served.max_reference_images:
-            role = served.spec.capabilities.default_role("image")
-        if role is None or kind not in role.kinds:
-            raise _bad(field, f"model {served.id} does not take {field} ({kind} as {role_name}); it accepts: "
-                              f"{_roles_text(served)}", code="unsupported_for_model")
-        counts[role.role] = counts.get(role.role, 0) + 1
-        if counts[role.role] > role.max_count:
-            raise _bad(field, f"model {served.id} takes at most {role.max_count} {role.role} input(s)",
-                       code="too_many_input_images" if kind == "image" else "invalid_value")
-        inputs.append(MediaInput(kind, role.role, data))
-    cap = served.spec.capabilities.max_inputs if served.spec is not None else None
-    if cap is not None and len(inputs) > cap:
-        raise _bad(media[cap][0], f"model {served.id} takes at most {cap} conditioning inputs in total, "
-                                  f"got {len(inputs)}")
+        if (served.role(role_name) is None and not caps.inputs and field == "input_reference"
+                and served.max_reference_images and (default := caps.default_role("image")) is not None):
+            role_name = default.role
+        inputs.append(MediaInput(kind, role_name, data))
+    try:
+        check_input_roles(inputs, caps, served.id, fields=[field for field, _ in media])
+    except InvalidRequest as exc:
+        raise _bad(exc.field, exc.rule, code=exc.code or "invalid_value") from None
     return tuple(inputs)
 
 
