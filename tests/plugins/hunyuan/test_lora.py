@@ -111,3 +111,30 @@ def test_experts_are_not_adaptable(setup: Any, tmp_path: Path) -> None:
     json.loads((bad / "adapter_config.json").read_text())
     with pytest.raises(LoRAError, match="not adaptable"):
         engine.submit(_request("x", LoRA("experts")))
+
+
+@pytest.mark.slow
+def test_generate_on_the_command_line_with_two_adapters_equals_the_python_api(setup: Any, micro_dir: Path,
+                                                                              tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``omnicore generate <checkpoint> "x" --lora ./a --lora ./b:0.5 -o x.png`` writes the image the Python API
+    makes with the same adapters (PNG: lossless), which differs from the image without them."""
+    import numpy as np
+    from omnicore.cli.main import main
+    from PIL import Image
+
+    engine, _, _, files = setup
+    monkeypatch.setenv("OMNICORE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(files["a"].parent)
+    args = ["generate", str(micro_dir), "a lighthouse", "--height", "64", "--width", "64", "--steps", "2",
+            "--guidance", "4.0", "--seed", "7", "--model-option", "kv_mode=dense_legacy", "--no-progress"]
+    assert main([*args, "--lora", "./a", "--lora", "./b:0.5", "-o", str(tmp_path / "x.png")]) == 0
+    assert main([*args, "-o", str(tmp_path / "plain.png")]) == 0
+    with Image.open(tmp_path / "x.png") as im:
+        adapted = np.asarray(im.convert("RGB"))
+    with Image.open(tmp_path / "plain.png") as im:
+        plain = np.asarray(im.convert("RGB"))
+    out = engine.generate("a lighthouse", seed=7, loras=[LoRA("a"), LoRA("b", 0.5)], **ARGS)
+    frames = out[0].frames  # an image is one frame: [1, H, W, 3] uint8
+    assert np.array_equal(adapted, frames.reshape(frames.shape[-3:]))
+    assert not np.array_equal(adapted, plain)

@@ -156,3 +156,47 @@ def test_the_converter_fuses_q_k_v_and_swaps_the_mlp_halves() -> None:
     with pytest.raises(ValueError, match="two adapters"):
         checkpoint_to_ours({"transformer_blocks.0.attn.to_out.0": (aq, bq), "blocks.0.attn.out_proj": (aq, bq)},
                            config)
+
+
+@pytest.mark.slow
+def test_the_adaln_schedule_cache_stays_exact_with_adapters(setup: Any) -> None:
+    """The AdaLN projections take no adapters, so the adaln_schedule cache (weights offloaded to its tables) gives
+    an adapted request the latents it has without the cache, and the adapter still changes them."""
+    engine, capture, _, _, root = setup
+    want = _latents(engine, capture, _request("rain", LoRA("a")))
+    settings = Settings(cache_dir=engine.settings.cache_dir, max_num_seqs=8, request_batch_max_wait_ms=2000)
+    host = PluginHost(settings)
+    cached_capture = FinalLatents(_latents_of)
+    host.pm.register(cached_capture, name="final-latents")
+    with Engine("tiny:minimax-h3", host=host, settings=settings, lora_registry=AdapterRegistry(lora_dirs=[root]),
+                cache_methods=[("adaln_schedule", {"offload_weights": True})]) as cached:
+        got = _latents(cached, cached_capture, _request("rain", LoRA("a")))
+        plain = _latents(cached, cached_capture, _request("rain"))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert (got - plain).abs().max() > 1e-4
+
+
+@pytest.mark.slow
+def test_generate_on_the_command_line_with_two_adapters(setup: Any, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``omnicore generate tiny:minimax-h3 "rain" --lora ./a --lora ./b:0.5 -o x.mp4`` writes the clip (video and
+    its audio track), which differs from the clip without adapters."""
+    import av
+    import numpy as np
+    from omnicore.cli.main import main
+
+    engine, _, _, _, root = setup
+    monkeypatch.setenv("OMNICORE_CACHE", engine.settings.cache_dir)
+    monkeypatch.chdir(root)
+    args = ["generate", "tiny:minimax-h3", "rain", "--height", "64", "--width", "64", "--duration", "4", "--steps",
+            "2", "--seed", "5", "--extra", "aspect_ratio=1:1", "--no-progress"]
+    assert main([*args, "--lora", "./a", "--lora", "./b:0.5", "-o", str(tmp_path / "x.mp4")]) == 0
+    assert main([*args, "-o", str(tmp_path / "plain.mp4")]) == 0
+
+    def frames(path: Path) -> np.ndarray:
+        with av.open(str(path)) as container:
+            assert container.streams.audio, "the clip has its audio track"
+            return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+    adapted, plain = frames(tmp_path / "x.mp4"), frames(tmp_path / "plain.mp4")
+    assert adapted.shape == plain.shape and not np.array_equal(adapted, plain)
