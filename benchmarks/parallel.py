@@ -30,7 +30,14 @@ slices, or each rank's share all-reduced. Records the time per arm, the bytes pe
 ``k T/P (P-1)/P (2 hidden * 4 B + 4) + (P-1) T/P hidden * 4 B`` under uniform routing), the ratio of the two, and
 rank 0's expert bytes vs half the layer's.
 
-Run: ``python benchmarks/parallel.py [--reps N] [--device cuda] [--case cfg2|ulysses2|tp2|ep2]``.
+Parallel VAE decode (``vae2``): each model's tiled VAE decode (the tiny presets' VAEs on larger frames: LingBot's
+Wan VAE, 9 frames 128 x 128 in a 3 x 3 tile grid; MiniMax-H3's native tiles, 9 frames 256 x 384, 3 x 4; the
+HunyuanImage-3 VAE, 96 x 96, 2 x 2) on rank 0 alone vs its tiles shared round-robin over 2 ranks and blended on
+rank 0 (``omnicore.parallel.vae_decode.decode_tiles``). Records the time per arm, ``max_abs_diff`` between the two
+(0: the parallel frames are the single-rank tiled decode's bit for bit), and the bytes rank 1 sent (its decoded
+tiles, float32) vs the analytic sum of its tiles' sizes.
+
+Run: ``python benchmarks/parallel.py [--reps N] [--device cuda] [--case cfg2|ulysses2|tp2|ep2|vae2]``.
 """
 
 from __future__ import annotations
@@ -325,6 +332,127 @@ def _ep_main(args: Any) -> None:
                       "single_rank_bytes": r["single_expert_bytes"]}, within(1.0, 0.001)))
 
 
+def _vae_arms(ctx: Any) -> dict[str, tuple[Any, Any, int]]:
+    """Per model: ``(single, parallel, bytes rank 1's tiles weigh)``; ``single`` is the plain tiled decode."""
+    import torch
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLWan
+    from omni_hunyuan.presets import TINY_VAE as HUNYUAN_VAE
+    from omni_hunyuan.vae import AutoencoderKLConv3D
+    from omni_hunyuan.vae_tiling import VaeTiles, tile_starts, tiled_decode
+    from omni_lingbot.presets import TINY_VAE as WAN_VAE
+    from omni_lingbot.stage_options import VaeTiling
+    from omni_lingbot.vae import LingBotVAE
+    from omni_minimax_h3.presets import TINY_VAE as H3_VAE
+    from omni_minimax_h3.vae import H3VideoVAE
+
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    wan = AutoencoderKLWan(**WAN_VAE).eval().requires_grad_(False)
+    lingbot, z_wan, wan_tiles = LingBotVAE(wan), torch.randn(1, 4, 3, 16, 16, generator=g), VaeTiling(64, 64, 48, 48)
+    torch.manual_seed(0)
+    h3_vae = AutoencoderKLMiniMaxH3(**H3_VAE).eval().requires_grad_(False)
+    h3_vae.enable_tiling(128, 128, 32, 32)
+    h3, z_h3 = H3VideoVAE(h3_vae), torch.randn(1, 24, 3, 16, 24, generator=g)
+    torch.manual_seed(0)
+    hunyuan, z_hy, hy_tiles = (AutoencoderKLConv3D(HUNYUAN_VAE).eval().requires_grad_(False),
+                               torch.randn(1, 4, 6, 6, generator=g), VaeTiles(64, 32))
+
+    def lingbot_single() -> Any:
+        with lingbot.tiling(wan_tiles):
+            return lingbot.decode(z_wan)
+
+    def lingbot_parallel() -> Any:
+        with lingbot.tiling(wan_tiles):
+            return lingbot.decode_over_ranks(z_wan, ctx)
+
+    # bytes of rank 1's tiles (float32, odd tile indices): Wan's tiles are 9 frames, edge tiles narrower
+    wan_grid = [(i, j) for i in range(0, 16, 6) for j in range(0, 16, 6)]
+    wan_bytes = sum(3 * 9 * min(64, 128 - 8 * i) * min(64, 128 - 8 * j) * 4 for k, (i, j) in enumerate(wan_grid)
+                    if k % 2 == 1)
+    # H3 decodes each temporal clip's tiles in turn: the sizes of the decoder's outputs in a single-rank decode,
+    # per clip, odd tiles (rank 1's) summed
+    n_h3 = len(h3_vae._split_tiles(256, 128, 32)[0]) * len(h3_vae._split_tiles(384, 128, 32)[0])
+    sizes: list[int] = []
+    hook = h3_vae.decoder.register_forward_hook(lambda _m, _a, out: sizes.append(out.numel()))
+    with torch.no_grad():
+        h3.decode(z_h3)
+    hook.remove()
+    h3_bytes = sum(n * 4 for k, n in enumerate(sizes) if k % n_h3 % 2 == 1)
+    hy_bytes = (len(tile_starts(6, 4, 2)) ** 2 // 2) * 3 * 64 * 64 * 4
+    return {
+        "lingbot_wan_9f_128x128": (lingbot_single, lingbot_parallel, wan_bytes),
+        "h3_native_9f_256x384": (lambda: h3.decode(z_h3), lambda: h3.decode(z_h3, parallel=ctx), h3_bytes),
+        "hunyuan_96x96": (lambda: tiled_decode(hunyuan.decode, z_hy, hy_tiles),
+                            lambda: tiled_decode(hunyuan.decode, z_hy, hy_tiles, ctx), hy_bytes),
+    }
+
+
+def _vae_rank(rank: int, world: int, init: str, reps: int, warmup: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from omnicore.parallel.config import ParallelConfig
+    from omnicore.parallel.context import build_groups
+
+    threads = max(1, (os.cpu_count() or 2) // world)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    ctx = build_groups(ParallelConfig(tp=world), rank)
+    models = _vae_arms(ctx)
+    result: dict[str, Any] = {"threads": threads}
+    with torch.no_grad():
+        for model, (single, parallel, analytic) in models.items():
+            times: dict[str, list[float]] = {"world1": [], "vae2": []}
+            got: dict[str, Any] = {}
+            sent = 0
+            for i in range(warmup + reps):
+                for name in (["world1", "vae2"] if i % 2 == 0 else ["vae2", "world1"]):
+                    dist.barrier()
+                    if name == "world1" and rank != 0:
+                        continue
+                    ctx.stats.reset()
+                    start = time.perf_counter()
+                    got[name] = single() if name == "world1" else parallel()
+                    if i >= warmup:
+                        times[name].append(time.perf_counter() - start)
+                    if name == "vae2":
+                        sent = ctx.stats.snapshot()["sent_bytes"].get("vae_gather", 0)
+                dist.barrier()
+            sent_by = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(sent_by, torch.tensor([sent], dtype=torch.int64))
+            if rank == 0:
+                result[model] = {"times": times, "rank1_sent": int(sent_by[1]), "analytic": analytic,
+                                 "diff": float((got["vae2"] - got["world1"]).abs().max())}
+    if rank == 0:
+        torch.save(result, out)
+    dist.destroy_process_group()
+
+
+def _vae_main(args: Any) -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    world = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.spawn(_vae_rank, args=(world, os.path.join(tmp, "rendezvous"), args.reps, args.warmup, out),
+                 nprocs=world, join=True)
+        r = torch.load(out)
+    for model in ("lingbot_wan_9f_128x128", "h3_native_9f_256x384", "hunyuan_96x96"):
+        m = r[model]
+        base, med = statistics.median(m["times"]["world1"]), statistics.median(m["times"]["vae2"])
+        record = {"benchmark": "parallel", "case": f"vae_decode_{model}_vae2_cpu",
+                  "arm_a": f"vae2 ({world} ranks x {r['threads']} threads)",
+                  "arm_b": f"world1 (1 rank x {r['threads']} threads)", "a_median_s": med, "b_median_s": base,
+                  "ratio": med / base, "speedup": base / med, "scaling_efficiency": base / med / world,
+                  "max_abs_diff": m["diff"], "reps": args.reps, "env": environment()}
+        goal = ratio_at_most(0.556)
+        record["goal"] = goal.describe() + " (GPU goal; CPU reported)"
+        record["met"] = goal.met(record)
+        emit(record)
+        emit(static_case("parallel", f"vae2_{model}_rank1_bytes", "measured", "analytic",
+                         {"a_value": m["rank1_sent"], "b_value": m["analytic"]}, within(1.0, 0.001)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -332,7 +460,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--case", action="append", default=[])
     args = parser.parse_args()
-    extra = {"tp": _tp_main, "ep": _ep_main}
+    extra = {"tp": _tp_main, "ep": _ep_main, "vae": _vae_main}
     for key, run in extra.items():
         if any(key in c for c in args.case):
             if args.device != "cpu":
