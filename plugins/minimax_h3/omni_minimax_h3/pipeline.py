@@ -271,8 +271,7 @@ class MiniMaxH3Pipeline(BasePipeline):
                                               duration_s=data.duration_s))
                 data = VideoReference(data, _soundtrack(m.data, f"inputs[{i}].data"))
             else:
-                summaries.append(MediaSummary(m.kind, m.role,
-                                              duration_s=data.waveform.shape[1] / float(data.sample_rate)))
+                summaries.append(MediaSummary(m.kind, m.role, duration_s=data.duration_s))
             loaded.append(data)
         return loaded, summaries
 
