@@ -95,7 +95,8 @@ OPTIONS = (
 #: routing, neither is adaptable), the patch embedder, the output head and the two timestep modulations (LingBot has
 #: no AdaLN schedule cache, so nothing precomputes them). The text embedder runs on the real text tokens of every
 #: sample packed together, rows an adapter could not tell apart: not adaptable. Module names are the diffusers
-#: checkpoint's (``transformer.blocks.0.attn.to_q``), so PEFT, diffusers and kohya files need no renaming.
+#: checkpoint's (``transformer.blocks.0.attn.to_q``), so PEFT, diffusers and kohya files need no renaming. The MoE
+#: package's refiner DiT (``extra.run_refiner``) is a second network: its steps run on its own weights.
 LORA_TARGETS = LoRATargets(
     modules=("blocks.*.attn.to_q", "blocks.*.attn.to_k", "blocks.*.attn.to_v", "blocks.*.attn.to_out",
              "blocks.*.ffn.gate_proj", "blocks.*.ffn.up_proj", "blocks.*.ffn.down_proj",

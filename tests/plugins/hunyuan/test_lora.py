@@ -138,3 +138,24 @@ def test_generate_on_the_command_line_with_two_adapters_equals_the_python_api(se
     frames = out[0].frames  # an image is one frame: [1, H, W, 3] uint8
     assert np.array_equal(adapted, frames.reshape(frames.shape[-3:]))
     assert not np.array_equal(adapted, plain)
+
+
+@pytest.mark.slow
+def test_the_prefix_pool_never_mixes_adapted_and_base_k_v(setup: Any, micro_dir: Path,
+                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With the paged prefix pool, an adapted request neither publishes its K/V (computed with its adapters) nor
+    reuses the base K/V a plain request of the same prompt published: it gives the same latents before and after."""
+    _, _, _, files = setup
+    settings = Settings(cache_dir=str(tmp_path_factory.mktemp("pool-cache")), max_num_seqs=1)
+    host = PluginHost(settings)
+    capture = FinalLatents()
+    host.pm.register(capture, name="final-latents")
+    with Engine(str(micro_dir), host=host, settings=settings,
+                model_options={"kv_mode": "paged_scheduler", "kv_block_size": 8, "kv_pool_blocks": 64},
+                lora_registry=AdapterRegistry(lora_dirs=[files["a"].parent])) as engine:
+        first = _latents(engine, capture, _request("a lighthouse", LoRA("a")))
+        assert engine.pipeline.kv_pool_stats()["resident_blocks"] == 0  # nothing published
+        _latents(engine, capture, _request("a lighthouse"))  # publishes the prompt's base K/V
+        assert engine.pipeline.kv_pool_stats()["resident_blocks"] > 0
+        again = _latents(engine, capture, _request("a lighthouse", LoRA("a")))
+    torch.testing.assert_close(again, first, atol=1e-6, rtol=0)
