@@ -84,14 +84,14 @@ def decode_tiles(tiles: Sequence[T], decode: Callable[[T], torch.Tensor], ctx: P
     mine = {i: decode(tiles[i]).contiguous() for i in range(rank, n, world)}
 
     table = torch.zeros(n, 2 + _MAX_DIMS, dtype=torch.int64)
-    for i, out in mine.items():
-        name = str(out.dtype).removeprefix("torch.")
+    for i, tile in mine.items():
+        name = str(tile.dtype).removeprefix("torch.")
         if name not in _DTYPES:
-            raise ValueError(f"decode_tiles: tile {i} has dtype {out.dtype}, not one of {', '.join(_DTYPES)}")
-        if out.ndim > _MAX_DIMS:
-            raise ValueError(f"decode_tiles: tile {i} has {out.ndim} dims, at most {_MAX_DIMS} travel")
-        table[i, 0], table[i, 1] = _DTYPES.index(name) + 1, out.ndim
-        table[i, 2:2 + out.ndim] = torch.tensor(out.shape, dtype=torch.int64)
+            raise ValueError(f"decode_tiles: tile {i} has dtype {tile.dtype}, not one of {', '.join(_DTYPES)}")
+        if tile.ndim > _MAX_DIMS:
+            raise ValueError(f"decode_tiles: tile {i} has {tile.ndim} dims, at most {_MAX_DIMS} travel")
+        table[i, 0], table[i, 1] = _DTYPES.index(name) + 1, tile.ndim
+        table[i, 2:2 + tile.ndim] = torch.tensor(tile.shape, dtype=torch.int64)
     table = table.to(device)
     dist.all_reduce(table, group=group)  # each row is filled by exactly one rank
     table = table.cpu()
@@ -113,7 +113,8 @@ def decode_tiles(tiles: Sequence[T], decode: Callable[[T], torch.Tensor], ctx: P
     receives = gather == "all" or rank == 0
     buffers = [torch.empty_like(payload) for _ in range(world)] if receives else None
     if gather == "all":
-        dist.all_gather(buffers, payload, group=group)  # type: ignore[arg-type]
+        assert buffers is not None  # every rank receives
+        dist.all_gather(buffers, payload, group=group)
         sent = per_rank[rank] * (world - 1)
     else:
         dst = 0 if group is None else dist.get_global_rank(group, 0)
