@@ -62,8 +62,8 @@ def setup(micro_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     engine.close()
 
 
-def _request(prompt: str, *loras: LoRA) -> Any:
-    return make_request(prompt, seed=7, loras=loras, **ARGS)
+def _request(prompt: str, *loras: LoRA, **extra: Any) -> Any:
+    return make_request(prompt, seed=7, loras=loras, extra=extra or None, **ARGS)
 
 
 def _latents(engine: Engine, capture: FinalLatents, request: Any) -> torch.Tensor:
@@ -159,3 +159,19 @@ def test_the_prefix_pool_never_mixes_adapted_and_base_k_v(setup: Any, micro_dir:
         assert engine.pipeline.kv_pool_stats()["resident_blocks"] > 0
         again = _latents(engine, capture, _request("a lighthouse", LoRA("a")))
     torch.testing.assert_close(again, first, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_text_stage_writes_on_the_base_weights(setup: Any) -> None:
+    """``bot_task="think"``: the text stage writes the same text for an adapted request as for a plain one (it runs
+    on the base weights, batched with plain requests), and the image stage applies the adapter: the adapted image
+    equals the same request run alone and differs from the plain one."""
+    engine, capture, _, _ = setup
+    extra = {"bot_task": "think", "max_new_tokens": 6}
+    adapted, plain = _request("a fox", LoRA("a", 4.0), **extra), _request("a fox", **extra)
+    outputs = submit_together(engine, [adapted, plain])
+    assert outputs[0][0].text == outputs[1][0].text and outputs[0][0].text
+    both = capture.latents[adapted.request_id]
+    alone = _latents(engine, capture, _request("a fox", LoRA("a", 4.0), **extra))
+    torch.testing.assert_close(both, alone, atol=1e-5, rtol=0)
+    assert (both - capture.latents[plain.request_id]).abs().max() > 1e-4
