@@ -81,6 +81,16 @@ def read_json(path: Path | str, *, plugin: str, component: str | None = None) ->
     return data
 
 
+def read_json_or_empty(path: Path | str) -> dict[str, Any]:
+    """The JSON object in ``path``, or ``{}`` when the file is missing, unreadable, not JSON or not an object: for
+    optional metadata (a layout probe, a provenance note) whose absence is no error."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _shards(index: Path, folder: Path, plugin: str, component: str | None) -> list[Path]:
     weight_map = read_json(index, plugin=plugin, component=component).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:

@@ -143,6 +143,7 @@ _LAZY: dict[str, str] = {
     "CheckpointError": "omnicore.checkpoint:CheckpointError",
     "WeightMismatch": "omnicore.checkpoint:WeightMismatch",
     "read_json": "omnicore.checkpoint:read_json",
+    "read_json_or_empty": "omnicore.checkpoint:read_json_or_empty",  # optional metadata: {} when absent (1.7)
     "weight_files": "omnicore.checkpoint:weight_files",
     "read_state_dict": "omnicore.checkpoint:read_state_dict",
     "load_strict": "omnicore.checkpoint:load_strict",
@@ -190,6 +191,7 @@ if TYPE_CHECKING:
     from .checkpoint import WeightMismatch as WeightMismatch
     from .checkpoint import load_strict as load_strict
     from .checkpoint import read_json as read_json
+    from .checkpoint import read_json_or_empty as read_json_or_empty
     from .checkpoint import read_state_dict as read_state_dict
     from .checkpoint import weight_files as weight_files
     from .engine.cancellation import cancel_points as cancel_points

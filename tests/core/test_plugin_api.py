@@ -63,6 +63,8 @@ PUBLIC_NAMES = frozenset({
     "parse_size_wh",
     # Qwen3-VL as a text encoder and the tiny presets' one (1.7)
     "load_qwen3_vl", "build_tiny_qwen3_vl", "QWEN_SPECIAL_TOKENS",
+    # optional metadata files (1.7)
+    "read_json_or_empty",
 })
 
 

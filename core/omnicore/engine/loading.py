@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..checkpoint import read_json_or_empty
 from ..errors import InvalidRequest, PluginError, UnknownName
 from ..specs import ModelSpec, PresetSpec, resolve
 from .model_options import resolve_model_options
@@ -147,14 +148,6 @@ def ensure_preset(spec: ModelSpec, preset: PresetSpec, cache_root: Path) -> Path
     return target
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def detect_spec(host: PluginHost, path: Path) -> ModelSpec:
     """The spec serving a checkpoint directory: a spec's ``detect`` first, then declared class names."""
     specs = list(host.models)
@@ -167,10 +160,10 @@ def detect_spec(host: PluginHost, path: Path) -> ModelSpec:
         except Exception as exc:
             logger.warning("detector of model %s (%s) raised: %s", spec.name, spec.provider, exc)
     names = []
-    class_name = _read_json(path / "model_index.json").get("_class_name")
+    class_name = read_json_or_empty(path / "model_index.json").get("_class_name")
     if isinstance(class_name, str):
         names.append(class_name)
-    archs = _read_json(path / "config.json").get("architectures")
+    archs = read_json_or_empty(path / "config.json").get("architectures")
     if isinstance(archs, list):
         names.extend(a for a in archs if isinstance(a, str))
     for candidate in names:

@@ -21,6 +21,7 @@ from .stage_options import (
     TILING_FIELDS,
     RefinerOptions,
     VaeTiling,
+    extra_bool,
     resolve_refiner,
     resolve_vae_tiling,
 )
@@ -313,13 +314,6 @@ def check_output_type(output_type: str, mode: str) -> None:
         raise InvalidRequest("params.output_type", f"mode {mode} produces {wanted} output, not {output_type}")
 
 
-def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = extra.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"extra.{key}", f"must be true or false, got {value!r}")
-    return value
-
-
 #: Device types on which ``batch_cfg`` left to the platform (absent or ``"auto"``) packs CFG into one B=2N forward.
 PACKED_CFG_DEVICES = frozenset({"cuda", "npu"})
 
@@ -444,7 +438,7 @@ def resolve_request(
         shift=resolve_shift(extra.get("shift"), extra.get("flow_shift"), params.flow_shift, default_shift),
         batch_cfg=batch_cfg,
         batch_cfg_source=batch_cfg_source,
-        null_cond_clone_zero=_bool(extra, "null_cond_clone_zero", False),
+        null_cond_clone_zero=extra_bool(extra, "null_cond_clone_zero", False),
         low_noise=resolve_low_noise(extra),
         refiner=resolve_refiner(extra, mode),
         vae_tiling=resolve_vae_tiling(extra),

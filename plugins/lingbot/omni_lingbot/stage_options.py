@@ -65,7 +65,8 @@ class VaeTiling:
     stride_width: int = 192
 
 
-def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+def extra_bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    """``extra[key]`` (``default`` when absent), which must be a JSON boolean."""
     value = extra.get(key, default)
     if not isinstance(value, bool):
         raise InvalidRequest(f"extra.{key}", f"must be true or false, got {value!r}")
@@ -105,7 +106,7 @@ def resolve_refiner(extra: Mapping[str, Any], mode: str) -> RefinerOptions | Non
     A ``refiner_*`` field without ``run_refiner: true`` is rejected rather than ignored (it would have no
     effect), and so is ``refiner_sample_fps`` for text-to-image, which has no frame rate.
     """
-    run = _bool(extra, "run_refiner", False)
+    run = extra_bool(extra, "run_refiner", False)
     given = [k for k in REFINER_FIELDS[1:] if k in extra]
     if not run:
         if given:
@@ -134,10 +135,10 @@ def resolve_refiner(extra: Mapping[str, Any], mode: str) -> RefinerOptions | Non
         t_thresh=_number(extra, "refiner_t_thresh", d.t_thresh, low=0.0, high=1.0, low_open=True),
         sigma_tail_steps=_int(extra, "refiner_sigma_tail_steps", d.sigma_tail_steps, low=0, high=MAX_SCHEDULE_STEPS),
         sample_fps=_number(extra, "refiner_sample_fps", d.sample_fps, low=0.0, low_open=True),
-        null_cond_clone_zero=_bool(extra, "refiner_null_cond_clone_zero", d.null_cond_clone_zero),
+        null_cond_clone_zero=extra_bool(extra, "refiner_null_cond_clone_zero", d.null_cond_clone_zero),
         output_fps=output_fps,
         max_video_frames=max_frames,
-        batch_cfg=_bool(extra, "refiner_batch_cfg", d.batch_cfg),
+        batch_cfg=extra_bool(extra, "refiner_batch_cfg", d.batch_cfg),
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.plugin import build_tiny_qwen3_vl, init_visible_weights
+from omnicore.plugin import build_tiny_qwen3_vl, init_visible_weights, read_json_or_empty
 
 SEED = 20260601
 #: The release reads hidden_states[50]; one more layer keeps the read pre-norm (and diffusers accepts it).
@@ -267,12 +267,6 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def read_json_or_empty(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
