@@ -48,6 +48,9 @@ class ActiveBatch:
         self.ops = ops
         self._set_slots: dict[tuple[str, int], tuple[Any, Any] | None] = {}
         self._stacked: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+        # (which sets adapt the module, input shape, row scopes) -> (seg ends, set ids, host seg_ends tensor):
+        # every linear of a forward with the same answer shares one computation
+        self._segments: dict[tuple[Any, ...], tuple[list[int], list[int], Any]] = {}
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -120,7 +123,14 @@ class ActiveBatch:
             return None
         import torch
 
-        ends, ids = self.segments(name, x)
+        seg_key = (tuple(self._slot(name, s) is not None for s in range(len(self.sets))), tuple(x.shape),
+                   current_packed(), current_samples())
+        found = self._segments.get(seg_key)
+        if found is None:
+            ends, ids = self.segments(name, x)
+            found = (ends, ids, torch.tensor(ends, dtype=torch.int64))
+            self._segments[seg_key] = found
+        ends, ids, seg_ends = found
         if not any(ids):
             return None
         key = (name, tuple(ids), x.device, x.dtype)
@@ -139,7 +149,6 @@ class ActiveBatch:
             stacked = (a.to(device=x.device), b.to(device=x.device), None)
             self._stacked[key] = stacked
         a, b, _ = stacked
-        seg_ends = torch.tensor(ends, dtype=torch.int64)
         rows = x.reshape(-1, x.shape[-1])
         out = self.ops.lora_segment_delta(rows, a, b, seg_ends)
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -171,6 +180,7 @@ class LoRARuntime:
         self.adaln_cache = False  # the adaln_schedule cache is on: adapters on AdaLN projections are refused
         self._hooks: list[Any] = []
         self._active: ActiveBatch | None = None
+        self._active_for: tuple[Any, ...] | None = None  # the requests self._active was built for
 
     # ------------------------------------------------------------------ admission
     def check(self, loras: Sequence[LoRA]) -> None:
@@ -189,8 +199,14 @@ class LoRARuntime:
     # ------------------------------------------------------------------ execution
     def activate(self, requests: Sequence[GenerationRequest]) -> None:
         """Make the hooked linears use these requests' adapters (in batch order, ``num_outputs`` rows each)."""
-        if not any(active_loras(r) for r in requests):
-            self._active = None
+        wanted = [active_loras(r) for r in requests]
+        if not any(wanted):
+            self._active, self._active_for = None, None
+            return
+        # the same requests as the last call (the next step of a batch): the same adapters, not looked up again,
+        # so a batch keeps the adapter versions it started with even if a file changes on disk meanwhile
+        ident = tuple((r.request_id, loras, r.params.num_outputs) for r, loras in zip(requests, wanted))
+        if self._active is not None and self._active_for == ident:
             return
         self._install()
         param = next(iter(self.root.parameters()), None)
@@ -200,21 +216,21 @@ class LoRARuntime:
         index: dict[tuple[Any, ...], int] = {(): 0}
         output_sets: list[int] = []
         keep: list[tuple[Any, ...]] = []
-        wanted = [active_loras(r) for r in requests]
         for request, loras in zip(requests, wanted):
             group = []
             for lora in loras:
                 adapter = self.registry.device_adapter(lora, self.target_map, device, self._dtype(dtype), keep)
                 keep.append(adapter.key)
                 group.append((adapter, lora.scale))
-            ident = tuple((a.key, s) for a, s in group)
-            if ident not in index:
-                index[ident] = len(sets)
+            set_key = tuple((a.key, s) for a, s in group)
+            if set_key not in index:
+                index[set_key] = len(sets)
                 sets.append(tuple(group))
-            output_sets.extend([index[ident]] * request.params.num_outputs)
+            output_sets.extend([index[set_key]] * request.params.num_outputs)
         batch = ActiveBatch(output_sets, sets, self.ops)
         if self._active is None or self._active.signature != batch.signature:
             self._active = batch
+        self._active_for = ident
 
     def _dtype(self, dtype: Any) -> Any:
         import torch
@@ -222,7 +238,7 @@ class LoRARuntime:
         return dtype if dtype is not None else torch.float32
 
     def deactivate(self) -> None:
-        self._active = None
+        self._active, self._active_for = None, None
 
     @property
     def active(self) -> ActiveBatch | None:
@@ -254,7 +270,7 @@ class LoRARuntime:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        self._active = None
+        self._active, self._active_for = None, None
 
 
 __all__ = ["ActiveBatch", "LoRARuntime", "active_loras"]
