@@ -93,7 +93,8 @@ class DenoiseState:
     extras: dict[str, Any] = attrs.Factory(dict)
     step_index: int = 0
     last_prediction: Any = None
-    reused_steps: list[int] = attrs.Factory(list)  # steps a cache method reused (outputs' cache_reused_steps)
+    # steps a cache method reused (outputs' cache_reused_steps); None: a cache that cannot tell (reported as None)
+    reused_steps: list[int] | None = attrs.Factory(list)
 
 
 @runtime_checkable

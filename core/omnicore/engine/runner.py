@@ -174,7 +174,10 @@ class BatchRunner:
             return
         for job in members:
             job.emit("decode", step=total, total_steps=total)
-        reused = len(getattr(state, "reused_steps", ()))  # filled by step caches (DenoiseState.reused_steps)
+        # filled by step caches (DenoiseState.reused_steps); None: the enabled cache decides where the engine cannot
+        # see it (diffusers' hook caches), so the count is unknown rather than 0
+        steps_reused = getattr(state, "reused_steps", ())
+        reused = None if steps_reused is None else len(steps_reused)
         # the steps are over on every rank; a pipeline whose decode shares tiles over the ranks
         # (omnicore.parallel.vae_decode) decodes on every rank, so rank 0 alone must not leave it half-way
         every_rank = self.group is not None and bool(getattr(pipeline, "decode_on_every_rank", False))

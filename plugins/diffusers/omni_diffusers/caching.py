@@ -75,8 +75,14 @@ class DiffusersFirstBlockCache:
             self.pipeline.cache_decisions = None
 
 
-def enable(pipeline: Any, method: Any, config: Any) -> DiffusersFirstBlockCache:
+def enable(pipeline: Any, method: Any, config: Any) -> Any:
+    """Enable ``method`` on the adapter's ``pipeline``: the first-block cache here, diffusers' other hook caches
+    through :mod:`omni_diffusers.hook_caches`; omnicore's own methods (TeaCache, ...) are refused by name."""
+    from .hook_caches import ALL_CACHES, HOOK_CACHES, DiffusersHookCache
+
+    if method.name in HOOK_CACHES:
+        return DiffusersHookCache(pipeline, method.name, config)
     if method.name != "first_block_cache":
-        raise UnsupportedFeature("cache_methods", f"the diffusers adapter supports first_block_cache, not "
-                                                  f"{method.name!r}")
+        raise UnsupportedFeature("cache_methods", f"the diffusers adapter supports {', '.join(ALL_CACHES)} "
+                                                  f"(diffusers' hooks), not {method.name!r}")
     return DiffusersFirstBlockCache(pipeline, _threshold(config))

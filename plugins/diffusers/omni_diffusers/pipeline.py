@@ -74,6 +74,7 @@ class DiffusersPipeline(BasePipeline):
         self.card: PipelineCard | None = None
         self.adapters = DiffusersAdapters(pipe)  # LoRA through diffusers' own loader, one adapter set per call
         self.cache_decisions: list[bool] | None = None  # set by omni_diffusers.caching while a cache is enabled
+        self.uncounted_cache = False  # a diffusers hook cache is on whose reused steps omnicore cannot count
 
     # ------------------------------------------------------------------ loading and the spec
     @classmethod
@@ -224,7 +225,8 @@ class DiffusersPipeline(BasePipeline):
         steps = call.start()
         if steps is None:  # the call ended before its denoiser ran (zero steps, e.g. strength 0)
             steps = 0
-        state = DenoiseState(requests=list(requests), num_steps=int(steps), extras={"call": call})
+        state = DenoiseState(requests=list(requests), num_steps=int(steps), extras={"call": call},
+                             reused_steps=None if self.uncounted_cache else [])
         weakref.finalize(state, call.abort, False)  # a state the engine drops mid-run stops its call
         return state
 
@@ -233,7 +235,7 @@ class DiffusersPipeline(BasePipeline):
         if decisions is not None:
             decisions.clear()
         state.extras["call"].step(step)
-        if decisions and not any(decisions):  # every denoiser call of this step skipped the remaining blocks
+        if decisions and not any(decisions) and state.reused_steps is not None:  # every call skipped the rest
             state.reused_steps.append(step)
         return state
 

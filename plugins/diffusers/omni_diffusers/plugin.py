@@ -35,7 +35,9 @@ MODEL_SPEC = ModelSpec(
                 InputRole("first_frame", ("image",), description="`image` of an image-to-video pipeline"),
                 InputRole("last_frame", ("image",), description="`last_image` of the pipeline"),
                 InputRole("mask", ("image",), description="`mask_image` of an inpainting pipeline")),
-        cache_methods=("first_block_cache",),  # through diffusers' own hooks (omni_diffusers.caching)
+        # through diffusers' own hooks (omni_diffusers.caching, omni_diffusers.hook_caches)
+        cache_methods=("first_block_cache", "taylorseer_cache", "pyramid_attention_broadcast", "faster_cache",
+                       "mag_cache"),
         # diffusers' joint-attention processors (FLUX, SD3, Wan ...) are not routed through omnicore's selector
         honours_attention_backend=False),
     defaults=RequestDefaults(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5),
@@ -57,6 +59,14 @@ MODEL_SPEC = ModelSpec(
 
 #: plugin_info() (kind, the spec's name and presets) and the registration hook, derived from MODEL_SPEC
 plugin_info, omnicore_register_models = model_plugin(MODEL_SPEC, api=">=1.7,<2")
+
+
+@hookimpl
+def omnicore_register_cache_methods(register: Any) -> None:
+    """diffusers' other step caches, as omnicore cache methods of this adapter (omni_diffusers.hook_caches)."""
+    from .hook_caches import register as register_hook_caches
+
+    register_hook_caches(register)
 
 
 @hookimpl(tryfirst=True)
