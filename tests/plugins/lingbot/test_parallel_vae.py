@@ -69,3 +69,35 @@ def test_engine_frames_with_the_parallel_decode_equal_rank_0_decoding_alone(tiny
         assert "vae_gather" not in engine.group.ctx.stats.snapshot()["calls"]
     assert shared.shape == alone.shape and np.array_equal(shared, alone)
     assert np.array_equal(untiled, alone_untiled)
+
+
+@pytest.mark.slow  # one 2-process engine
+def test_rank0_failing_inside_the_parallel_decode_ends_the_group_instead_of_hanging(tiny_dir: Path) -> None:
+    """The worker waits in the tile exchange rank 0 never enters: the group is ended, the job fails with rank 0's
+    error, the engine turns unhealthy, naming the decode, and the worker process is gone."""
+    import os
+
+    engine = Engine(str(tiny_dir), parallel="cfg=2")
+    worker = engine.group.processes[0]
+
+    def failing(*_args: object, **_kwargs: object) -> None:  # rank 0's copy only
+        raise RuntimeError("rank-0 decode boom")
+
+    engine.pipeline.vae.decode_over_ranks = failing
+    try:
+        job = engine.submit(make_request("a red fox", guidance_scale=3.0, seed=11, height=32, width=32,
+                                         num_frames=5, num_inference_steps=2, extra=dict(TILED)))
+        assert job.wait(60), "the request hung"
+        assert job.status == "failed" and "rank-0 decode boom" in str(job.error)
+        assert not engine.worker_alive
+        assert "the parallel VAE decode" in (engine.group.failure or "")
+    finally:
+        assert engine.close(timeout=60)
+    worker.join(10)
+    assert not worker.is_alive()
+    try:
+        os.kill(worker.pid, 0)  # type: ignore[arg-type]
+        gone = False
+    except ProcessLookupError:
+        gone = True
+    assert gone or worker.exitcode is not None
