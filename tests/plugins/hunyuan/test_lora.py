@@ -175,3 +175,44 @@ def test_the_text_stage_writes_on_the_base_weights(setup: Any) -> None:
     alone = _latents(engine, capture, _request("a fox", LoRA("a", 4.0), **extra))
     torch.testing.assert_close(both, alone, atol=1e-5, rtol=0)
     assert (both - capture.latents[plain.request_id]).abs().max() > 1e-4
+
+
+@pytest.mark.slow
+def test_http_with_preloaded_adapters_equals_the_python_api(setup: Any, micro_dir: Path,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``/v1/images/generations`` with ``lora: [{"name": "a"}, {"name": "b", "scale": 0.5}]`` on a server whose
+    adapters are preloaded by name (``--lora-modules``): the image the Python API makes, listed in ``/v1/models``,
+    counted in ``/metrics``; a path is refused (no ``--lora-dir``) before anything is queued."""
+    import base64
+    import io
+
+    import httpx
+    import numpy as np
+    from _server_helpers import LiveServer
+    from omnicore.server import ServerSettings, create_app
+    from PIL import Image
+
+    _, _, _, files = setup
+    root = tmp_path_factory.mktemp("lora-http")
+    settings = Settings(cache_dir=str(root / "cache"))
+    engine = Engine(str(micro_dir), host=PluginHost(settings), settings=settings,
+                    model_options={"kv_mode": "dense_legacy"},
+                    lora_registry=AdapterRegistry(modules={"a": str(files["a"]), "b": str(files["b"])}))
+    server = LiveServer(create_app(engine, ServerSettings(state_dir=root / "state"))).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            card = c.get("/v1/models").json()["data"][0]["omnicore"]
+            assert [x["name"] for x in card["loras"]] == ["a", "b"]
+            body = {"prompt": "a lighthouse", "size": "64x64", "seed": 7, "num_inference_steps": 2,
+                    "guidance_scale": 4.0, "lora": [{"name": "a"}, {"name": "b", "scale": 0.5}]}
+            r = c.post("/v1/images/generations", json=body)
+            assert r.status_code == 200, r.text
+            got = np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["data"][0]["b64_json"]))).convert("RGB"))
+            refused = c.post("/v1/images/generations", json={**body, "lora": [{"path": str(files["a"])}]})
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_lora", refused.text
+            assert "omnicore_lora_loads_total" in c.get("/metrics").text
+        out = engine.generate("a lighthouse", seed=7, loras=[LoRA("a"), LoRA("b", 0.5)], **ARGS)
+        frames = out[0].frames
+        assert np.array_equal(got, frames.reshape(frames.shape[-3:]))
+    finally:
+        server.stop()

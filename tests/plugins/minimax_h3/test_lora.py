@@ -200,3 +200,50 @@ def test_generate_on_the_command_line_with_two_adapters(setup: Any, tmp_path: Pa
 
     adapted, plain = frames(tmp_path / "x.mp4"), frames(tmp_path / "plain.mp4")
     assert adapted.shape == plain.shape and not np.array_equal(adapted, plain)
+
+
+@pytest.mark.slow
+def test_http_with_preloaded_adapters_equals_the_command_line(setup: Any, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/v1/videos/sync`` with ``lora: [{"name": "a"}, {"name": "b", "scale": 0.5}]`` on a server whose adapters
+    are preloaded by name (``--lora-modules``) decodes to the frames ``omnicore generate --lora ./a --lora
+    ./b:0.5`` writes; ``/v1/models`` lists the adapters."""
+    import io
+
+    import av
+    import httpx
+    import numpy as np
+    from _server_helpers import LiveServer
+    from omnicore.cli.main import main
+    from omnicore.server import ServerSettings, create_app
+
+    engine, _, _, _, root = setup
+    monkeypatch.setenv("OMNICORE_CACHE", engine.settings.cache_dir)
+    monkeypatch.chdir(root)
+    assert main(["generate", "tiny:minimax-h3", "rain", "--height", "64", "--width", "64", "--duration", "4",
+                 "--steps", "2", "--seed", "5", "--extra", "aspect_ratio=1:1", "--no-progress", "--lora", "./a",
+                 "--lora", "./b:0.5", "-o", str(tmp_path / "cli.mp4")]) == 0
+
+    def frames(data: bytes) -> np.ndarray:
+        with av.open(io.BytesIO(data)) as container:
+            return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+    settings = Settings(cache_dir=engine.settings.cache_dir)
+    served = Engine("tiny:minimax-h3", host=PluginHost(settings), settings=settings,
+                    lora_registry=AdapterRegistry(modules={"a": str(root / "a"), "b": str(root / "b")}))
+    server = LiveServer(create_app(served, ServerSettings(state_dir=tmp_path / "state"))).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=300) as c:
+            card = c.get("/v1/models").json()["data"][0]["omnicore"]
+            assert [x["name"] for x in card["loras"]] == ["a", "b"]
+            body = {"prompt": "rain", "seconds": "4", "seed": "5", "num_inference_steps": "2", "size": "64x64",
+                    "model_params": {"aspect_ratio": "1:1"}, "lora": [{"name": "a"}, {"name": "b", "scale": 0.5}]}
+            r = c.post("/v1/videos/sync", json=body)
+            assert r.status_code == 200, r.text
+            plain = c.post("/v1/videos/sync", json={**body, "lora": []})
+            assert plain.status_code == 200, plain.text
+    finally:
+        server.stop()
+    over_http = frames(r.content)
+    assert np.array_equal(over_http, frames((tmp_path / "cli.mp4").read_bytes()))
+    assert not np.array_equal(over_http, frames(plain.content))
