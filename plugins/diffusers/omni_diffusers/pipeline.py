@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from omnicore.plugin import (
     BasePipeline,
+    BlockLoop,
     DenoiseState,
     GenerationRequest,
     InvalidRequest,
@@ -71,6 +72,10 @@ class DiffusersPipeline(BasePipeline):
         # the engine's --offload model: every component entered through forward (VAEs are entered through decode)
         self.offload_modules = {n: m for n, m in pipe.components.items()
                                 if isinstance(m, torch.nn.Module) and not n.startswith("vae")}
+        # the engine's --offload layerwise (and --compile's regions): every block list of every denoiser, in the
+        # order their forward runs them (FLUX: transformer_blocks, then single_transformer_blocks)
+        self.offload_blocks = denoiser_blocks(self.denoisers)
+        self.block_loop = BlockLoop(blocks="offload_blocks") if self.offload_blocks else None
         self.card: PipelineCard | None = None
         self.adapters = DiffusersAdapters(pipe)  # LoRA through diffusers' own loader, one adapter set per call
         self.cache_decisions: list[bool] | None = None  # set by omni_diffusers.caching while a cache is enabled
@@ -262,6 +267,18 @@ class DiffusersPipeline(BasePipeline):
                     for f, a in zip(rows, sounds, strict=True)]
         images = to_uint8(np.asarray(result.images))
         return [Output(kind="image", frames=img[None], metrics=dict(metrics)) for img in images]
+
+
+def denoiser_blocks(denoisers: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The blocks of each denoiser's ``nn.ModuleList`` children named ``*blocks`` (diffusers' convention:
+    ``transformer_blocks``, ``single_transformer_blocks``, ``blocks``, a UNet's ``down_blocks`` / ``up_blocks``),
+    in definition order; the parameters outside them stay on the device."""
+    found: list[torch.nn.Module] = []
+    for model in denoisers:
+        for name, child in model.named_children():
+            if name.endswith("blocks") and isinstance(child, torch.nn.ModuleList):
+                found.extend(child)
+    return found
 
 
 def describe_params(pipe: Any) -> dict[str, Any]:
