@@ -335,6 +335,7 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     shard_fn = profile.get("shard")  # (tp, ep) -> rank 0's narrowed meta components, by the loader's own code
     experts: Mapping[str, Any] = profile.get("experts") or {}
     narrowed: dict[tuple[int, int], dict[str, Any] | None] = {}
+    priced: dict[tuple[int, int, str], dict[str, int] | None] = {}
     refusals: dict[tuple[int, int], str] = {}  # the model's reason for each (tp, ep) its shard hook refused
 
     def narrowed_modules(tp: int, ep: int) -> dict[str, Any] | None:
@@ -352,11 +353,13 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     def sharded(tp: int, ep: int, quant: str) -> dict[str, int] | None:
         """Rank 0's bytes of the components ``(tp, ep)`` narrows (quantized as ``quant``), or None (refused)."""
         if shard_fn is not None:
-            mods = narrowed_modules(tp, ep)
-            if mods is None:
-                return None
-            return {k: tensor_bytes(m) - (quantized_saving(m, tuple(quantizable.get(k, ())), mode=quant)[0]
+            if (tp, ep, quant) not in priced:  # each row of a (tp, ep, quant) prices the same modules
+                mods = narrowed_modules(tp, ep)
+                priced[(tp, ep, quant)] = None if mods is None else {
+                    k: tensor_bytes(m) - (quantized_saving(m, tuple(quantizable.get(k, ())), mode=quant)[0]
                                           if quant != "none" else 0) for k, m in mods.items()}
+            found = priced[(tp, ep, quant)]
+            return None if found is None else dict(found)
         out: dict[str, int] = {}
         if tp > 1:
             shard = tp_dit_bytes(dit, tp_plan, tp)
