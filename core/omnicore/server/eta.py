@@ -10,7 +10,10 @@ divided by the replicas working, plus its own). ``None`` until something was mea
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import ServerContext
 
 
 def running_eta(record: dict[str, Any], now: float | None = None) -> float | None:
@@ -28,7 +31,7 @@ def queued_eta(position: int, mean_run_s: float | None, workers: int) -> float |
     return round((position // max(1, workers) + 1) * mean_run_s, 1)
 
 
-def with_queue_info(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
+def with_queue_info(ctx: ServerContext, record: dict[str, Any]) -> dict[str, Any]:
     """``record`` with ``queue_position`` (queued jobs) and ``eta_s`` (active jobs) filled in."""
     status = record.get("status")
     if status not in ("queued", "in_progress"):

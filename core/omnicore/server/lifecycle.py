@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from .app import ServerContext
 
 STATES = ("loading", "warming_up", "ok", "draining", "unhealthy")
 
@@ -73,7 +76,7 @@ class DrainingServer(uvicorn.Server):
     the interrupted main thread may hold.
     """
 
-    def __init__(self, config: uvicorn.Config, ctx: Any) -> None:
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
         super().__init__(config)
         self.ctx = ctx
         self._drain_thread: threading.Thread | None = None

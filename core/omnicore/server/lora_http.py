@@ -10,9 +10,12 @@ under one of the server's ``--lora-dir`` directories — the registry never open
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from .app import ServerContext
 
 
 def request_loras(refs: Sequence[Any] | None) -> tuple[Any, ...]:
@@ -51,7 +54,7 @@ def adapter_cards(registry: Any) -> list[dict[str, Any]]:
     return cards
 
 
-def engines(ctx: Any) -> Iterator[tuple[str, Any]]:
+def engines(ctx: ServerContext) -> Iterator[tuple[str, Any]]:
     """``(model id, engine)`` for every loaded engine of the server (one, or each loaded model of a pool)."""
     pool = getattr(ctx, "pool", None)
     if pool is not None:
@@ -76,7 +79,7 @@ class LoraCollector:
     """Prometheus collector of every served model's adapter registry stats, read at scrape time:
     ``omnicore_lora_<counter>_total`` and ``omnicore_lora_<gauge>``, labelled by model."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
 
     def describe(self) -> Iterable[Any]:
@@ -108,7 +111,7 @@ class LoraCollector:
         return families
 
 
-def list_adapters(ctx: Any) -> None:
+def list_adapters(ctx: ServerContext) -> None:
     """Put each loaded engine's preloaded adapters on its served model (``/v1/models`` lists them)."""
     import attrs
 
@@ -120,7 +123,7 @@ def list_adapters(ctx: Any) -> None:
             ctx.served = attrs.evolve(ctx.served, loras=cards)
 
 
-def install(ctx: Any) -> None:
+def install(ctx: ServerContext) -> None:
     """Register the LoRA collector on the app's metrics registry, and list the adapters once a model is ready."""
     ctx.metrics.registry.register(LoraCollector(ctx))
     ctx.readiness.on_change(lambda state: list_adapters(ctx) if state == "ok" else None)

@@ -8,12 +8,15 @@ as before). With a pool, a request without ``model`` goes to the first model con
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .errors import ApiError
 from .translate import ServedModel
+
+if TYPE_CHECKING:
+    from .app import ServerContext
 
 
 def served_models(pool: Any, created: int) -> dict[str, ServedModel]:
@@ -38,7 +41,7 @@ def route(models: dict[str, ServedModel], model: str | None) -> ServedModel:
                                            "(GET /v1/models lists them with their aliases)", param="model")
 
 
-def model_card(ctx: Any, served: ServedModel) -> dict[str, Any]:
+def model_card(ctx: ServerContext, served: ServedModel) -> dict[str, Any]:
     """``served.card()`` plus the pool's view of the model: ``state``, resident bytes, queue, counters."""
     pool = ctx.pool
     card = served.card(getattr(pool.platform, "name", None))

@@ -10,12 +10,15 @@ leaves all of it out.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from .app import ServerContext
 
 UI_DIR = Path(__file__).with_name("ui")
 _TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
@@ -55,7 +58,7 @@ async def asset(name: str) -> Response:
     return Response(_read(name), media_type=ASSETS[name], headers=_HEADERS)
 
 
-def install(app: FastAPI, ctx: Any) -> None:
+def install(app: FastAPI, ctx: ServerContext) -> None:
     """Serve the playground unless ``--no-ui``, and open exactly its paths when keys are set."""
     if getattr(ctx.settings, "no_ui", False) or "index.html" not in ASSETS:
         return

@@ -6,7 +6,7 @@ import hashlib
 import json
 import sqlite3
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Query, Request
@@ -36,6 +36,9 @@ from .schemas import (
 from .sse import encode_event
 from .store import TERMINAL
 from .translate import video_request
+
+if TYPE_CHECKING:
+    from .app import ServerContext
 
 router = APIRouter(tags=["videos"])
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413,
@@ -91,7 +94,7 @@ def _new_record(job_id: str, dto: VideoCreateRequest, greq: Any, model: str) -> 
             "usage": {}, **_effective(greq.params, dto)}
 
 
-def rebuild_request(ctx: Any, job_id: str, served: Any = None) -> Any:
+def rebuild_request(ctx: ServerContext, job_id: str, served: Any = None) -> Any:
     """The ``GenerationRequest`` of a persisted queued job (restart re-enqueue), from its stored body and inputs;
     ``served``: the model it was queued for (default: the server's model)."""
     doc = ctx.store.get_request(job_id)
@@ -104,7 +107,7 @@ def rebuild_request(ctx: Any, job_id: str, served: Any = None) -> Any:
     return video_request(dto, served, ctx.settings, request_id=job_id, media=media)
 
 
-def _with_position(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
+def _with_position(ctx: ServerContext, record: dict[str, Any]) -> dict[str, Any]:
     """``queue_position`` and ``eta_s`` filled in (from the shared store when replicas share one: server/eta.py)."""
     return with_queue_info(ctx, record)
 
@@ -114,7 +117,7 @@ def principal_of(request: Request) -> Principal | None:
     return request.scope.get("state", {}).get("principal")
 
 
-def _scope(ctx: Any, request: Request) -> tuple[bool, str | None]:
+def _scope(ctx: ServerContext, request: Request) -> tuple[bool, str | None]:
     """``(all_owners, owner)`` the caller may list. Without keys there is no isolation (every job is visible);
     with keys a caller sees the jobs its key created, and an admin key sees all (ownerless ones included)."""
     principal = principal_of(request)
@@ -125,7 +128,7 @@ def _scope(ctx: Any, request: Request) -> tuple[bool, str | None]:
     return principal.admin, principal.key_id
 
 
-def _visible(ctx: Any, request: Request, job_id: str) -> bool:
+def _visible(ctx: ServerContext, request: Request, job_id: str) -> bool:
     """Whether the caller may see ``job_id`` (the same rule as :func:`_scope`, via ``Principal.may_see``)."""
     exists, owner = ctx.store.get_owner(job_id)
     if not exists:
@@ -136,13 +139,13 @@ def _visible(ctx: Any, request: Request, job_id: str) -> bool:
     return principal is not None and principal.may_see(owner)
 
 
-def _overlay(ctx: Any, record: dict[str, Any]) -> dict[str, Any]:
+def _overlay(ctx: ServerContext, record: dict[str, Any]) -> dict[str, Any]:
     """A terminal status the store could not take yet (disk full) wins over the stored record."""
     pending = ctx.jobs.unwritten(record["id"]) if ctx.jobs is not None else None
     return {**record, **pending} if pending else record
 
 
-def _get_record(ctx: Any, job_id: str, request: Request) -> dict[str, Any]:
+def _get_record(ctx: ServerContext, job_id: str, request: Request) -> dict[str, Any]:
     """The job's record, or 404 when it does not exist or belongs to another API key (the same answer, so a
     key cannot probe for other keys' job ids)."""
     record = ctx.store.get(job_id)
@@ -344,15 +347,16 @@ def _last_event_id(request: Request) -> int:
     return int(text) if text.isdigit() and len(text) < 19 else 0
 
 
-async def _cancel_and_wait(ctx: Any, video_id: str, reason: str) -> bool:
+async def _cancel_and_wait(ctx: ServerContext, video_id: str, reason: str) -> bool:
     """Cancel an active job and wait up to ``--cancel-wait`` for the worker; ``True`` once it stopped."""
-    live = ctx.jobs.get_live(video_id) if ctx.jobs is not None else None
+    jobs = ctx.jobs
+    live = jobs.get_live(video_id) if jobs is not None else None
     if live is None and is_shared(ctx):  # queued in the shared store, or running on another replica
         return await cancel_remote(ctx, video_id, reason)
-    if live is None or live.done.is_set():
+    if jobs is None or live is None or live.done.is_set():
         return True
-    ctx.jobs.cancel(video_id, reason=reason)
-    return await ctx.jobs.wait(live, ctx.settings.cancel_wait_s)
+    jobs.cancel(video_id, reason=reason)
+    return await jobs.wait(live, ctx.settings.cancel_wait_s)
 
 
 _NOT_YET_STOPPED = "the worker did not acknowledge within --cancel-wait; the job stops at its next step"
