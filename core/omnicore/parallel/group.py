@@ -147,8 +147,10 @@ class WorkerGroup:
         self.shutdown()
         if error is not None:  # rank 0's own error, typed as it was raised; the traceback names the ranks
             others = ", ".join(str(r) for r, _ in failed) or "none"
-            error.add_note(f"(raised on rank 0 of {self.ctx.world_size} while loading; other ranks that failed: "
-                           f"{others})")
+            add_note = getattr(error, "add_note", None)  # (Python 3.11+)
+            if add_note is not None:
+                add_note(f"(raised on rank 0 of {self.ctx.world_size} while loading; other ranks that failed: "
+                         f"{others})")
             raise error
         rank, message = failed[0]
         raise ConfigError("parallel", f"rank {rank} failed to load the model: {message}")

@@ -103,8 +103,9 @@ class ServerContext:
             self._requeue(job_id)
         if getattr(self.store, "shared", False):  # replicas sharing one store pull their work (server/replica.py)
             from .replica import Claimer
+            from .routes_videos import rebuild_request
 
-            self.claimer = Claimer(self, tuple(requeue_names(self)))
+            self.claimer = Claimer(self, tuple(requeue_names(self)), rebuild_request)
             self.jobs.on_released = self.claimer.released
             self.claimer.start()
 

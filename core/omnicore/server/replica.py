@@ -50,9 +50,11 @@ def is_shared(ctx: Any) -> bool:
 class Claimer:
     """Pulls queued jobs from the shared store into this replica's job manager and keeps their leases alive."""
 
-    def __init__(self, ctx: Any, models: tuple[str, ...]) -> None:
+    def __init__(self, ctx: Any, models: tuple[str, ...], rebuild_request: Any) -> None:
         self.ctx = ctx
         self.models = models
+        # (routes_videos.rebuild_request, handed in by the app: the routes import this module, not the reverse)
+        self.rebuild_request = rebuild_request
         self.lease_s = float(ctx.settings.lease_s) or 30.0
         self.slots = int(ctx.settings.claim_slots)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -96,8 +98,7 @@ class Claimer:
             self._start(claim)
 
     def _start(self, claim: Claim) -> None:
-        from .routes_videos import rebuild_request
-
+        rebuild_request = self.rebuild_request
         ctx, store = self.ctx, self.ctx.store
         record = store.get(claim.job_id) or {}
         if claim.claims > 1:
