@@ -23,7 +23,8 @@ pytest.importorskip("omni_lingbot", reason="the LingBot plugin (plugins/lingbot)
 pytestmark = pytest.mark.slow
 
 LEASE_S = 5.0
-N_JOBS = int(os.environ.get("OMNICORE_TEST_REPLICA_JOBS", "100"))
+# 30 by default: the issue's 100 passed once here (OMNICORE_TEST_REPLICA_JOBS=100) but took 543 s on 2 shared cores
+N_JOBS = int(os.environ.get("OMNICORE_TEST_REPLICA_JOBS", "30"))
 
 
 class Cluster:
@@ -99,7 +100,7 @@ def test_jobs_round_robin_on_three_replicas_complete_exactly_once(cluster: Clust
     t0 = time.monotonic()
     ids = _submit(replicas, [_body(i) for i in range(N_JOBS)])
     with httpx.Client(base_url=replicas[0].url, timeout=30) as c:
-        done = wait_all(c, ids, 600)
+        done = wait_all(c, ids, max(600, 12 * N_JOBS))
     elapsed = time.monotonic() - t0
     print(f"{N_JOBS} jobs on 3 replicas: {elapsed:.1f} s ({N_JOBS / elapsed:.2f} jobs/s)")
     assert all(j["status"] == "completed" for j in done.values()), [j for j in done.values()
@@ -120,22 +121,42 @@ def test_jobs_round_robin_on_three_replicas_complete_exactly_once(cluster: Clust
             assert events[0]["data"] == {k: v for k, v in statuses[0].items() if k != "eta_s"}
 
 
-def test_delete_through_a_replica_that_does_not_run_the_job(cluster: Cluster) -> None:
-    replicas = cluster.ensure(3)
-    vid = _submit(replicas, [_body(1000, steps=400)])[0]
+def _running_with_a_bystander(cluster: Cluster, replicas: list[Replica], seed: int,
+                              steps: int = 200) -> tuple[str, Replica, Replica]:
+    """A long job past its second step: its id, the replica running it and one that does not."""
+    vid = _submit(replicas, [_body(seed, steps=steps)])[0]
     deadline = time.monotonic() + 60
     while (pid := holder_pid(cluster.pg_url, vid)) is None or \
             (httpx.get(f"{replicas[0].url}/v1/videos/{vid}", timeout=30).json().get("step") or 0) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     runner = cluster.by_pid(pid)
-    other = next(r for r in replicas if r is not runner)
-    step_at_delete = httpx.get(f"{other.url}/v1/videos/{vid}", timeout=30).json()["step"]
+    assert runner is not None
+    return vid, runner, next(r for r in replicas if r is not runner)
+
+
+def test_delete_through_a_replica_that_does_not_run_the_job(cluster: Cluster) -> None:
+    replicas = cluster.ensure(3)
+    vid, runner, other = _running_with_a_bystander(cluster, replicas, 1000)
     r = httpx.delete(f"{other.url}/v1/videos/{vid}", timeout=60)
-    assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+    assert r.status_code == 200 and r.json()["deleted"] is True, r.text  # true only once the runner stopped
     for rep in replicas:
         assert httpx.get(f"{rep.url}/v1/videos/{vid}", timeout=30).status_code == 404
-    assert step_at_delete < 400
+    assert not list((cluster.shared / "results").glob(f"{vid}.*"))
+    assert holder_pid(cluster.pg_url, vid) is None
+
+
+def test_cancel_through_a_replica_that_does_not_run_the_job_stops_it_within_a_step(cluster: Cluster) -> None:
+    replicas = cluster.ensure(3)
+    vid, runner, other = _running_with_a_bystander(cluster, replicas, 1001)
+    before = httpx.get(f"{other.url}/v1/videos/{vid}", timeout=30).json()["step"]
+    r = httpx.post(f"{other.url}/v1/videos/{vid}/cancel", timeout=60)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+    # the runner sees the request at its next step write: the step running then may finish, no later one runs
+    # (steps of this job take ~0.1-0.5 s here, far longer than the request's round trip to the store)
+    assert r.json()["step"] <= before + 2, (before, r.json()["step"])
+    for rep in replicas:
+        assert httpx.get(f"{rep.url}/v1/videos/{vid}", timeout=30).json()["status"] == "cancelled"
 
 
 def test_a_replica_frozen_past_its_lease_has_its_late_writes_rejected(cluster: Cluster) -> None:
