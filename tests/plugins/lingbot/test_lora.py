@@ -108,7 +108,9 @@ def test_generate_takes_loras_and_the_registry_counts(setup: Any) -> None:
     out = engine.generate("a fox", seed=3, loras=[LoRA("a"), "c"], **{**ARGS, "num_inference_steps": 1})
     assert out[0].frames.shape[0] == 5
     after = engine.lora_registry.stats()
-    assert after["hits"] >= before["hits"] + 2 and after["device_bytes"] > 0
+    # each of the two adapters was either loaded now or found in the cache (which one depends on test order)
+    used = (after["hits"] + after["loads"]) - (before["hits"] + before["loads"])
+    assert used >= 2 and after["device_bytes"] > 0
 
 
 class CancelAt:
