@@ -37,7 +37,7 @@ def test_an_image_without_a_role_is_the_first_frame(engine):
     job = engine.submit(engine_request(images=[img]))
     by_images = job.result(120)[0].frames
     assert [(m.kind, m.role) for m in job.request.inputs] == [("image", "first_frame")]
-    assert job.request.extra  # prepared by LingBot's preprocess
+    assert job.request.plan is not None and not job.request.extra  # LingBot's preprocess planned it, extra untouched
     by_role = engine.generate("a red fox", inputs=[MediaInput("image", "first_frame", img)], **SMALL)[0].frames
     assert np.array_equal(by_images, by_role)
     t2v = engine.generate("a red fox", **SMALL)[0].frames
