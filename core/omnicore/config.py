@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from .errors import ConfigError
+from .sizes import parse_bytes
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -294,8 +295,6 @@ OPTIONS: tuple[Option, ...] = (
 
 
 def _pool_bytes(name: str, raw: Any) -> int | None:
-    from .pool.memory import parse_bytes
-
     return parse_bytes(name, raw)
 
 

@@ -121,9 +121,13 @@ def run(args: argparse.Namespace) -> int:
     host.select_platform()  # an unknown or unavailable --platform fails here: one line, nothing loaded, nothing bound
     models = list(args.model) if isinstance(args.model, (list, tuple)) else [args.model]
     if len(models) > 1 or settings.models_file:  # several models in one server: cli/serve_pool.py
-        from .serve_pool import run_pool
+        from .serve_pool import prepare_pool
 
-        return run_pool(args, models, host, settings)
+        names, make_pool = prepare_pool(args, models, host, settings)
+        if not settings.state_dir:  # one default directory per set of models
+            settings = settings.evolve(state_dir=str(default_state_dir(settings.cache_path, "+".join(names))))
+        return serve(args, model=", ".join(names), host=host, settings=settings,
+                     make_engine=lambda: make_pool(settings))
     if not models:
         print("error: serve needs a model (or several, or --models models.toml); `omnicore models` lists them",
               file=sys.stderr)

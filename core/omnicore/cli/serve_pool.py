@@ -48,24 +48,21 @@ def pool_entries(args: argparse.Namespace, models: list[str], settings: Any) -> 
     return entries, budget, host_budget
 
 
-def run_pool(args: argparse.Namespace, models: list[str], host: Any, settings: Any) -> int:
-    """Check every model without loading it, then serve them all (see :func:`.serve_cmd.serve`)."""
+def prepare_pool(args: argparse.Namespace, models: list[str], host: Any, settings: Any) -> tuple[list[str], Any]:
+    """Check every model without loading it; return the served names and the factory of their
+    :class:`~omnicore.pool.pool.ModelPool` (``serve_cmd`` serves it as it serves one engine)."""
     from ..engine.model_options import resolve_model_options
     from .checks import resolve_before_load
-    from .serve_cmd import default_state_dir, serve
 
     entries, budget, host_budget = pool_entries(args, models, settings)
     for entry in entries:  # a model that names nothing, or a bad option, fails here: one line, exit 2
         spec, _ = resolve_before_load(entry.checkpoint, host)
         if spec is not None:
             resolve_model_options(spec, entry.options)
-    if not settings.state_dir:  # one default directory per set of models
-        label = "+".join(e.name for e in entries)
-        settings = settings.evolve(state_dir=str(default_state_dir(settings.cache_path, label)))
 
-    def make_pool() -> Any:
+    def make_pool(settings: Any) -> Any:
         from ..pool.pool import ModelPool
 
         return ModelPool(entries, host=host, settings=settings, memory_budget=budget, host_memory_budget=host_budget)
 
-    return serve(args, model=", ".join(e.name for e in entries), host=host, settings=settings, make_engine=make_pool)
+    return [e.name for e in entries], make_pool

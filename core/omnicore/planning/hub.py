@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import InvalidRequest
-from .source import MAX_HEADER, ByteCounter
+from .headers import MAX_HEADER, ByteCounter
 
 #: files copied into the mirror whole (configs; tokenizer vocabularies are not needed to plan)
 CONFIG_SUFFIXES = (".json", ".txt", ".yaml", ".yml")

@@ -1,10 +1,8 @@
-"""Where a plan's model comes from: a ``real:`` preset (configs only), a ``tiny:`` preset or a checkpoint
-directory; and the safetensors header reader (the only bytes of a weight file a plan ever reads)."""
+"""Where a plan's model comes from: a ``real:`` preset (configs only), a ``tiny:`` preset, a checkpoint
+directory or a Hub repository's metadata mirror (the header reader is :mod:`omnicore.planning.headers`)."""
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +12,8 @@ import attrs
 from .._lazy import resolve
 from ..errors import InvalidRequest, UnknownName
 from ..specs import ModelSpec, PresetSpec
+from .headers import MAX_HEADER, ByteCounter, read_safetensors_header
+from .hub import looks_like_repo_id, mirror_hub_repo
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -23,7 +23,7 @@ REAL_PREFIX = "real:"
 #: safetensors dtype names -> bytes per element
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-MAX_HEADER = 100 * 1024 * 1024
+__all__ = ["MAX_HEADER", "ByteCounter", "PlanSource", "read_safetensors_header"]
 
 
 @attrs.frozen
@@ -35,32 +35,6 @@ class PlanSource:
     kind: str  # "real" | "preset" | "local" | "hub"
     name: str
     profile: Any  # the plugin module holding plan_model / plan_request
-
-
-@attrs.define
-class ByteCounter:
-    """Bytes read from weight files (the test that a plan reads headers only checks this)."""
-
-    read: int = 0
-    files: int = 0
-
-
-def read_safetensors_header(path: Path, counter: ByteCounter | None = None) -> dict[str, Any]:
-    """The JSON header of a safetensors file: 8 bytes of length, then the header; never the tensor data."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise InvalidRequest("model", f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (size,) = struct.unpack("<Q", head)
-        if size > MAX_HEADER:
-            raise InvalidRequest("model", f"{path}: safetensors header of {size} bytes is implausibly large")
-        raw = f.read(size)
-    if counter is not None:
-        counter.read += 8 + len(raw)
-        counter.files += 1
-    data = json.loads(raw)
-    data.pop("__metadata__", None)
-    return dict(data)
 
 
 def header_parameters(root: Path, counter: ByteCounter | None = None) -> dict[str, dict[str, int]]:
@@ -121,8 +95,6 @@ def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSour
         root = ensure_preset(spec, preset, settings.cache_path)
         kind = "preset"
     elif hub_repo_id(text) is not None:  # configs + safetensors headers over HTTP range reads, no tensor data
-        from .hub import mirror_hub_repo
-
         repo, _, revision = str(hub_repo_id(text)).partition("@")
         root = mirror_hub_repo(repo, Path(settings.cache_path), revision=revision or None)
         spec = detect_spec(host, root)
@@ -143,8 +115,6 @@ def resolve_source(model: str, host: PluginHost, settings: Settings) -> PlanSour
 
 def hub_repo_id(text: str) -> str | None:
     """``org/name`` or ``org/name@revision`` (``hf://`` prefix allowed) that is not a local path, else None."""
-    from .hub import looks_like_repo_id
-
     body = text[len("hf://"):] if text.startswith("hf://") else text
     return body if looks_like_repo_id(body.partition("@")[0]) else None
 

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError
-from .memory import parse_bytes
+from ..sizes import parse_bytes
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _MODEL_KEYS = ("name", "checkpoint", "aliases", "options", "caches", "offload", "parallel", "quantization",

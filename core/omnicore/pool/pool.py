@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 
 from ..errors import ConfigError, EngineClosed, InvalidRequest, ModelUnavailable, QueueFull, UnknownName
+from ..sizes import format_bytes
 from .entries import ModelEntry, check_unique
-from .memory import HostSwap, checkpoint_bytes, device_capacity, format_bytes, resident_bytes
+from .memory import HostSwap, checkpoint_bytes, device_capacity, resident_bytes
 
 if TYPE_CHECKING:
     from ..config import Settings
