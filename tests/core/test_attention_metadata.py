@@ -73,7 +73,7 @@ def test_device_copies_are_made_once_and_shared():
 def test_from_packed_makes_padding_a_trailing_document():
     ps = PackedSequence.from_lengths([5], pad_to_multiple=8)
     md = AttentionMetadata.from_packed(ps)
-    assert (md.cu_seqlens_q, md.max_seqlen_q, md.valid_kv_length) == ((0, 5, 8), 5, 5)  # seed contract shape
+    assert (md.cu_seqlens_q, md.max_seqlen_q, md.valid_kv_length) == ((0, 5, 8), 5, 5)  # the (8, 2, 4) [real | pad] shape
     plain = AttentionMetadata.from_packed(ps, pad_document=False)
     assert plain.cu_seqlens_q == (0, 5) and plain.valid_kv_length is None
     exact = AttentionMetadata.from_packed(PackedSequence.from_lengths([3, 5]))

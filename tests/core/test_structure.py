@@ -166,3 +166,20 @@ def test_make_test_runs_the_lint_gate():
     assert set(workspace["mypy"]["files"]) == {"core/omnicore", "plugins"}
     extra = tomllib.loads((repo / "core" / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert {re.split(r"[<>=!~ ]", r)[0] for r in extra} >= {"ruff", "mypy"}
+
+
+#: names of design notes that live outside this repository (the project's planning documents): a comment or doc that
+#: cites one sends a reader to a file they cannot open
+_OUTSIDE_NOTES = re.compile(r"models\.md|seed[- ]contracts?\b|serving-api\.md|DESIGN(\.md| §)|plugin-patterns")
+
+
+def test_no_text_points_at_notes_outside_the_repository():
+    root = CORE.parents[1]
+    places = [root / "core", root / "plugins", root / "tests", root / "benchmarks", root / "docs", root / "examples"]
+    files = [p for d in places if d.is_dir() for p in d.rglob("*") if p.suffix in {".py", ".md", ".toml", ".sh"}]
+    files += [root / "README.md", root / "CHANGELOG.md"]
+    found = [f"{p.relative_to(root)}:{n}" for p in files
+             if p.is_file() and "site-packages" not in p.parts and p != Path(__file__).resolve()
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if _OUTSIDE_NOTES.search(line)]
+    assert not found, "these lines cite design notes a reader of the repository cannot open:\n" + "\n".join(found)

@@ -147,7 +147,7 @@ def test_while_compiling_the_original_forward_runs(monkeypatch):
         assert torch.equal(module(x), x)
 
 
-# ---------------------------------------------------------------------------------------------- §7.4
+# ---------------------------------------------------------------------------------------------- vae_decode_precision
 @pytest.mark.parametrize("bad", ["int8", "fp8", 16, "float"])
 def test_invalid_decode_precisions_are_rejected_naming_the_field(bad):
     checks = (lambda: apply_decode_precision(ToyVAE(), bad),
@@ -157,7 +157,7 @@ def test_invalid_decode_precisions_are_rejected_naming_the_field(bad):
                 info:
             check()
         assert isinstance(info.value, ConfigError)
-        shape = "vae_decode_precision: must be one of {'fp32', 'fp16', 'bf16'} or None, got "  # §7.4
+        shape = "vae_decode_precision: must be one of {'fp32', 'fp16', 'bf16'} or None, got "
         assert str(info.value) == shape + repr(bad)
 
 

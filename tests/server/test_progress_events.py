@@ -19,7 +19,7 @@ def test_create_answers_queued_and_events_carry_phase_progress(make_server, clie
     srv = make_server(step_delay_s=0.03)
     c = client_for(srv)
     job = c.post("/v1/videos", json={"prompt": "progress", "num_frames": 2, "num_inference_steps": 8}).json()
-    # §8.1 / §9: creating a job does not start it; the answer is the job as created
+    # creating a job does not start it; the answer is the job as created
     assert (job["status"], job["phase"], job["progress"], job["step"]) == ("queued", "queued", 0, None)
     assert job["queue_position"] == 0 and job["total_steps"] == 8
     with c.stream("GET", f"/v1/videos/{job['id']}/events") as resp:

@@ -38,7 +38,7 @@ def test_openai_sdk_videos_create_retrieve_download(make_server):
         warnings.simplefilter("ignore", DeprecationWarning)  # the SDK marks the Sora API deprecated
         video = client.videos.create(prompt="a dog on a beach", seconds="1", size="32x32",
                                      extra_body={"seed": 99, "num_inference_steps": 3, "fps": 8})
-        assert video.status == "queued" and video.id.startswith("video_")  # created, not yet started (§9)
+        assert video.status == "queued" and video.id.startswith("video_")  # created, not yet started
         for _ in range(600):
             video = client.videos.retrieve(video.id)
             if video.status in ("completed", "failed"):

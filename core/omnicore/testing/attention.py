@@ -225,7 +225,7 @@ class AttentionBackendConformance:
                               f"packed causal {dtype} cu_q={cu_q} cu_k={cu_k}")
 
     def test_valid_kv_length_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
-        """``[real | pad]`` packing (seed contract: (8, 2, 4), cu = [0, 5, 8], max 5, valid 5) and one document
+        """``[real | pad]`` packing ((8, 2, 4) rows: cu = [0, 5, 8], max 5, valid 5) and one document
         whose keys past ``valid_kv_length`` are padding: real rows match, padding values never reach them."""
         self._require(backend_spec, "packed_varlen", "prefix_kv_slicing")
         import torch

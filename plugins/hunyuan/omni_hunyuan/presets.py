@@ -125,7 +125,7 @@ def build_tiny_hunyuan_image3(target_dir: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------- real-size configs
 # ``omnicore plan real:hunyuan-image3`` reads this: the release's config.json without weights. The language model
 # is the release config (80,413,470,720 parameters under ``model.``); the nested VAE (32 latent
-# channels, models.md uncertainty 8), SigLIP2 tower and aligner values are ours (so400m-class tower) and are not
+# channels, an uncertain value), SigLIP2 tower and aligner values are ours (so400m-class tower) and are not
 # checked against the checkpoint.
 
 REAL_PRESETS: dict[str, str] = {"real:hunyuan-image3": "omni_hunyuan.presets:build_real_hunyuan_image3"}
@@ -137,7 +137,7 @@ REAL_OVERRIDES: dict[str, Any] = {
 }
 REAL_PROVENANCE = {
     "language_model": "release (80,413,470,720 parameters)",
-    "vae": "latent 32 (models.md: uncertain), block_out_channels 128..1024 x 2 layers: unverified",
+    "vae": "latent 32 (uncertain), block_out_channels 128..1024 x 2 layers: unverified",
     "vision": "SigLIP2 so400m-class tower (1152 hidden, 27 layers) + mlp_gelu aligner: unverified",
 }
 

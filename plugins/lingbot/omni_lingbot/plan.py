@@ -1,4 +1,4 @@
-"""The typed state ``LingBotPipeline.preprocess`` prepares for a request (issue 14 §3).
+"""The typed state ``LingBotPipeline.preprocess`` prepares for a request.
 
 A prepared request carries a :class:`LingBotPlan` in its typed ``plan`` slot (``GenerationRequest.plan``): the
 request rules' decisions (mode, CFG layout, schedule, optional stages) as one frozen, hashable record, read back

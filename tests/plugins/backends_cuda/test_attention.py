@@ -68,7 +68,7 @@ def test_packed_gqa_with_empty_single_row_and_ragged_documents(head_dim, dtype):
 
 
 def test_real_pad_packing_is_mask_free_and_pad_rows_never_leak():
-    """Seed contract §3.2: (8, 2, 4)-style [real | pad] layout, cu = [0, 5, 8], max 5, valid_kv_length 5."""
+    """(8, 2, 4)-style [real | pad] layout, cu = [0, 5, 8], max 5, valid_kv_length 5."""
     md = AttentionMetadata(cu_seqlens_q=(0, 5, 8), max_seqlen_q=5, max_seqlen_k=5, valid_kv_length=5)
     q, k, v = (_rand(8, 2, 64, seed=s) for s in (4, 5, 6))
     out = attention.triton_varlen_attention(q, k, v, metadata=md)

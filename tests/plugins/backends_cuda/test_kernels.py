@@ -2,7 +2,7 @@
 tensors here (``TRITON_INTERPRET=1``, see conftest.py), on the GPU where one is usable.
 
 Each op runs the core kit's cases (through the platform's op table and directly) plus shapes of our own: sizes that
-are not multiples of the block, single rows, empty tensors, and the seed-contract §7.3 tables for the VAE kernels.
+are not multiples of the block, single rows, empty tensors, and the reference's tables for the VAE kernels.
 """
 
 from __future__ import annotations

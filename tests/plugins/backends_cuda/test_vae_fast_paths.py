@@ -1,6 +1,6 @@
 """A VAE decoder's GroupNorm+SiLU and Wan RMSNorm+SiLU pairs on the cuda platform's fused kernels behind the
 request gate (docs/contracts-status.md C7): the way a model plugin wires them (``options.platform.ops`` plus
-``omnicore.plugin.install_fast_path``), gate off bit-exact, gate on within the §7.3 decode tolerance, our kernel
+``omnicore.plugin.install_fast_path``), gate off bit-exact, gate on within the decode tolerance, our kernel
 actually called, the state dict unchanged."""
 
 from __future__ import annotations
@@ -74,5 +74,5 @@ def test_the_decoder_runs_the_fused_kernels_only_under_the_gate(monkeypatch):
     with gate(True):
         fast = decoder(z)
     assert calls == ["rms_norm_silu", "group_norm_silu"]
-    torch.testing.assert_close(fast.cpu(), plain(z).cpu(), atol=5e-4, rtol=1e-4)  # §7.3 Wan decode under gate
+    torch.testing.assert_close(fast.cpu(), plain(z).cpu(), atol=5e-4, rtol=1e-4)  # Wan decode under the gate
     assert torch.equal(decoder(z), plain(z))  # off again: bit-exact

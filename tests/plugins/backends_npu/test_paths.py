@@ -1,4 +1,4 @@
-"""Seed-contracts §3.3, §3.5, §3.6 through the op seam: what each path hands MindIE-SD (shapes, views, scale,
+"""The MindIE-SD dispatch paths through the op seam: what each path hands MindIE-SD (shapes, views, scale,
 op type, layout, mask) and what it returns, checked with the CPU implementation of the documented op semantics."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _ref_real_rows(q, k, v, used, scale=None):
                           scale=scale)
 
 
-# ---------------------------------------------------------------------------------------------- §3.3 step 3
+# ---------------------------------------------------------------------------------------------- dispatch step 3
 @pytest.mark.parametrize("backend", [npu_varlen_attention, npu_laser_attention])
 def test_models_that_do_not_pack_take_only_the_masked_path(ops, backend):
     q, k, v = rand(2, 7, 2, 4, seed=1), rand(2, 7, 2, 4, seed=2), rand(2, 7, 2, 4, seed=3)
@@ -48,7 +48,7 @@ def test_models_that_do_not_pack_take_only_the_masked_path(ops, backend):
     torch.testing.assert_close(out, sdpa_attention(q, k, v, attn_mask=mask, scale=0.3))
 
 
-# ---------------------------------------------------------------------------------------------- §3.5
+# ---------------------------------------------------------------------------------------------- laser path
 @pytest.mark.parametrize("batched", [False, True])
 def test_varlen_path_must_case(ops, batched):
     """(8, 2, 4), cu = [0, 5, 8], max 5: TND with host lists [0, 5, 8], the softmax scale, no mask built."""
@@ -72,7 +72,7 @@ def test_varlen_default_scale_is_one_over_sqrt_d(ops):
     assert ops.calls[0].kwargs["scale"] == 0.5
 
 
-# ---------------------------------------------------------------------------------------------- §3.6
+# ---------------------------------------------------------------------------------------------- laser scale
 def test_laser_path_must_case_with_input_scale(ops):
     """q (1, 8, 2, 4), cu = [0, 5, 8], max 5, f = 256: K/V (1, 5, 2, 4), Q (1, 8, 2, 4), mask None, query q/256,
     key q[:, :5]/256, scale 0.5 * 256**2, output = kernel output * 256."""
@@ -120,7 +120,7 @@ def test_dropping_the_padding_document_equals_masking_it(ops):
     assert torch.equal(npu_laser_attention(q, k2, v2, metadata=H3)[:5], laser[:5])
 
 
-# ---------------------------------------------------------------------------------------------- §3.3 step 1
+# ---------------------------------------------------------------------------------------------- dispatch step 1
 @pytest.mark.parametrize("env", [None, "ascend_laser_attention", "prompt_flash_attn", "fused_attn_score",
                                  "ascend_laser_atention", "garbage"])
 def test_the_path_follows_the_backend_not_the_environment(ops, monkeypatch, env):
@@ -136,7 +136,7 @@ def test_the_path_follows_the_backend_not_the_environment(ops, monkeypatch, env)
     assert ops.calls[1].kwargs["op_type"] == "ascend_laser_attention"
 
 
-# ---------------------------------------------------------------------------------------------- §3.3 step 2
+# ---------------------------------------------------------------------------------------------- dispatch step 2
 FALLBACKS = [
     # (metadata, rows, used): layouts that do not resolve, with one real document then padding
     (AttentionMetadata(cu_seqlens_q=(0, 24), max_seqlen_q=17, max_seqlen_k=17, valid_kv_length=17), 24, 17),

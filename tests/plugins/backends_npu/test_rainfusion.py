@@ -1,4 +1,4 @@
-"""Seed-contracts §4: RainFusion plans for any latent grid (the worked examples), the validated configuration,
+"""RainFusion plans for any latent grid (the worked examples), the validated configuration,
 dense delegation (warm-up, exempt layers, no grid, short video) and the rf_v2 call through the op seam."""
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_a_plan_that_does_not_cover_the_real_rows_is_an_error(ops):
 
 @needs_npu
 def test_rf_v2_at_zero_sparsity_matches_dense_on_an_npu():  # pragma: no cover - Ascend machines only
-    """§4 accuracy: prefix 384, grid (4, 16, 10) = 640 rows, 1024 total, 4 heads, head dim 128, bf16: mean
+    """Accuracy: prefix 384, grid (4, 16, 10) = 640 rows, 1024 total, 4 heads, head dim 128, bf16: mean
     relative error against dense SDPA below 2e-3."""
     md = _metadata(384, (4, 16, 10))
     plan = RainFusion(RainFusionConfig(sparsity=0.0)).plan(md, step=0, layer=0)

@@ -1,5 +1,5 @@
-"""Seed-contracts §3.4 as a table: packed-sequence resolution on host ints (every ``None`` case), the omnicore
-guards that keep multi-document callers correct, the refusal guard and the laser scale factor (§3.6)."""
+"""The reference system's packed-sequence rules as a table: packed-sequence resolution on host ints (every ``None`` case), the omnicore
+guards that keep multi-document callers correct, the refusal guard and the laser scale factor."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from omnicore.attention.metadata import AttentionMetadata
 
 #: (cu_q, cu_k, max_q, max_k, valid_kv_length, keywords, expected)
 TABLE = [
-    # §3.4 rows, H3's [real | pad] packing (valid_kv_length = used, as H3 publishes)
+    # rows: H3's [real | pad] packing (valid_kv_length = used, as H3 publishes)
     ((0, 5, 8), (0, 5, 8), 5, 5, 5, {}, ([5, 8], [5, 8])),
     ((0, 8), (0, 8), 8, 8, None, {}, ([8], [8])),
     ((0, 8), (0, 8), 8, 8, 8, {}, ([8], [8])),

@@ -1,6 +1,6 @@
 """HunyuanImage-3 over real HTTP (uvicorn on loopback): a size the client set is used as given or refused naming the
 nearest sizes, the pixel cap applies to the resolved size, and an unknown ``model_params`` field is a 400
-``unknown_parameter`` (issue 28 item 9; "no silent changes", §2 "unknown fields are rejected").
+``unknown_parameter`` (issue 28 item 9; no silent changes: unknown fields are rejected).
 
 The server serves the micro checkpoint (the tiny preset's architecture at image base 64) so a 64x64 image takes
 well under a second on CPU.

@@ -162,7 +162,7 @@ def test_resample_indices_follow_the_reference_budget():
 
 def _hand_low_noise(steps: int, shift: float, t: float, tail: int) -> list[float]:
     """ written out with plain floats."""
-    sigma_max, sigma_min = float(np.float32(0.999)), 0.0  # the float32 training sigma (§2.5)
+    sigma_max, sigma_min = float(np.float32(0.999)), 0.0  # the float32 training sigma
     grid = [sigma_max + (sigma_min - sigma_max) * i / steps for i in range(steps)]  # linspace(max, min, N+1)[:-1]
     shifted = [shift * s / (1 + (shift - 1) * s) for s in grid]
     kept = [s for s in shifted if s <= t + 1e-6]
@@ -191,7 +191,7 @@ def test_refiner_runs_the_low_noise_schedule(moe, recorders, options, expected_l
     np.testing.assert_allclose(scheduler.sigmas.numpy()[:-1], sigmas, rtol=0, atol=1e-6)
     assert scheduler.sigmas[-1].item() == 0.0
     assert state.num_steps == 2 + len(sigmas)
-    # the refiner DiT saw each refiner timestep once per CFG branch: int(sigma*1000), bf16-rounded (§2.3.5)
+    # the refiner DiT saw each refiner timestep once per CFG branch: int(sigma*1000), bf16-rounded
     expected_t = [model_timestep(int(s * 1000)).item() for s in sigmas]
     assert [c["t"] for c in refiner.calls[::2]] == expected_t == [c["t"] for c in refiner.calls[1::2]]
     assert len(base.calls) == 2 * 2

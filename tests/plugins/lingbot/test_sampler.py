@@ -17,7 +17,7 @@ from omni_lingbot.sampler import (
 
 
 def _reference_grid(n: int, shift: float) -> tuple[list[float], list[int]]:
-    """§2.5 written out with plain Python floats: sigmas from float32 0.999 down (N of N+1 points), shifted."""
+    """The sigma schedule written out with plain Python floats: sigmas from float32 0.999 down (N of N+1 points), shifted."""
     sig_max, sig_min = struct.unpack("<f", struct.pack("<f", 1.0 - 1.0 / 1000))[0], 0.0  # float32 0.999
     sigmas = []
     for i in range(n):

@@ -1,4 +1,4 @@
-"""LingBot DiT config, checkpoint key names and the fp32-kept dtype policy (§2.4)."""
+"""LingBot DiT config, checkpoint key names and the fp32-kept dtype policy."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_moe_layer_rule():
 
 
 def _expected_keys(depth: int, moe_layers: set[int], shared: bool) -> list[str]:
-    """The §2.6 key list, spelled out from the spec text."""
+    """The checkpoint key list, spelled out by hand."""
     keys = ["patch_embedder.weight", "patch_embedder.bias",
             "time_embedder.linear_1.weight", "time_embedder.linear_1.bias",
             "time_embedder.linear_2.weight", "time_embedder.linear_2.bias",

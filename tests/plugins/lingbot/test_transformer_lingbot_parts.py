@@ -117,7 +117,7 @@ def _rms(x, w, eps):
 
 
 def _reference_block(blk: LingBotBlock, x, temb6, pos, axes, theta, heads, eps):
-    """The §2.4 block formulas written out in float64 with real cos/sin RoPE and explicit softmax attention."""
+    """The block formulas written out in float64 with real cos/sin RoPE and explicit softmax attention."""
     p = {k: v.detach().double() for k, v in blk.state_dict().items()}
     x = x.double()
     mod = temb6.double() + p["scale_shift_table"]
@@ -161,7 +161,7 @@ def test_block_matches_handwritten_formulas():
 
 # ----------------------------------------------------------------------------------------------- whole model
 def _reference_model(model: LingBotVideoTransformer3DModel, x, t, text):
-    """The §2.4 forward of one sample in float64, from the spec text: patchify (permute 0,2,4,6,3,5,7,1), timestep
+    """The forward of one sample in float64, from the spec text: patchify (permute 0,2,4,6,3,5,7,1), timestep
     and text embedders, ``[video ; text]`` through the reference blocks, final LayerNorm modulated by
     ``(shift, scale)``, the video rows unpatchified (permute 0,7,1,4,2,5,3,6)."""
     from diffusers.models.embeddings import Timesteps

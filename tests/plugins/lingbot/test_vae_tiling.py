@@ -28,7 +28,7 @@ def test_tiling_is_off_by_default(pipe):
 
 
 def test_tiling_options():
-    assert resolve_vae_tiling({"vae_tiling": True}) == VaeTiling(256, 256, 192, 192)  # §2.7 defaults
+    assert resolve_vae_tiling({"vae_tiling": True}) == VaeTiling(256, 256, 192, 192)  # the reference's defaults
     # a tile size alone turns tiling on; the other sizes keep their defaults; integral floats are accepted
     assert resolve_vae_tiling({"vae_tile_sample_min_width": 640.0, "vae_tile_sample_stride_width": 480}) == \
         VaeTiling(256, 640, 192, 480)
