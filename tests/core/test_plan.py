@@ -122,7 +122,7 @@ def test_real_presets_give_the_released_parameter_counts(cache: Path) -> None:
     hy = _real_counts("real:hunyuan-image3", cache)
     assert hy["language_model"] == 80_413_470_720
     dense = _real_counts("real:lingbot", cache)
-    assert 1.2e9 < dense["transformer"] < 1.6e9  # "1.3B": models.md's class defaults are the dense release
+    assert 1.2e9 < dense["transformer"] < 1.6e9  # "1.3B": the class defaults are the dense release
 
 
 @pytest.mark.slow
@@ -213,12 +213,74 @@ def test_parallel_auto_refuses_what_cannot_fit(cache: Path, monkeypatch: pytest.
     args = argparse.Namespace(model="tiny:lingbot", prompt="a fox", height=48, width=48, num_frames=None,
                               duration=None, num_inference_steps=1, guidance_scale=None, fps=None, offload="none",
                               quantization="none")
-    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 1e-3, "float32"))
+    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 1e-3, "float32", "cpu"))
     with pytest.raises(InvalidRequest, match=r"parallel.*no placement.*GiB per rank"):
         plan_cmd.resolve_auto(args, {})
-    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 64.0, "float32"))
+    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 64.0, "float32", "cpu"))
     picked = plan_cmd.resolve_auto(args, {})
     assert picked["_auto_placement"] == "single" and not picked["parallel"].enabled
+    assert picked["device_memory"] == 64.0  # the engine refuses later requests over the limit auto planned with
+    args.device_memory = 1e-3  # an explicit limit is what auto plans with (and the engine keeps it itself)
+    with pytest.raises(InvalidRequest, match=r"parallel.*no placement"):
+        plan_cmd.resolve_auto(args, {})
+
+
+def test_parallel_auto_keeps_every_degree_of_the_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Engine keywords of an auto pick carry all four degrees: a ``cfg=2,ep=2`` pick loads 4 ranks with the
+    experts split (before the fix, ep was dropped and every rank held every expert on a 2-rank group)."""
+    import argparse
+
+    import attrs
+    from omnicore.cli import plan_cmd
+    from omnicore.errors import InvalidRequest
+    from omnicore.planning.estimate import CostModel, Placement, Plan
+
+    row = Placement(name="cfg=2,ep=2", devices=4, cfg=2, ep=2, fits=True, auto=True)
+    others = [Placement(name="cfg=2,tp=2,ulysses=2", devices=8, cfg=2, tp=2, ulysses=2, fits=True)]
+    seen: dict[str, Any] = {}
+
+    def fake_plan(model: str, **kwargs: Any) -> Plan:
+        seen.update(kwargs, model=model)
+        return Plan(model=model, spec="x", source="real", dtype="bfloat16", devices=4, device_memory_bytes=1,
+                    request={}, components={}, placements=(row, *others), cost_model=kwargs["cost"])
+
+    monkeypatch.setattr(plan_cmd, "build_plan", fake_plan)
+    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (4, 80.0, "bfloat16", "cuda"))
+    args = argparse.Namespace(model=["tiny:lingbot-moe"], prompt=None)
+    picked = plan_cmd.resolve_auto(args, None)
+    par = picked["parallel"]
+    assert (par.cfg, par.ulysses, par.tp, par.ep, par.world_size) == (2, 1, 1, 2, 4)
+    assert seen["model"] == "tiny:lingbot-moe" and seen["cost"] == CostModel.for_platform("cuda")
+    for p in others:  # every dimension reaches the ParallelConfig
+        cfg = plan_cmd.placement_parallel(p)
+        assert (cfg.cfg, cfg.ulysses, cfg.tp, cfg.ep) == (p.cfg, p.ulysses, p.tp, p.ep)
+    assert plan_cmd.placement_parallel(attrs.evolve(row, cfg=1, ep=1)).enabled is False
+    args.model = ["tiny:lingbot", "tiny:minimax-h3"]  # several models: one plan each (serve_pool), never a list
+    with pytest.raises(InvalidRequest, match=r"parallel.*one model at a time"):
+        plan_cmd.resolve_auto(args, None)
+
+
+def test_cpu_reserve_is_the_same_in_auto_and_admission(cache: Path) -> None:
+    """``--parallel auto`` and the engine's admission price a CPU rank with the same (zero) reserve and an
+    accelerator rank with the same 1.5 GiB, so a placement auto picks is not refused by the engine for it."""
+    from omnicore.planning.admission import build_guard
+    from omnicore.planning.estimate import GIB, CostModel
+    from omnicore.platforms.cpu import CpuPlatform
+
+    assert CostModel.for_platform("cpu").runtime_reserve_gib == 0.0
+    assert CostModel.for_platform("cuda").runtime_reserve_gib == CostModel().runtime_reserve_gib == 1.5
+    settings = _settings(cache)
+    host = PluginHost(settings)
+    plan = build_plan("tiny:lingbot", request={"height": 48, "width": 48}, dtype="float32", host=host,
+                      settings=settings, cost=CostModel.for_platform("cpu"))
+    from omnicore.engine.loading import resolve_model
+
+    resolved = resolve_model("tiny:lingbot", host, settings)
+    guard = build_guard(resolved.spec, resolved.path, platform=CpuPlatform(), dtype=torch.float32,
+                        device_memory_gib=1.0)
+    single = next(p for p in plan.placements if p.name == "single")
+    assert guard is not None and guard.row.reserve == 0 == single.reserve
+    assert guard.limit == GIB
 
 
 @pytest.mark.slow

@@ -97,6 +97,7 @@ def engine_kwargs(args: argparse.Namespace, model: str | None = None) -> dict[st
         print(f"parallel auto: {auto.pop('_auto_placement')} (omnicore plan {model or args.model} shows why)",
               file=sys.stderr)
     quantization = auto.pop("quantization", getattr(args, "quantization", None))
+    device_memory = auto.pop("device_memory", getattr(args, "device_memory", None))  # auto: the limit it planned
     return {"cache_methods": tuple(getattr(args, "cache", ()) or ()),
             "offload": auto.pop("offload", None) or getattr(args, "offload", "none") or "none",
             "model_options": parse_option_args(getattr(args, "model_option", None) or ()),
@@ -106,7 +107,7 @@ def engine_kwargs(args: argparse.Namespace, model: str | None = None) -> dict[st
             # only when asked for, so an engine without quantization or warm-up sees the keywords it always did
             **({"quantization": quantization} if quantization not in (None, "none") else {}),
             **({"warmup": True} if getattr(args, "warmup", False) else {}),
-            **({"device_memory": args.device_memory} if getattr(args, "device_memory", None) is not None else {})}
+            **({"device_memory": device_memory} if device_memory is not None else {})}
 
 
 def output_type_for(path: str) -> str:

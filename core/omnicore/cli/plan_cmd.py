@@ -63,11 +63,12 @@ def parse_request(text: str) -> dict[str, Any]:
 
 def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0, request: dict[str, Any] | None = None,
                dtype: str = "bfloat16", caches: tuple[str, ...] = (), host: Any = None, settings: Any = None,
-               fast_init: bool = False) -> Any:
+               fast_init: bool = False, cost: Any = None) -> Any:
     """The :class:`~omnicore.planning.Plan` of ``model`` (Python entry point of ``omnicore plan``).
 
     ``fast_init`` skips ``torch.nn.init`` while the meta-device modules are built (process-wide for the
-    duration: only for a process doing nothing else, as the ``omnicore plan`` command)."""
+    duration: only for a process doing nothing else, as the ``omnicore plan`` command). ``cost``: the
+    :class:`~omnicore.planning.estimate.CostModel` (default: an H200-class device with its runtime reserve)."""
     import torch
 
     from ..config import resolve_settings
@@ -98,7 +99,7 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
         plan = make_plan(model=model, spec=src.spec.name, source=src.kind, profile=profile, request=sized,
                          dtype=torch_dtype, devices=devices, device_memory_bytes=int(device_memory_gib * GIB),
                          caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes),
-                         parallel_dims=tuple(src.spec.capabilities.parallel))
+                         parallel_dims=tuple(src.spec.capabilities.parallel), cost=cost)
     if declared:
         import attrs
 
@@ -148,14 +149,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- --parallel auto
-def visible_devices() -> tuple[int, float, str]:
-    """``(count, GiB each, dtype)`` of this machine's accelerators (CUDA), else one CPU "device" holding the
-    memory available now (``/proc/meminfo``'s MemAvailable) and the CPU's float32."""
+def visible_devices() -> tuple[int, float, str, str]:
+    """``(count, GiB each, dtype, platform)`` of this machine's accelerators (CUDA), else one CPU "device" holding
+    the memory available now (``/proc/meminfo``'s MemAvailable) and the CPU's float32."""
     import torch
 
     if torch.cuda.is_available():  # pragma: no cover - no GPU here
         count = torch.cuda.device_count()
-        return count, torch.cuda.get_device_properties(0).total_memory / GIB, "bfloat16"
+        return count, torch.cuda.get_device_properties(0).total_memory / GIB, "bfloat16", "cuda"
     avail = 0.0
     try:
         for line in open("/proc/meminfo"):
@@ -163,27 +164,51 @@ def visible_devices() -> tuple[int, float, str]:
                 avail = int(line.split()[1]) * 1024 / GIB
     except OSError:
         pass
-    return 1, avail or 8.0, "float32"
+    return 1, avail or 8.0, "float32", "cpu"
 
 
 REQUEST_ARGS = ("height", "width", "num_frames", "duration", "num_inference_steps", "guidance_scale", "fps")
+
+
+def placement_parallel(pick: Any) -> Any:
+    """The :class:`~omnicore.parallel.config.ParallelConfig` of a plan row: every degree it uses (cfg, ulysses,
+    tp and ep), so the engine loads exactly the placement the plan priced."""
+    from ..parallel.config import ParallelConfig
+
+    dims = (("cfg", pick.cfg), ("ulysses", pick.ulysses), ("tp", pick.tp), ("ep", pick.ep))
+    return ParallelConfig.parse(",".join(f"{d}={n}" for d, n in dims if n > 1) or None)
 
 
 def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None, *,
                  model: str | None = None) -> dict[str, Any]:
     """``--parallel auto``: the Engine keywords of the placement the plan picks for this machine and request
     (``parallel``, and ``offload`` / ``quantization`` when the pick needs them and the user left them unset); a
-    request no runnable placement fits is refused here, before loading, naming the estimate and the limit."""
-    from ..parallel.config import ParallelConfig
+    request no runnable placement fits is refused here, before loading, naming the estimate and the limit.
 
-    devices, memory, dtype = visible_devices()
+    The limit planned with is ``--device-memory`` when given, else the visible device's memory (on a CPU, the
+    memory available now); it is handed to the engine as its ``device_memory`` too, so a later request the
+    placement cannot hold is refused at admission with the same numbers. Both use the same per-rank reserve
+    (:meth:`~omnicore.planning.estimate.CostModel.for_platform`: 1.5 GiB on an accelerator, none on a CPU)."""
+    from ..planning.estimate import CostModel
+
+    devices, memory, dtype, platform = visible_devices()
+    asked = getattr(args, "device_memory", None)
+    if asked is not None and asked > 0:
+        memory = float(asked)
     request: dict[str, Any] = {k: getattr(args, k) for k in REQUEST_ARGS if getattr(args, k, None) is not None}
     if extra:
         request["extra"] = dict(extra)
     if getattr(args, "prompt", None):
         request["prompt"] = args.prompt
     model = model or args.model
-    plan = build_plan(model, devices=devices, device_memory_gib=memory, request=request, dtype=dtype)
+    if not isinstance(model, str):  # `serve A B --parallel auto` plans each model on its own (cli/serve_pool.py)
+        names = list(model or ())
+        if len(names) != 1:
+            raise InvalidRequest("parallel", f"auto plans one model at a time, got {names}; give each model its "
+                                             "own --parallel in models.toml, or serve them one per server")
+        model = names[0]
+    plan = build_plan(model, devices=devices, device_memory_gib=memory, request=request, dtype=dtype,
+                      cost=CostModel.for_platform(platform), fast_init=True)
     pick = plan.auto
     if pick is None:
         runnable = [p for p in plan.placements if p.runnable]
@@ -191,11 +216,12 @@ def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None, 
         need = f"; the smallest ({best.name}) needs {best.per_rank / GIB:.1f} GiB per rank" if best else ""
         raise InvalidRequest("parallel", f"auto: no placement of {model} fits {devices} device(s) of "
                                          f"{memory:.1f} GiB for this request{need} (omnicore plan shows all)")
-    out: dict[str, Any] = {"parallel": ParallelConfig.parse(",".join(
-        f"{d}={n}" for d, n in (("cfg", pick.cfg), ("ulysses", pick.ulysses), ("tp", pick.tp)) if n > 1) or None)}
+    out: dict[str, Any] = {"parallel": placement_parallel(pick)}
     if pick.offload != "none" and getattr(args, "offload", "none") in (None, "none"):
         out["offload"] = pick.offload
     if pick.quantization != "none" and getattr(args, "quantization", "none") in (None, "none"):
         out["quantization"] = pick.quantization
+    if asked is None:  # the engine refuses later requests over the limit this placement was picked for
+        out["device_memory"] = round(memory, 3)
     out["_auto_placement"] = pick.name
     return out

@@ -176,8 +176,7 @@ def build_guard(spec: Any, root: str | Path, *, platform: Any, dtype: Any, devic
     quant = quantization or "none"
     model = profile.plan_model(root, dtype)
     sized = profile.plan_request(root, {})
-    # the fixed reserve is a CUDA context and allocator slack; a CPU "device" has neither
-    cost = CostModel() if getattr(platform, "name", None) in ("cuda", "npu") else CostModel(runtime_reserve_gib=0.0)
+    cost = CostModel.for_platform(getattr(platform, "name", None))  # the reserve --parallel auto planned with
     plan = make_plan(model=spec.name, spec=spec.name, source="engine", profile=model, request=sized, dtype=dtype,
                      devices=par.world_size, device_memory_bytes=limit[0], caches=caches, cost=cost,
                      parallel_dims=tuple(spec.capabilities.parallel), quantizations=(quant,),

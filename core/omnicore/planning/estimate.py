@@ -57,6 +57,13 @@ class CostModel:
     def to_json(self) -> dict[str, float]:
         return attrs.asdict(self)
 
+    @classmethod
+    def for_platform(cls, platform: str | None) -> CostModel:
+        """The defaults for ``platform``: an accelerator (``cuda``, ``npu``) keeps the runtime reserve (its
+        context, allocator slack and workspace live in device memory); a CPU "device" is the host memory the
+        process already occupies, so no reserve (``--parallel auto`` and the engine's admission agree on this)."""
+        return cls() if platform in ("cuda", "npu") else cls(runtime_reserve_gib=0.0)
+
 
 @attrs.frozen
 class Placement:
