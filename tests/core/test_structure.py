@@ -183,3 +183,13 @@ def test_no_text_points_at_notes_outside_the_repository():
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
              if _OUTSIDE_NOTES.search(line)]
     assert not found, "these lines cite design notes a reader of the repository cannot open:\n" + "\n".join(found)
+
+
+def test_the_changelog_heads_with_the_plugin_api_version():
+    from omnicore._version import PLUGIN_API_VERSION
+
+    text = (CORE.parents[1] / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## \[(\d+\.\d+)\]", text, flags=re.M)
+    assert versions and versions[0] == PLUGIN_API_VERSION, (versions[:3], PLUGIN_API_VERSION)
+    as_numbers = [tuple(int(x) for x in v.split(".")) for v in versions]
+    assert as_numbers == sorted(as_numbers, reverse=True) and len(set(as_numbers)) == len(as_numbers), versions
