@@ -40,7 +40,8 @@ RUNTIME_PROMPT_KEYS = ("duration", "seconds", "fps", "height", "width", "size", 
 #: Model-specific request fields accepted in ``GenerationRequest.extra``: ``ModelSpec.extra_fields``, so the core
 #: refuses any other key before these rules run (omnicore's ``check_extra``).
 EXTRA_FIELDS = (
-    "batch_cfg", "null_cond_clone_zero", "negative_prompt", "size", "resolution", "ratio", "seconds", "duration",
+    "batch_cfg", "null_cond_clone_zero", "negative_prompt", "size", "resolution", "aspect_ratio", "ratio", "seconds",
+    "duration",
     "shift", "flow_shift", "t_thresh", "base_low_noise_threshold", "base_sigma_tail_steps",
     "offload_vae_during_denoise", *REFINER_FIELDS, *TILING_FIELDS,
 )
@@ -176,6 +177,15 @@ def frames_from_duration(duration: Any, fps: Any, *, field: str = "duration") ->
         raise InvalidRequest(field, f"duration {duration!r} s at {rate} fps must produce at least one frame "
                                     f"(int(duration x fps) = {n})")
     return round_up_frames(n)
+
+
+def pick_ratio(values: Mapping[str, Any], source: str) -> Any:
+    """The request's aspect-ratio label: ``extra.aspect_ratio`` (the name every omnicore model takes) or
+    ``extra.ratio`` (the reference runner's, which its prompt mappings keep using); both at once is rejected."""
+    given = [k for k in ("aspect_ratio", "ratio") if values.get(k) is not None]
+    if len(given) > 1:
+        raise InvalidRequest(f"{source}ratio", "give either aspect_ratio or ratio, not both")
+    return values[given[0]] if given else None
 
 
 def pick_duration(
@@ -421,7 +431,7 @@ def resolve_request(
     from_prompt = resolve_size(width=pdict.get("width"), height=pdict.get("height"), size=pdict.get("size"),
                                resolution=pdict.get("resolution"), ratio=pdict.get("ratio"), source="prompt.")
     from_request = resolve_size(width=params.width, height=params.height, size=extra.get("size"),
-                                resolution=extra.get("resolution"), ratio=extra.get("ratio"), source="")
+                                resolution=extra.get("resolution"), ratio=pick_ratio(extra, ""), source="")
     height, width = from_prompt or from_request or (default_h, default_w)
     batch_cfg, batch_cfg_source = resolve_batch_cfg(extra, device_type)
 
