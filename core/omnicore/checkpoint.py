@@ -159,10 +159,26 @@ def read_state_dict(folder: Path | str, *, plugin: str, component: str | None = 
                 if name in state:
                     raise CheckpointError(plugin, folder, f"weight {stored} appears in more than one shard",
                                           component=component)
-                state[name] = handle.get_tensor(stored)
+                state[name] = aligned(handle.get_tensor(stored))
     if wanted is not None and wanted - set(state):
         raise WeightMismatch(plugin, folder, missing=wanted - set(state), component=component)
     return state
+
+
+#: The CPU allocator's alignment: SIMD kernels may sum in another order on a tensor that starts elsewhere.
+ALIGNMENT = 64
+
+
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a copy of it in fresh (``ALIGNMENT``-byte aligned) storage when its data does not start on
+    such a boundary. safetensors hands out tensors at an offset inside a buffer, so a model that takes them over
+    (``load_strict(assign=True)``) would compute with kernels whose results depend on where each weight happens
+    to sit in the file; a copy per tensor (freed at once) keeps the numerics those of a model loaded by copy."""
+    if tensor.device.type != "cpu" or tensor.data_ptr() % ALIGNMENT == 0:
+        return tensor
+    import torch
+
+    return torch.empty_like(tensor).copy_(tensor)
 
 
 def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], *, plugin: str, path: Path | str,

@@ -16,6 +16,30 @@ if TYPE_CHECKING:
     from .context import CommStats
 
 
+#: The device type each process-group backend moves tensors on (any other backend, gloo included: the CPU).
+BACKEND_DEVICES = {"nccl": "cuda", "hccl": "npu"}
+
+
+def group_device_type(group: Any = None) -> str:
+    """``"cuda"`` / ``"npu"`` / ``"cpu"``: where tensors given to a collective over ``group`` (default: the default
+    group) must live. NCCL and HCCL take only device tensors; gloo takes CPU tensors."""
+    import torch.distributed as dist
+
+    return BACKEND_DEVICES.get(str(dist.get_backend(group)), "cpu")
+
+
+def group_device(group: Any = None) -> torch.device:
+    """The device of this rank's collectives over ``group``: its current accelerator for NCCL / HCCL (each worker
+    sees its own device as index 0), else the CPU."""
+    import torch
+
+    kind = group_device_type(group)
+    if kind == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, kind)
+    return torch.device(kind, module.current_device())
+
+
 def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -60,4 +84,5 @@ def all_reduce_sum(local: torch.Tensor, group: Any, stats: CommStats | None = No
     return out
 
 
-__all__ = ["all_gather_rows", "all_reduce_sum", "all_to_all_chunks"]
+__all__ = ["BACKEND_DEVICES", "all_gather_rows", "all_reduce_sum", "all_to_all_chunks", "group_device",
+           "group_device_type"]

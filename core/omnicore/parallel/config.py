@@ -3,10 +3,11 @@
 Ranks form a ``cfg x ulysses x ep x tp`` grid, tp fastest, then ep, ulysses, cfg slowest: rank
 ``r = ((cfg_rank * ulysses + sp_rank) * ep + ep_rank) * tp + tp_rank``. The dimension that talks most sits
 innermost: tensor parallelism all-reduces twice per block, so a TP group is consecutive ranks (one node, the
-fastest links); an expert-parallel group (one all-reduce per MoE layer) comes next, its members ``tp`` ranks
-apart; then a Ulysses group (four all-to-alls per attention); the CFG exchange (once per step) crosses the slowest
-links. With ``tp=ep=1`` this is the former ``cfg x ulysses`` layout. A rank's Ulysses shard holds the heads of its
-TP shard, so attention heads must divide by ``tp * ulysses``.
+fastest links); an expert-parallel group (per MoE layer: two all-to-alls dispatching token copies to their experts'
+ranks and back plus a gather of the token slices by default, or one all-reduce with ``ep_dispatch=all_reduce``)
+comes next, its members ``tp`` ranks apart; then a Ulysses group (four all-to-alls per attention); the CFG exchange
+(once per step) crosses the slowest links. With ``tp=ep=1`` this is the former ``cfg x ulysses`` layout. A rank's
+Ulysses shard holds the heads of its TP shard, so attention heads must divide by ``tp * ulysses``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ DIMENSIONS = ("cfg", "ulysses", "tp", "ep")
 
 @attrs.frozen
 class ParallelConfig:
-    """Degrees per dimension; ``cfg`` is 1 or 2 (the two guidance branches), ``ulysses`` and ``tp`` any
-    positive int."""
+    """Degrees per dimension; ``cfg`` is 1 or 2 (the two guidance branches), ``ulysses``, ``tp`` and ``ep`` any
+    positive int (the model refuses, at load, a degree its heads or experts do not divide)."""
 
     cfg: int = 1
     ulysses: int = 1

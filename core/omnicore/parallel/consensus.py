@@ -14,7 +14,9 @@ blocks. Two rules, both over the whole group (the default process group, so no e
   accumulated change of the modulated input: rank 0's value is the single process's).
 
 Both are no-ops (the local value) without a worker group. Every rank must call them the same number of times in
-the same order, which holds because each rank calls its model the same number of times per step.
+the same order, which holds because each rank calls its model the same number of times per step. Their tensors live
+on the default group's device (:func:`~.collectives.group_device`: the rank's accelerator under NCCL / HCCL, which
+reduce device tensors only; the CPU under gloo). Tested on gloo; the NCCL / HCCL path is unverified here.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def agreed_relative_l1(current: Any, previous: Any, ctx: Any) -> float:
     if ctx is not None:
         import torch.distributed as dist
 
-        sums = torch.zeros(max(1, ctx.cfg), 2, dtype=torch.float64)
-        sums[ctx.cfg_rank if ctx.cfg > 1 else 0] = torch.stack([num.cpu(), den.cpu()])
+        from .collectives import group_device
+
+        device = group_device()  # NCCL / HCCL reduce device tensors only, gloo CPU ones
+        sums = torch.zeros(max(1, ctx.cfg), 2, dtype=torch.float64, device=device)
+        sums[ctx.cfg_rank if ctx.cfg > 1 else 0] = torch.stack([num.to(device), den.to(device)])
         dist.all_reduce(sums)
         ctx.stats.record("cache_all_reduce", sums.numel() * sums.element_size())
         num, den = sums[ctx.cfg_rank if ctx.cfg > 1 else 0]
@@ -55,7 +60,9 @@ def rank0_flag(flag: bool, ctx: Any) -> bool:
     import torch
     import torch.distributed as dist
 
-    box = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    from .collectives import group_device
+
+    box = torch.tensor([1 if flag else 0], dtype=torch.int64, device=group_device())
     dist.broadcast(box, src=0)
     ctx.stats.record("cache_broadcast", box.numel() * box.element_size())
     return bool(box.item())

@@ -1,9 +1,9 @@
 """The per-rank view of a worker group: this rank's coordinates, its process groups, and a traffic counter.
 
 A :class:`ParallelContext` reaches a pipeline as ``LoadOptions.parallel`` (``None`` in a single-process engine).
-Models ask it for their share of the work (``cfg_rank``, ``sp_rank``) and use the collectives in
-:mod:`omnicore.parallel.collectives` on its groups. Every collective records the bytes this rank sends, so a
-benchmark can compare the measured volume with the analytic one.
+Models ask it for their share of the work (``cfg_rank``, ``sp_rank``, ``tp_rank``, ``ep_rank``) and use the
+collectives in :mod:`omnicore.parallel.collectives` on its groups. Every collective records the bytes this rank
+sends, so a benchmark can compare the measured volume with the analytic one.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class CommStats:
 
 @attrs.define(eq=False)
 class ParallelContext:
-    """This rank in a ``cfg x ulysses x tp`` grid (see :class:`~omnicore.parallel.config.ParallelConfig`).
+    """This rank in a ``cfg x ulysses x ep x tp`` grid (see :class:`~omnicore.parallel.config.ParallelConfig`).
 
     ``cfg_group`` joins the ranks holding the other guidance branch at the same sequence and TP position;
     ``sp_group`` the ranks of this rank's Ulysses group; ``tp_group`` those of its TP group, and ``tp_mesh`` the
@@ -119,17 +119,18 @@ def _peer_groups(config: ParallelConfig, rank: int, peers: Any) -> Any:
 
 
 def build_groups(config: ParallelConfig, rank: int) -> ParallelContext:
-    """Create the CFG, Ulysses and TP sub-groups (every rank must call this, in the same order) for ``rank``."""
+    """Create the CFG, Ulysses, TP and EP sub-groups (every rank must call this, in the same order) for
+    ``rank``."""
     cfg_group = _peer_groups(config, rank, config.cfg_peers) if config.cfg > 1 else None
     sp_group = _peer_groups(config, rank, config.ulysses_peers) if config.ulysses > 1 else None
     tp_group = tp_mesh = None
     if config.tp > 1:
-        import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
 
+        from .collectives import group_device_type
+
         tp_group = _peer_groups(config, rank, config.tp_peers)
-        device_type = {"nccl": "cuda", "hccl": "npu"}.get(str(dist.get_backend()), "cpu")
-        tp_mesh = DeviceMesh.from_group(tp_group, device_type)
+        tp_mesh = DeviceMesh.from_group(tp_group, group_device_type())
     ep_group = _peer_groups(config, rank, config.ep_peers) if config.ep > 1 else None
     return ParallelContext(config=config, rank=rank, cfg_group=cfg_group, sp_group=sp_group, tp_group=tp_group,
                            tp_mesh=tp_mesh, ep_group=ep_group)

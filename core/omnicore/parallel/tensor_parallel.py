@@ -177,7 +177,7 @@ def local_parameter_bytes(module: nn.Module) -> int:
 def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degree: int) -> nn.Module:
     """Narrow every planned ``nn.Linear`` of ``module`` to ``rank``'s share, in place (no process group; works on
     the meta device). Each sharded linear remembers its full shape as ``_omnicore_tp_full`` (``parallelize``
-    reads it). Returns ``module``."""
+    reads it) and ``(style, part sizes, rank, degree)`` as ``_omnicore_tp_shard``. Returns ``module``."""
     from torch import nn
 
     plan.check(degree)
@@ -191,6 +191,8 @@ def shard_module(module: nn.Module, plan: TensorParallelPlan, *, rank: int, degr
             continue  # already sharded (e.g. built from a sharded checkpoint read)
         full = {p_name: tuple(p.shape) for p_name, p in sub.named_parameters(recurse=False)}
         object.__setattr__(sub, "_omnicore_tp_full", full)  # a plain attribute, not a submodule or buffer
+        # what this rank holds, for code that narrows other tensors alike (LoRA adapters: omnicore.lora.targets)
+        object.__setattr__(sub, "_omnicore_tp_shard", (rule.style, rule.sizes, rank, degree))
         for p_name, p in list(sub.named_parameters(recurse=False)):
             split = plan.param_split(name, p_name)
             if split is None:
@@ -244,23 +246,29 @@ def _count_all_reduce(stats: Any, degree: int) -> Callable[..., None]:
 
 
 def read_sharded_state_dict(folder: Path | str, plan: TensorParallelPlan, *, rank: int, degree: int, plugin: str,
-                            component: str | None = None) -> tuple[dict[str, torch.Tensor], int]:
+                            component: str | None = None,
+                            weights_name: str | None = None,
+                            keep: Callable[[str], bool] | None = None) -> tuple[dict[str, torch.Tensor], int]:
     """The tensors of a component folder with every planned linear read as ``rank``'s shard only
-    (``safe_open(...).get_slice``: the other ranks' rows never leave the file), and the bytes read.
+    (``safe_open(...).get_slice``: the other ranks' rows never leave the file), and the bytes read. The files are
+    :func:`omnicore.checkpoint.weight_files`' (``weights_name`` as there). ``keep(stored name)`` false: the tensor
+    is not read at all (e.g. the layers past the one a text encoder reads, or its LM head).
 
     ``plan``'s patterns are matched against the *stored* names (the tensor name less ``.weight`` / ``.bias``), so
     a model whose checkpoint layout differs from its modules declares a plan for that layout."""
     import torch
     from safetensors import safe_open
 
-    from ..checkpoint import CheckpointError, weight_files
+    from ..checkpoint import CheckpointError, aligned, weight_files
 
     plan.check(degree)
     state: dict[str, torch.Tensor] = {}
     nbytes = 0
-    for file in weight_files(folder, plugin=plugin, component=component):
+    for file in weight_files(folder, plugin=plugin, component=component, weights_name=weights_name):
         with safe_open(str(file), framework="pt") as handle:
             for stored in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+                if keep is not None and not keep(stored):
+                    continue
                 if stored in state:
                     raise CheckpointError(plugin, folder, f"weight {stored} appears in more than one shard",
                                           component=component)
@@ -278,7 +286,7 @@ def read_sharded_state_dict(folder: Path | str, plan: TensorParallelPlan, *, ran
                         parts.append(view[index])
                     tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
                 nbytes += tensor.numel() * tensor.element_size()
-                state[stored] = tensor
+                state[stored] = aligned(tensor)
     return state, nbytes
 
 

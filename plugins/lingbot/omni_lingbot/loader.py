@@ -22,7 +22,7 @@ PLUGIN = "lingbot"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 __all__ = ["PLUGIN", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "CheckpointError", "WeightMismatch", "cast_for_inference",
-           "load_transformer", "save_transformer"]
+           "expert_read_plan", "load_transformer", "save_transformer"]
 
 def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """``dtype`` everywhere except the modules the DiT keeps in float32 (its own ``cast`` policy)."""
@@ -32,8 +32,15 @@ def cast_for_inference(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.M
 
 
 def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtype, attention: Any = None,
-                     ops: Any = None) -> Any:
-    """Build our DiT from ``config.json`` and load its safetensors strictly; ``ops`` is the platform's op table."""
+                     ops: Any = None, ep: tuple[int, int] | None = None) -> Any:
+    """Build our DiT from ``config.json`` and load its safetensors strictly; ``ops`` is the platform's op table.
+
+    The DiT is built on the meta device and takes the checkpoint's tensors over (``load_strict(assign=True)``), so
+    the weights exist once in host memory, never beside a randomly initialised copy. ``ep = (rank, degree)``
+    (expert parallel): every MoE block is narrowed to that rank's contiguous ``1/degree`` of the routed experts
+    before loading and only those experts' rows are read from the files (:func:`expert_read_plan`, safetensors
+    slices: the other ranks' experts never leave the files); router and shared experts are read whole.
+    ``model.tp_bytes_read`` then records the bytes this rank read, as the tensor-parallel loaders do."""
     from .transformer.config import LingBotTransformerConfig
     from .transformer.model import LingBotVideoTransformer3DModel
 
@@ -43,10 +50,31 @@ def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtyp
         config = LingBotTransformerConfig.from_dict(raw)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(PLUGIN, model_dir, f"bad transformer config: {exc}", component=part) from None
-    model = LingBotVideoTransformer3DModel(config, attention=attention, ops=ops)
-    state = read_state_dict(model_dir, plugin=PLUGIN, component=part, weights_name=WEIGHTS_NAME)
-    load_strict(model, state, plugin=PLUGIN, path=model_dir, component=part)
+    with torch.device("meta"):
+        model = LingBotVideoTransformer3DModel(config, attention=attention, ops=ops)
+    if ep is None:
+        state = read_state_dict(model_dir, plugin=PLUGIN, component=part, weights_name=WEIGHTS_NAME)
+    else:
+        from omnicore.plugin import read_sharded_state_dict
+
+        rank, degree = ep
+        model.keep_expert_share(rank, degree)  # a dense DiT or a degree the experts refuse: ConfigError, nothing read
+        state, read = read_sharded_state_dict(model_dir, expert_read_plan(), rank=rank, degree=degree,
+                                              plugin=PLUGIN, component=part, weights_name=WEIGHTS_NAME)
+        object.__setattr__(model, "tp_bytes_read", read)  # this rank's experts and the replicated tensors
+    load_strict(model, state, plugin=PLUGIN, path=model_dir, component=part, assign=True)  # no second copy
+    del state
     return cast_for_inference(model, dtype).to(device).eval().requires_grad_(False)
+
+
+def expert_read_plan() -> Any:
+    """The checkpoint read of an expert-parallel rank: each MoE block's stacked experts (``w1``, ``w3``, ``w2``:
+    ``[E, ...]``) split along the expert dimension, so rank ``r`` of ``P`` reads experts
+    ``[r E/P, (r+1) E/P)`` (the contiguous share ``LingBotMoE.keep_expert_share`` keeps); everything else whole."""
+    from omnicore.plugin import ShardRule, TensorParallelPlan
+
+    return TensorParallelPlan((ShardRule("blocks.*.ffn.experts", "column",
+                                         params=(("w1", 0), ("w3", 0), ("w2", 0))),))
 
 
 def save_transformer(model: Any, model_dir: Path, *, max_shard_bytes: int | None = None) -> None:
