@@ -161,3 +161,49 @@ def test_cli_generate_prints_one_line(sized: dict[str, Any], tmp_path: Path) -> 
     assert done.returncode != 0 and not (tmp_path / "a.png").exists()
     lines = [ln for ln in done.stderr.strip().splitlines() if "memory" in ln]
     assert len(lines) == 1 and "more than the limit" in lines[0] and "per rank" in lines[0], done.stderr
+
+
+@pytest.mark.slow
+def test_a_pool_model_refuses_a_request_over_its_device_memory(sized: dict[str, Any]) -> None:
+    """``omnicore serve A B --device-memory X`` / ``device_memory`` in models.toml: each pool engine checks its
+    requests as a lone engine does (before, the pool dropped the limit and nothing was checked)."""
+    from omnicore.pool import ModelEntry, ModelPool
+
+    entry = ModelEntry(name="lingbot", checkpoint="tiny:lingbot", device_memory=sized["limit_gib"])
+    assert entry.engine_kwargs()["device_memory"] == sized["limit_gib"]
+    pool = ModelPool([entry], host=sized["host"], settings=sized["settings"])
+    try:
+        assert pool.generate("lingbot", "a fox", **SMALL, seed=0, timeout=300)  # loads the model, a small one fits
+        with pytest.raises(MemoryLimitExceeded) as err:
+            pool.submit(_request(BIG), model="lingbot")
+        assert err.value.estimate_bytes == sized["big"].total
+    finally:
+        pool.close(cancel_running=True, timeout=30)
+
+
+def test_serve_several_models_with_parallel_auto_plans_each(sized: dict[str, Any],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve A B --parallel auto``: one plan per model (the list is never handed to the planner), each entry
+    keeping the placement and the limit auto planned with; ``--device-memory`` reaches every entry."""
+    from omnicore.cli import plan_cmd
+    from omnicore.cli.main import build_parser
+    from omnicore.cli.serve_pool import pool_entries
+
+    monkeypatch.setenv("OMNICORE_CACHE", str(sized["settings"].cache_path))
+    monkeypatch.setattr(plan_cmd, "visible_devices", lambda: (1, 32.0, "float32", "cpu"))
+    planned: list[str] = []
+    real = plan_cmd.build_plan
+
+    def counting(model: str, **kwargs: Any) -> Any:
+        planned.append(model)
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(plan_cmd, "build_plan", counting)
+    args = build_parser().parse_args(["serve", "tiny:lingbot", "second=tiny:lingbot", "--parallel", "auto"])
+    entries, _, _ = pool_entries(args, list(args.model), sized["settings"])
+    assert planned == ["tiny:lingbot", "tiny:lingbot"]
+    assert [(e.name, e.parallel, e.device_memory) for e in entries] == [("lingbot", None, 32.0),
+                                                                         ("second", None, 32.0)]
+    args = build_parser().parse_args(["serve", "tiny:lingbot", "tiny:minimax-h3", "--device-memory", "3"])
+    entries, _, _ = pool_entries(args, list(args.model), sized["settings"])
+    assert [e.device_memory for e in entries] == [3.0, 3.0]

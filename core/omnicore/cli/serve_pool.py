@@ -31,16 +31,19 @@ def pool_entries(args: argparse.Namespace, models: list[str], settings: Any) -> 
         budget = budget if budget is not None else found.memory_budget
         host_budget = host_budget if host_budget is not None else found.host_memory_budget
     if models:
-        kwargs = engine_kwargs(args)
-        if kwargs.get("warmup"):
+        if getattr(args, "warmup", False):
             raise ConfigError("--warmup", "is not supported with several models yet (each would warm up at load)")
-        parallel = kwargs["parallel"]
         for entry in entries_from_args(models):
+            # --parallel auto plans each model on its own (the pool swaps idle models out, so each is planned for
+            # the whole device); its limit becomes that engine's device_memory, as --device-memory does for all
+            kwargs = engine_kwargs(args, model=entry.checkpoint)
+            parallel = kwargs["parallel"]
             entries.append(attrs.evolve(entry, caches=tuple(kwargs["cache_methods"]), offload=kwargs["offload"],
                                         options=dict(kwargs["model_options"]),
                                         vae_decode_precision=kwargs["vae_decode_precision"],
                                         parallel=parallel if parallel.enabled else None,
-                                        compile=kwargs["compile"], quantization=kwargs.get("quantization")))
+                                        compile=kwargs["compile"], quantization=kwargs.get("quantization"),
+                                        device_memory=kwargs.get("device_memory")))
     check_unique(entries)
     if getattr(settings, "lora_modules", ()) or getattr(settings, "lora_dirs", ()):
         raise ConfigError("--lora-modules", "is not supported with several models yet; serve the model that uses "

@@ -16,6 +16,7 @@ A ``models.toml`` has an optional ``[pool]`` table and one ``[[model]]`` table p
     offload = "none"                 # the engine's own offload while it is loaded: none | model | layerwise
     parallel = "cfg=2"               # a parallel model is never swapped (its worker ranks hold its weights)
     quantization = "int8"
+    device_memory = 20               # GiB per rank: requests this model's placement cannot hold are refused (400)
     priority = 10                    # higher stays resident longer when room is needed
     pinned = true                    # never swapped out
     max_queue = 32                   # this model's queue limit (default: --max-queue)
@@ -38,7 +39,8 @@ from ..sizes import parse_bytes
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _MODEL_KEYS = ("name", "checkpoint", "aliases", "options", "caches", "offload", "parallel", "quantization",
-               "priority", "pinned", "max_queue", "max_num_seqs", "defaults", "vae_decode_precision", "compile")
+               "priority", "pinned", "max_queue", "max_num_seqs", "defaults", "vae_decode_precision", "compile",
+               "device_memory")
 _POOL_KEYS = ("memory_budget", "host_memory_budget")
 _DEFAULT_FIELDS = ("height", "width", "num_frames", "fps", "num_inference_steps", "guidance_scale", "flow_shift",
                    "seed", "negative_prompt")
@@ -52,9 +54,10 @@ def _tuple(value: Any) -> tuple[str, ...]:
 class ModelEntry:
     """One model the pool serves. ``name`` is what requests put in ``model``; ``checkpoint`` what to load
     (``tiny:<preset>``, a directory, a Hugging Face repo id). The engine keywords (``options``, ``caches``,
-    ``offload``, ``parallel``, ``quantization``, ``compile``, ``vae_decode_precision``) are
-    :class:`~omnicore.engine.api.Engine`'s own. ``priority`` (higher = kept longer) and ``pinned`` (never swapped
-    out) steer eviction; ``max_queue``/``max_num_seqs`` override the server-wide limits for this model;
+    ``offload``, ``parallel``, ``quantization``, ``compile``, ``vae_decode_precision``, ``device_memory``) are
+    :class:`~omnicore.engine.api.Engine`'s own (``device_memory``: the per-rank limit its admission checks each
+    request against, GiB; ``None``: the engine's default). ``priority`` (higher = kept longer) and ``pinned``
+    (never swapped out) steer eviction; ``max_queue``/``max_num_seqs`` override the server-wide limits for this model;
     ``defaults`` override the model's request defaults (e.g. fewer steps for a draft deployment)."""
 
     name: str
@@ -65,6 +68,7 @@ class ModelEntry:
     offload: str = "none"
     parallel: Any = None  # "cfg=2", a ParallelConfig, or None
     quantization: str | None = None
+    device_memory: float | None = None
     compile: bool | str = False
     vae_decode_precision: str | None = None
     priority: int = 0
@@ -85,6 +89,10 @@ class ModelEntry:
             value = getattr(self, field)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"model {self.name!r}: {field}", f"must be a positive integer, got {value!r}")
+        if self.device_memory is not None and (isinstance(self.device_memory, bool) or not isinstance(
+                self.device_memory, (int, float)) or self.device_memory < 0):
+            raise ConfigError(f"model {self.name!r}: device_memory", f"must be a number of GiB >= 0 (0: no check), "
+                                                                     f"got {self.device_memory!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ConfigError(f"model {self.name!r}: priority", f"must be an integer, got {self.priority!r}")
         try:
@@ -115,6 +123,8 @@ class ModelEntry:
                                   "vae_decode_precision": self.vae_decode_precision, "compile": self.compile}
         if self.quantization not in (None, "none"):
             kwargs["quantization"] = self.quantization
+        if self.device_memory is not None:
+            kwargs["device_memory"] = float(self.device_memory)
         return kwargs
 
 
