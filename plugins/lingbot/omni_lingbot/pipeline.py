@@ -119,8 +119,9 @@ class LingBotPipeline(BasePipeline):
                 cfg = read_json(folder / "config.json", plugin=PLUGIN, component=folder.name)
                 head_dim = int(cfg.get("hidden_size", 2048)) // int(cfg.get("num_attention_heads", 16))
                 attention = options.select_attention(dtype, head_dim, packed_varlen=True)
+            ep = (parallel.ep_rank, parallel.ep) if parallel is not None and getattr(parallel, "ep", 1) > 1 else None
             model = load_transformer(folder, device=device, dtype=dtype, attention=attention,
-                                     ops=options.platform.ops)
+                                     ops=options.platform.ops, ep=ep)  # under ep: only this rank's experts read
             if parallel is not None and parallel.ulysses > 1:
                 model.enable_ulysses(parallel)
             if parallel is not None and getattr(parallel, "ep", 1) > 1:  # this rank keeps 1/ep of the experts
