@@ -71,6 +71,9 @@ OPTIONS = (
     ModelOption("vae_tile_overlap", "int", None, None,
                 "pixels two neighbouring VAE tiles share and blend over (a multiple of 16, below vae_tile_size; "
                 "default: a quarter of the tile)"),
+    ModelOption("text_max_new_tokens", "int", 2048, None,
+                "the text stage's token budget cap (think / recaption): a request's extra.max_new_tokens above it "
+                "is refused; without one the budget is the checkpoint's generation config, else this cap"),
     PARALLEL_VAE_DECODE_OPTION,
 )
 

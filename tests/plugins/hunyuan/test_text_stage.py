@@ -12,7 +12,7 @@ import attrs
 import httpx
 import pytest
 import torch
-from _hunyuan_helpers import request, run, square_image
+from _hunyuan_helpers import load, request, run, square_image
 from omni_hunyuan.text_stage import TextJob
 from omnicore.errors import InvalidRequest
 
@@ -392,3 +392,17 @@ def test_re_prefilling_after_the_text_stage_equals_reusing_its_kv(pipe):
         pipe.reuse_text_kv = True
     assert reused.extras["items"][0]["text"] == again.extras["items"][0]["text"]
     assert torch.allclose(reused.latents, again.latents, atol=1e-5, rtol=0)
+
+
+def test_the_server_sets_the_budget_cap_as_a_model_option(micro_dir):
+    """``--model-option text_max_new_tokens=N`` is the cap: a declared option (checked at load like every other),
+    and a request's budget above it is refused naming the field and the cap."""
+    from omni_hunyuan.plugin import MODEL_SPEC
+    from omnicore.engine.model_options import resolve_model_options
+
+    options = resolve_model_options(MODEL_SPEC, {"text_max_new_tokens": "8"})
+    capped = load(micro_dir, text_max_new_tokens=options["text_max_new_tokens"])
+    assert capped.preprocess(request(extra={"bot_task": "think", "max_new_tokens": 8})) is not None
+    with pytest.raises(InvalidRequest) as info:
+        capped.preprocess(request(extra={"bot_task": "think", "max_new_tokens": 9}))
+    assert info.value.field == "extra.max_new_tokens" and "cap 8" in str(info.value)
