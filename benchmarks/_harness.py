@@ -94,7 +94,9 @@ class Case:
     """Two arms to compare. ``run_a``/``run_b`` take no arguments; whatever they return is passed to ``compare``
     (from the last repetition) which may add fields such as ``"identical": True`` to the record. ``extra`` adds
     fixed fields, or is a callable evaluated after timing (e.g. measured memory). ``sync`` runs after every call
-    inside the timed region (e.g. ``torch.cuda.synchronize``) so asynchronous work is counted."""
+    inside the timed region (e.g. ``torch.cuda.synchronize``) so asynchronous work is counted. With ``self_timed``
+    each arm returns the seconds it measured itself (a span inside the call, e.g. submit to first step, without the
+    set-up and clean-up around it), and that span replaces the wall time of the call."""
 
     benchmark: str
     case: str
@@ -108,6 +110,7 @@ class Case:
     sync: Callable[[], None] | None = None
     compare: Callable[[Any, Any], Mapping[str, Any]] | None = None
     extra: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = attrs.Factory(dict)
+    self_timed: bool = False
 
     @property
     def goals(self) -> tuple[Goal, ...]:
@@ -119,7 +122,12 @@ class Case:
         result = fn()
         if self.sync is not None:
             self.sync()
-        return time.perf_counter() - start, time.process_time() - cpu0, result
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+        if self.self_timed:
+            if not isinstance(result, (int, float)) or isinstance(result, bool) or result < 0:
+                raise TypeError(f"{self.case}: a self-timed arm must return its measured seconds, got {result!r}")
+            wall = float(result)
+        return wall, cpu, result
 
     def run(self, reps: int | None = None, warmup: int | None = None) -> dict[str, Any]:
         reps = self.reps if reps is None else reps

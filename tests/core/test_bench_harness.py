@@ -110,6 +110,25 @@ def test_case_interleaves_arms_and_reports_medians(clock):
     assert (record["reps"], record["warmup"]) == (4, 2)
 
 
+def test_a_self_timed_case_uses_the_span_each_arm_measured(clock):
+    """Set-up and clean-up around the measured span (here 10 s of it per call) stay out of the medians."""
+    spans = {"a": iter([1.0, 3.0, 2.0]), "b": iter([4.0, 6.0, 5.0])}
+
+    def arm(name):
+        def run():
+            clock.now += 10.0
+            return next(spans[name])
+        return run
+
+    record = Case("bench", "case", "a", "b", arm("a"), arm("b"), goal=ratio_at_most(0.5), reps=3, warmup=0,
+                  self_timed=True).run()
+    assert (record["a_median_s"], record["b_median_s"]) == (2.0, 5.0) and record["ratio"] == pytest.approx(0.4)
+    bad = Case("bench", "case", "a", "b", lambda: "x", lambda: 1.0, goal=ratio_at_most(1), reps=1, warmup=0,
+               self_timed=True)
+    with pytest.raises(TypeError, match="measured seconds"):
+        bad.run()
+
+
 def test_case_rejects_bad_repetitions(clock):
     case = Case("b", "c", "a", "b", lambda: None, lambda: None, goal=ratio_at_most(1))
     with pytest.raises(ValueError):
