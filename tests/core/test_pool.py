@@ -157,6 +157,21 @@ def test_pool_outputs_equal_a_lone_engine_and_survive_swaps(dirs, cache, size):
             pool.generate("zzz", "x")
 
 
+def test_a_first_load_reports_an_eta_from_the_other_models_loads(dirs, cache, size):
+    """A model the pool never loaded has no load time of its own: its waiting jobs get its estimated bytes at the
+    speed the pool loaded another model, counting down while it loads."""
+    from omnicore.engine.api import make_request
+
+    with _pool({"a": dirs["a"], "b": dirs["b"]}, cache, budget=int(size * 1.5)) as pool:
+        assert pool.state_of("a") == "loaded" and pool.state_of("b") == "unloaded"  # a loaded at start-up
+        events: list = []
+        pool.submit(make_request("a fox", seed=1, num_inference_steps=1), model="b",
+                    on_event=lambda ev: events.append(ev) if ev.phase == "loading" else None).result(60)
+        etas = [ev.eta_s for ev in events]
+        assert etas and all(e is not None and e >= 0 for e in etas), etas
+        assert etas == sorted(etas, reverse=True)
+
+
 def test_priority_keeps_a_model_resident_longer(dirs, cache, size):
     with _pool(dict(dirs), cache, budget=int(size * 2.5), a={"priority": 10}) as pool:
         pool.generate("b", "x", seed=1, num_inference_steps=1)

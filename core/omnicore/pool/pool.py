@@ -599,11 +599,21 @@ class ModelPool:
 
     # ------------------------------------------------------------------ progress while waiting
     def _eta(self, slot: _Slot) -> float | None:
-        last = slot.last_load_s
-        if last is None:
+        """Seconds until ``slot``'s model serves: its own last load (or restore) time, else, for a model this pool
+        never loaded, its estimated bytes at the speed the pool's other first loads went; less the time spent."""
+        expected = slot.last_load_s if slot.last_load_s is not None else self._first_load_estimate(slot)
+        if expected is None:
             return None
         started = slot.load_started
-        return max(0.0, last - (time.monotonic() - started)) if started is not None else last
+        return max(0.0, expected - (time.monotonic() - started)) if started is not None else expected
+
+    def _first_load_estimate(self, slot: _Slot) -> float | None:
+        loaded = [s for s in self._slots.values() if s is not slot and s.counters.loads and s.measured]
+        seconds = sum(s.counters.load_seconds for s in loaded)
+        if seconds <= 0 or slot.size <= 0:
+            return None
+        per_second = sum(s.size * s.counters.loads for s in loaded) / seconds
+        return slot.size / per_second if per_second > 0 else None
 
     def _wait_message(self, slot: _Slot) -> str:
         if slot.state == "loading":
