@@ -9,8 +9,10 @@ from a stock ``DiffusionPipeline``, and this module supplies them:
   the absolute directory it was saved to, which is stale once the checkpoint is copied or moved);
 - the signature: the blocks' declared inputs (``InputParam`` name, default, type hint) stand in for ``__call__``'s
   parameters, so the card (modes, roles, defaults, pass-through ``extra`` keys) is read the same way;
-- step boundaries: the denoise loop calls its scheduler's ``step`` once per step, so the stepped call parks right
-  after each ``scheduler.step`` returns (see :class:`~omni_diffusers.stepper.SteppedCall`'s ``scheduler``).
+- step boundaries: the engine drives the denoise loop itself, one iteration per ``denoise_step``
+  (:mod:`omni_diffusers.modular_driver`); a block tree the driver cannot split at its loop runs as one call on a
+  thread parked right after each ``scheduler.step`` returns (see :class:`~omni_diffusers.stepper.SteppedCall`'s
+  ``scheduler``).
 """
 
 from __future__ import annotations
@@ -78,14 +80,15 @@ def block_parameters(pipe: Any) -> dict[str, inspect.Parameter]:
 
 
 def steps_planned(scheduler: Any) -> int | None:
-    """How many steps the loop will take once the scheduler's timesteps are set (``None`` before that): the
-    timesteps after the begin index an image-to-image strength sets."""
+    """How many ``scheduler.step`` calls the loop will make once the scheduler's timesteps are set (``None``
+    before that): the timesteps after the begin index an image-to-image strength sets. Not divided by the
+    scheduler's ``order``: an order-2 solver (Heun) steps once per timestep too (its two evaluations of one step
+    are two loop iterations), and every one of them is a step the engine reports and may cancel at."""
     timesteps = getattr(scheduler, "timesteps", None)
     if timesteps is None:
         return None
-    order = int(getattr(scheduler, "order", 1) or 1)
     begin = getattr(scheduler, "begin_index", None) or 0
-    return max(0, (len(timesteps) - int(begin)) // order)
+    return max(0, len(timesteps) - int(begin))
 
 
 def output_name(video: bool) -> str:

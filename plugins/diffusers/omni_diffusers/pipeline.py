@@ -38,6 +38,7 @@ from omnicore.plugin import (
 
 from .lora import DiffusersAdapters
 from .modular import is_modular, load_modular, output_name, steps_planned
+from .modular_driver import ModularRun, NotSteppable
 from .signature import PipelineCard, describe
 from .stepper import SteppedCall
 
@@ -61,7 +62,8 @@ class DiffusersPipeline(BasePipeline):
         self.pipe, self.device = pipe, device
         self._registered: ModelSpec | None = None
         self._active: SteppedCall | None = None
-        self.modular = is_modular(pipe)  # steps end after scheduler.step there (no callback_on_step_end)
+        self.modular = is_modular(pipe)  # no callback_on_step_end: the engine drives its loop (modular_driver)
+        self.driven = self.modular  # False once its blocks proved not splittable at the loop (threaded call then)
         params = describe_params(pipe)
         if not self.modular and "callback_on_step_end" not in params:
             raise UnsupportedFeature("diffusers", f"{type(pipe).__name__}.__call__ takes no callback_on_step_end, "
@@ -219,6 +221,10 @@ class DiffusersPipeline(BasePipeline):
         for model in self.denoisers:  # a call left by abort never reached diffusers' own reset of its cache
             if getattr(model, "is_cache_enabled", False):
                 model._reset_stateful_cache()
+        if self.modular and self.driven:
+            state = self._start_driven(requests)
+            if state is not None:
+                return state
         if self.modular:
             scheduler = self.pipe.scheduler
             call = SteppedCall(self.pipe.__call__, self.call_kwargs(requests), self.denoisers,
@@ -235,21 +241,54 @@ class DiffusersPipeline(BasePipeline):
         weakref.finalize(state, call.abort, False)  # a state the engine drops mid-run stops its call
         return state
 
+    def _start_driven(self, requests: list[GenerationRequest]) -> DenoiseState | None:
+        """A modular batch split at its denoise loop (:mod:`omni_diffusers.modular_driver`); ``None`` when the
+        pipeline's blocks cannot be split (then, and for every later batch, the threaded call serves it)."""
+        kwargs = self.call_kwargs(requests)
+        run = ModularRun(self.pipe, kwargs, kwargs.pop("output"))
+        try:
+            steps = run.start(rows=len(kwargs["prompt"]))
+        except NotSteppable as exc:
+            self.driven = False
+            warnings.warn(f"{type(self.pipe).__name__}: the engine cannot drive the denoise loop step by step "
+                          f"({exc}); each batch runs as one call parked after each scheduler step instead",
+                          stacklevel=2)
+            return None
+        return DenoiseState(requests=list(requests), num_steps=steps, extras={"run": run},
+                            reused_steps=None if self.uncounted_cache else [])
+
     def denoise_step(self, state: DenoiseState, step: int) -> DenoiseState:
         decisions = self.cache_decisions
         if decisions is not None:
             decisions.clear()
-        state.extras["call"].step(step)
+        if "run" in state.extras:
+            state.extras["run"].step(step)
+        else:
+            state.extras["call"].step(step)
         if decisions and not any(decisions) and state.reused_steps is not None:  # every call skipped the rest
             state.reused_steps.append(step)
         return state
 
+    def select_requests(self, state: DenoiseState, keep: Sequence[int]) -> DenoiseState | None:
+        """Drop cancelled requests from a driven modular batch (their rows leave the latents, the embeddings and
+        the scheduler's history); a stock pipeline's call cannot shrink (``None``: its rows run to the end)."""
+        run: ModularRun | None = state.extras.get("run")
+        if run is None:
+            return None
+        starts = np.cumsum([0] + [r.params.num_outputs for r in state.requests])
+        run.select([row for i in keep for row in range(int(starts[i]), int(starts[i + 1]))])
+        state.requests = [state.requests[i] for i in keep]
+        for model in self.denoisers:  # a hook cache's kept residuals still have the old rows: recompute once
+            if getattr(model, "is_cache_enabled", False):
+                model._reset_stateful_cache()
+        return state
+
     def decode(self, state: DenoiseState) -> list[Output]:
-        call: SteppedCall = state.extras["call"]
-        result = call.finish()
+        stepped: ModularRun | SteppedCall = state.extras["run"] if "run" in state.extras else state.extras["call"]
+        result = stepped.finish()
         self._active = None
         card, p = self._card(), state.requests[0].params
-        metrics = {"step_times_s": list(call.step_times), "diffusers_pipeline": card.class_name}
+        metrics = {"step_times_s": list(stepped.step_times), "diffusers_pipeline": card.class_name}
         if self.modular:  # the decode block's output itself (output_type "np")
             result = attrs.evolve(_Frames(result), video=card.video)
         if card.video:

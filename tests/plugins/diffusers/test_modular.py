@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from omnicore.plugin import hookimpl
 
 PROMPT = "a red fox in the snow"
 TINY = {"height": 32, "width": 32}
@@ -134,3 +135,133 @@ def test_a_moved_checkpoint_reads_its_own_component_folders(engine: Any, tmp_pat
         assert np.array_equal(a.frames, b.frames)  # the same seeded components
     finally:
         other.close()
+
+
+# ------------------------------------------------------------------ the engine drives the loop
+class CancelAt:
+    """Cancels ``job`` when a batch of several requests reaches denoise step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.job = step, None
+
+    @hookimpl(wrapper=True)
+    def omnicore_denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+        if step == self.step and self.job is not None and len(state.requests) > 1:
+            self.job.cancel()
+        return (yield)
+
+
+def _batching_engine(model: Any, settings: Any) -> Any:
+    from _diffusers_helpers import make_engine
+
+    return make_engine(model, settings.evolve(max_num_seqs=4, request_batch_max_wait_ms=2000))
+
+
+def _cancel_the_middle_row(engine: Any, prompts: list[str], seeds: list[int], steps: int,
+                           at: int) -> tuple[list[Any], list[int]]:
+    """Three requests batched together, the middle one cancelled at step ``at``: the survivors' outputs and the
+    row count of every denoiser forward."""
+    from omnicore.engine.api import make_request
+
+    gate = CancelAt(at)
+    rows: list[int] = []
+    model = engine.pipeline.denoisers[0]
+    hook = model.register_forward_pre_hook(lambda m, a, k: rows.append(k["hidden_states"].shape[0]), with_kwargs=True)
+    engine.host.pm.register(gate, name="cancel-at")
+    try:
+        jobs = [engine.submit(make_request(p, seed=s, num_inference_steps=steps, **TINY))
+                for p, s in zip(prompts, seeds, strict=True)]
+        gate.job = jobs[1]
+        outs = [jobs[0].result(120)[0], jobs[2].result(120)[0]]
+        jobs[1].wait(120)
+        assert jobs[1].status == "cancelled"
+    finally:
+        engine.host.pm.unregister(gate, name="cancel-at")
+        hook.remove()
+    return outs, rows
+
+
+def test_the_engine_owns_the_loop_state(engine: Any) -> None:
+    """encode runs the blocks before the loop, each denoise_step one loop iteration, decode the blocks after it:
+    no thread, and the latents between steps are the state's (they change once per step)."""
+    from omnicore.engine.api import make_request
+
+    pipeline = engine.pipeline
+    state = pipeline.encode([pipeline.preprocess(make_request(PROMPT, seed=3, num_inference_steps=3, **TINY))])
+    run = state.extras["run"]
+    assert "call" not in state.extras and state.num_steps == 3
+    seen = [run.block_state.latents.clone()]
+    for step in range(3):
+        state = pipeline.denoise_step(state, step)
+        seen.append(run.block_state.latents.clone())
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))
+    [out] = pipeline.decode(state)
+    [again] = engine.generate(PROMPT, seed=3, num_inference_steps=3, **TINY)
+    assert np.array_equal(out.frames, again.frames)
+
+
+def test_cancelling_one_row_slices_it_out_and_leaves_the_others_exact(settings: Any, reference: Any,
+                                                                      engine: Any) -> None:
+    """The middle request of a batch of three is cancelled at step 1 of 4: from step 2 on the transformer sees
+    two rows (the row left the latents and the embeddings), and the survivors equal their solo runs and the
+    stock modular pipeline bit for bit."""
+    prompts, seeds = [PROMPT, "a blue cube", "a green tree"], [11, 12, 13]
+    with _batching_engine(engine.resolved.path, settings) as batching:
+        (first, last), rows = _cancel_the_middle_row(batching, prompts, seeds, steps=4, at=1)
+    assert rows == [3, 3, 2, 2], rows
+    assert np.array_equal(first.frames, _direct(reference, [prompts[0]], [11], 4))
+    assert np.array_equal(last.frames, _direct(reference, [prompts[2]], [13], 4))
+    assert np.array_equal(last.frames, engine.generate(prompts[2], seed=13, num_inference_steps=4, **TINY)[0].frames)
+
+
+# ------------------------------------------------------------------ an order-2 solver (Heun): every step counts
+@pytest.fixture(scope="module")
+def heun_sd3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SD3's modular blocks (guider CFG with negative embeddings) over the tiny SD3 components with diffusers'
+    order-2 FlowMatchHeunDiscreteScheduler, written by save_pretrained."""
+    from diffusers import FlowMatchHeunDiscreteScheduler
+    from diffusers.modular_pipelines import StableDiffusion3AutoBlocks
+    from omni_diffusers.presets import sd3_components
+
+    target = tmp_path_factory.mktemp("heun-sd3")
+    pipe = StableDiffusion3AutoBlocks().init_pipeline()
+    pipe.update_components(**{**sd3_components(), "scheduler": FlowMatchHeunDiscreteScheduler()})
+    pipe.save_pretrained(str(target), overwrite_modular_index=True)
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("driven", [True, False], ids=["driven", "threaded"])
+def test_an_order_2_solver_reports_and_stops_at_every_step(heun_sd3: Path, settings: Any, driven: bool) -> None:
+    """Heun over 3 steps calls scheduler.step 5 times: both the driven loop and the threaded fallback report 5
+    steps, once each, and equal the stock modular pipeline (guidance is the guider's own config here). Before,
+    the threaded call reported 5 // 2 = 2 and ran the rest inside decode, where nothing could stop it."""
+    from _diffusers_helpers import make_engine
+    from diffusers.modular_pipelines import ModularPipeline
+    from omnicore.engine.api import make_request
+
+    reference = ModularPipeline.from_pretrained(str(heun_sd3))
+    reference.load_components()
+    expected = reference(prompt=PROMPT, negative_prompt="blurry", generator=_gen(4), num_inference_steps=3,
+                         max_sequence_length=32, output="images", output_type="np", **TINY)
+    with make_engine(heun_sd3, settings) as eng:
+        eng.pipeline.driven = driven
+        events: list[Any] = []
+        request = make_request(PROMPT, negative_prompt="blurry", seed=4, num_inference_steps=3,
+                               extra={"max_sequence_length": 32}, **TINY)
+        [out] = eng.submit(request, on_event=events.append).result(120)
+    assert [(e.step, e.total_steps) for e in events if e.phase == "denoise"] == [(i, 5) for i in range(1, 6)]
+    assert np.array_equal(out.frames[0], (np.asarray(expected)[0] * 255).round().astype("uint8"))
+
+
+@pytest.mark.slow
+def test_cancelling_a_row_between_the_two_halves_of_a_heun_step(heun_sd3: Path, settings: Any) -> None:
+    """Cancelled after the first evaluation of a Heun step (the scheduler holds the rows' first-order sample and
+    derivative): those per-row tensors are sliced too, so the survivors still equal their solo runs, negative
+    embeddings of the guider included."""
+    with _batching_engine(heun_sd3, settings) as batching:
+        (first, last), rows = _cancel_the_middle_row(batching, ["a", "b", "c"], [1, 2, 3], steps=3, at=2)
+        solo = [batching.generate(p, seed=s, num_inference_steps=3, **TINY)[0].frames for p, s in (("a", 1), ("c", 3))]
+    # the guider runs the transformer once per branch (conditional, unconditional) in steps 0-2
+    assert rows[:6] == [3] * 6 and rows[6:] and set(rows[6:]) == {2}, rows
+    assert np.array_equal(first.frames, solo[0]) and np.array_equal(last.frames, solo[1])
