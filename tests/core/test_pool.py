@@ -172,6 +172,38 @@ def test_a_first_load_reports_an_eta_from_the_other_models_loads(dirs, cache, si
         assert etas == sorted(etas, reverse=True)
 
 
+def test_the_resident_models_keep_serving_while_another_loads(dirs, cache, size):
+    """Room for two of three: a request for the third evicts one idle model and loads (slowly here); the model
+    still resident answers requests during that load."""
+    import threading
+    import time
+
+    from omnicore.engine.api import make_request
+
+    with _pool(dirs, cache, budget=int(size * 2.5)) as pool:
+        assert [pool.state_of(m) for m in "abc"] == ["loaded", "loaded", "unloaded"]
+        release = threading.Event()
+        build = pool._build
+
+        def slow_build(slot):
+            if slot.entry.name == "c":
+                release.wait(60)
+            build(slot)
+
+        pool._build = slow_build
+        job = pool.submit(make_request("a fox", seed=1, num_inference_steps=1), model="c")
+        deadline = time.monotonic() + 30
+        while pool.state_of("c") != "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        resident = [m for m in "ab" if pool.state_of(m) == "loaded"]
+        assert pool.state_of("c") == "loading" and len(resident) == 1
+        for seed in (2, 3):
+            assert pool.generate(resident[0], "a fox", seed=seed, num_inference_steps=1, timeout=30)
+        assert pool.state_of("c") == "loading"  # both answered during c's load
+        release.set()
+        assert job.result(60)
+
+
 def test_priority_keeps_a_model_resident_longer(dirs, cache, size):
     with _pool(dict(dirs), cache, budget=int(size * 2.5), a={"priority": 10}) as pool:
         pool.generate("b", "x", seed=1, num_inference_steps=1)
