@@ -28,6 +28,7 @@ from ..lora.runtime import LoRARuntime
 from ..offload.policy import OFFLOAD_MODES, apply_offload
 from ..parallel.config import ParallelConfig
 from ..parallel.launch import start_group
+from ..platforms.host_memory import HostMemory, reset_peak_rss
 from ..regional_compile import RegionalCompile, apply_regional_compile, check_compile, normalize_compile, outside_graph
 from .inputs import CheckedRequest, check_request
 from .jobs import Job, Listener
@@ -166,14 +167,19 @@ class Engine:
                                  vae_decode_precision=vae_decode_precision, cache_methods=methods,
                                  quantization=self.quantization)
         options.parallel = self.group.ctx if self.group is not None else None
+        reset_peak_rss()  # this process's host peak from here on is the load's (see load_memory)
         try:
             self.pipeline = load_pipeline(self.resolved, options, host)
         except BaseException as exc:
             if self.group is not None:
                 self.group.finish_load(exc)  # ends the workers, then raises exc
             raise
+        #: host memory per rank (index = rank) at the end of its load: ``peak_rss_bytes`` is the load's peak RSS
+        #: on rank 0 and a worker's whole startup peak (spawn, imports, load); None where ``/proc`` is missing
+        self.load_memory: list[HostMemory | None] = [HostMemory.now()]
         if self.group is not None:
-            self.group.finish_load(None)  # every rank loaded, or the group ends and this raises
+            self.group.finish_load(None, self.load_memory[0])  # every rank loaded, or the group ends and this raises
+            self.load_memory = list(self.group.load_memory)
         _warn_if_forced_attention_unused(self.resolved.spec, self.settings.attention_backend
                                          or host.settings.attention_backend, self._attention_requests)
         self.quantization_report: dict[str, QuantReport] = {}

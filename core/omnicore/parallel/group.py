@@ -25,13 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OmnicoreError
 from .context import ParallelContext, build_groups
-from .worker import RankSpec, init_distributed, run_rank, worker_main
+from .worker import RankLoad, RankSpec, init_distributed, run_rank, worker_main
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from multiprocessing.process import BaseProcess
 
     from torch.distributed import ProcessGroup
+
+    from ..platforms.host_memory import HostMemory
 
 logger = logging.getLogger("omnicore.parallel")
 
@@ -86,6 +88,8 @@ class WorkerGroup:
         self.ctx = ctx
         self.processes = processes  # spawned workers, rank 1.. (empty when attached to torchrun)
         self.failure: str | None = None
+        #: each rank's host memory at the end of its load (index = rank; None where it was not reported)
+        self.load_memory: list[HostMemory | None] = [None] * ctx.world_size
         self._own_failure = False  # the group was ended because rank 0 itself failed mid-step
         self._checked: BaseException | None = None  # the last error looked at by explain()
         # the step (or "decode") announced last, until the next command says it completed
@@ -131,8 +135,9 @@ class WorkerGroup:
             raise
         return cls(spec, control, ctx, processes)
 
-    def finish_load(self, error: BaseException | None) -> None:
-        """Collect every rank's load result; on any failure end the group and raise (rank 0's own error first)."""
+    def finish_load(self, error: BaseException | None, memory: HostMemory | None = None) -> None:
+        """Collect every rank's load result; on any failure end the group and raise (rank 0's own error first).
+        ``memory`` is rank 0's host memory at the end of its load; :attr:`load_memory` then holds every rank's."""
         import torch.distributed as dist
 
         statuses: list[Any] = [None] * self.ctx.world_size
@@ -141,7 +146,8 @@ class WorkerGroup:
         except Exception as exc:
             self.shutdown()
             raise WorkerGroupBroken(f"a worker died while loading the model: {self.failure or exc}") from exc
-        failed = [(rank, msg) for rank, msg in enumerate(statuses) if msg is not None]
+        self.load_memory = [memory, *(s.memory if isinstance(s, RankLoad) else None for s in statuses[1:])]
+        failed = [(rank, s.error) for rank, s in enumerate(statuses) if isinstance(s, RankLoad) and s.error]
         if error is None and not failed:
             return
         self.shutdown()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..platforms.host_memory import HostMemory
 from .config import ParallelConfig
 
 if TYPE_CHECKING:
@@ -142,11 +143,22 @@ def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup) 
             raise RuntimeError(f"unknown command from rank 0: {kind!r}")
 
 
+@attrs.frozen
+class RankLoad:
+    """What a worker tells rank 0 once its load ended: its error (``None``: loaded) and its host memory then
+    (``peak_rss_bytes``: the most the worker process has held since it was spawned, i.e. its startup peak)."""
+
+    error: str | None
+    memory: HostMemory
+
+
 def report_ready(control: ProcessGroup, error: BaseException | None) -> None:
-    """Tell rank 0 whether this rank loaded (every rank calls this once, in rank order of the gather)."""
+    """Tell rank 0 whether this rank loaded, and its host memory (every rank calls this once, in rank order of the
+    gather)."""
     import torch.distributed as dist
 
-    dist.gather_object(None if error is None else f"{type(error).__name__}: {error}", None, dst=0, group=control)
+    report = RankLoad(None if error is None else f"{type(error).__name__}: {error}", HostMemory.now())
+    dist.gather_object(report, None, dst=0, group=control)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -201,4 +213,5 @@ def _finish() -> None:
         pass
 
 
-__all__ = ["RankSpec", "init_distributed", "load_rank_pipeline", "run_rank", "serve_commands", "worker_main"]
+__all__ = ["RankLoad", "RankSpec", "init_distributed", "load_rank_pipeline", "run_rank", "serve_commands",
+           "worker_main"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from .base import Platform
+from .host_memory import reset_peak_rss
+from .host_memory import status_bytes as _status_bytes
 
 
 class CpuPlatform(Platform):
@@ -19,13 +21,7 @@ class CpuPlatform(Platform):
         """Start a peak window: reset the kernel's resident-set high-water mark to the current RSS (Linux
         ``/proc/self/clear_refs`` value 5). Where that is impossible the window stays closed and
         :meth:`max_memory_allocated` says ``None``."""
-        try:
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")
-        except OSError:
-            self._window_open = False
-        else:
-            self._window_open = _status_bytes("VmHWM") is not None
+        self._window_open = reset_peak_rss()
 
     def max_memory_allocated(self) -> int | None:
         """The process's peak resident set size since :meth:`reset_peak_memory` (``VmHWM``: weights, activations
@@ -33,15 +29,3 @@ class CpuPlatform(Platform):
         a window per batch, so this is the batch's peak, not the process lifetime's ``ru_maxrss``."""
         return _status_bytes("VmHWM") if self._window_open else None
 
-
-def _status_bytes(key: str) -> int | None:
-    """A ``kB`` field of ``/proc/self/status`` in bytes (``None`` when absent)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                name, _, value = line.partition(":")
-                if name == key:
-                    return int(value.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

@@ -147,6 +147,9 @@ class ServerContext:
         stats = self.engine.stats()
         self.metrics.queue_depth.set(stats.get("queued", 0))
         self.metrics.running.set(stats.get("running", 0))
+        for rank, memory in enumerate(getattr(self.engine, "load_memory", None) or ()):
+            if memory is not None and memory.peak_rss_bytes is not None:
+                self.metrics.load_peak_rss.labels(rank=str(rank)).set(memory.peak_rss_bytes)
 
 
 def requeue_names(ctx: ServerContext) -> tuple[str, ...]:

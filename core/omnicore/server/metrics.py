@@ -38,6 +38,9 @@ class Metrics:
         self.ready = Gauge("omnicore_ready", "1 when the server admits work", registry=r)
         self.device_peak = Gauge("omnicore_device_memory_peak_bytes", "Peak device memory of the last job",
                                  ("device",), registry=r)
+        self.load_peak_rss = Gauge("omnicore_load_peak_rss_bytes", "Peak host RSS of each rank of the engine when "
+                                   "its model load ended (rank 0: during the load; a worker: since it was spawned)",
+                                   ("rank",), registry=r)
         self.plugins = Gauge("omnicore_plugins", "Discovered plugins by load status", ("plugin", "status"),
                              registry=r)
         # usage per API key, labelled by key id (auth.key_id, never the key; "none" while auth is off)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _worker_group_helpers import planned_file_bytes
 from omnicore.engine.api import Engine, make_request
 from omnicore.errors import ConfigError
 
@@ -78,24 +79,8 @@ def test_tp_image_matches_single_process_and_each_rank_holds_its_share(micro_dir
         analytic = sharded_parameter_bytes(meta, module_plan(config), 2)
         assert local_parameter_bytes(model) == analytic < local_parameter_bytes(meta)
         # the checkpoint reads covered this rank's rows only: the files less half of every split tensor
-        total, split = _file_bytes(micro_dir, checkpoint_plan())
+        total, split = planned_file_bytes(micro_dir, checkpoint_plan())
         assert split > 0 and model.tp_bytes_read == total - split // 2
-
-
-def _file_bytes(folder: Path, plan: Any) -> tuple[int, int]:
-    """(bytes of every stored tensor, bytes of those the plan splits), from the safetensors headers."""
-    from safetensors import safe_open
-
-    total = split = 0
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118
-                t = f.get_slice(name)
-                n = int(np.prod(t.get_shape())) * {"F32": 4, "BF16": 2, "F16": 2}[t.get_dtype()]
-                total += n
-                module, _, param = name.rpartition(".")
-                split += n if plan.param_split(module, param) is not None else 0
-    return total, split
 
 
 @pytest.mark.slow

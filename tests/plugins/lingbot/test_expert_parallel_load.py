@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from omni_lingbot.loader import WEIGHTS_NAME, load_transformer
+from _worker_group_helpers import planned_file_bytes
+from omni_lingbot.loader import WEIGHTS_NAME, expert_read_plan, load_transformer
 from omnicore.errors import ConfigError
 from omnicore.plugin import local_parameter_bytes
 from safetensors import safe_open
@@ -57,10 +58,9 @@ def test_an_expert_parallel_rank_reads_and_holds_only_its_experts(tiny_moe_dir: 
     folder = tiny_moe_dir / "transformer"
     full = _checkpoint(folder)
     degree = 2
-    total = sum(t.numel() * t.element_size() for t in full.values())
+    total, routed_bytes = planned_file_bytes(folder, expert_read_plan())  # from the headers, as for tp
     routed = {k: t for k, t in full.items() if k.endswith(EXPERTS)}
-    routed_bytes = sum(t.numel() * t.element_size() for t in routed.values())
-    assert routed and routed_bytes > 0
+    assert routed and routed_bytes == sum(t.numel() * t.element_size() for t in routed.values()) > 0
     model = _load(folder, ep=(rank, degree))
     share = total - routed_bytes + routed_bytes // degree
     assert model.tp_bytes_read == share  # the other rank's experts never left the file

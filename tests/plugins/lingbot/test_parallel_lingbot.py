@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _worker_group_helpers import pids_gone
 from omnicore.engine.api import Engine, make_request
 from omnicore.errors import ConfigError
 from omnicore.parallel.group import WorkerGroupBroken
@@ -60,18 +61,6 @@ def reference(tiny_dir: Path) -> dict[str, list[np.ndarray]]:
                 "unguided": _frames(engine, *PROMPTS, "a green frog", guidance=1.0)}
 
 
-def _pids_gone(pids: list[int]) -> bool:
-    """No process with these ids runs (a zombie waiting for a reaper that is not its old parent counts as gone)."""
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if state != "Z":
-            return False
-    return True
-
-
 @pytest.mark.slow
 def test_ulysses_matches_single_process_and_cancels_between_steps(tiny_dir: Path, reference: Any) -> None:
     engine = _engine(tiny_dir, "ulysses=2")
@@ -94,7 +83,7 @@ def test_ulysses_matches_single_process_and_cancels_between_steps(tiny_dir: Path
         _assert_same(_frames(engine, PROMPTS[0]), reference["single"])  # the ranks are still in lockstep
     finally:
         assert engine.close(timeout=120)
-    assert _pids_gone(pids)  # no orphans
+    assert pids_gone(pids)  # no orphans
     import torch.distributed as dist
 
     assert not dist.is_initialized()
@@ -110,7 +99,7 @@ def test_cfg_parallel_matches_single_process_guided_and_unguided(tiny_dir: Path,
         # guidance off: the CFG ranks split the batch of 3 (2 + 1 rows) and gather it back
         _assert_same(_frames(engine, *PROMPTS, "a green frog", guidance=1.0), reference["unguided"])
         assert engine.group.ctx.stats.snapshot()["calls"]["all_gather"] == before + SMALL["num_inference_steps"]
-    assert _pids_gone(pids)
+    assert pids_gone(pids)
 
 
 @pytest.mark.slow
@@ -143,7 +132,7 @@ def test_killed_worker_fails_the_request_clearly_and_the_engine_turns_unhealthy(
         assert later.wait(60) and isinstance(later.error, WorkerGroupBroken)
     finally:
         assert engine.close(timeout=60)
-    assert _pids_gone([worker.pid])
+    assert pids_gone([worker.pid])
 
 
 @pytest.mark.slow
@@ -164,9 +153,9 @@ def test_workers_exit_when_the_engine_process_is_killed(tiny_dir: Path, tmp_path
         holder.kill()  # SIGKILL: no atexit, no close(); the workers must notice on their own
         holder.wait(30)
     deadline = time.monotonic() + 20
-    while not _pids_gone(pids) and time.monotonic() < deadline:
+    while not pids_gone(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _pids_gone(pids), "a worker outlived the engine's process"
+    assert pids_gone(pids), "a worker outlived the engine's process"
 
 
 @pytest.mark.slow
@@ -191,4 +180,4 @@ def test_rank0_failing_mid_step_ends_the_group_instead_of_hanging(tiny_dir: Path
         assert "denoise step 1" in engine.group.failure
     finally:
         assert engine.close(timeout=60)
-    assert _pids_gone([worker.pid])
+    assert pids_gone([worker.pid])

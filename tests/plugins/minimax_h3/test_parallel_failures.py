@@ -7,54 +7,17 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _worker_group_helpers import child_pids, pids_gone
 from omnicore.engine.api import Engine, make_request
 from omnicore.errors import OmnicoreError
 from omnicore.parallel.group import WorkerGroupBroken
 
 pytestmark = pytest.mark.slow
 PARAMS = {"num_inference_steps": 30, "height": 64, "width": 64, "duration": 4.0, "extra": {"aspect_ratio": "1:1"}}
-
-
-def _pids_gone(pids: list[int], wait_s: float = 20.0) -> bool:
-    """No process with these ids runs (zombies count as gone), waiting up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if state != "Z":
-                alive.append(pid)
-        if not alive or time.monotonic() > deadline:
-            return not alive
-        time.sleep(0.2)
-
-
-def _children() -> set[int]:
-    import os
-
-    me = os.getpid()
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me and fields[0] != "Z":
-            try:
-                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"resource_tracker" not in cmdline:  # (multiprocessing's tracker lives as long as this process)
-                found.add(int(stat.parent.name))
-    return found
 
 
 def test_a_rank_killed_mid_request_fails_it_naming_the_rank(tiny_dir: Path) -> None:
@@ -76,7 +39,7 @@ def test_a_rank_killed_mid_request_fails_it_naming_the_rank(tiny_dir: Path) -> N
         assert later.wait(60) and isinstance(later.error, WorkerGroupBroken)
     finally:
         assert engine.close(timeout=60)
-    assert _pids_gone([worker.pid])
+    assert pids_gone([worker.pid])
 
 
 def test_a_checkpoint_that_does_not_match_its_config_fails_the_load_clearly(tiny_dir: Path,
@@ -93,11 +56,11 @@ def test_a_checkpoint_that_does_not_match_its_config_fails_the_load_clearly(tiny
     name = next(k for k in sorted(state) if k.endswith("weight") and state[k].ndim == 2 and "attn" in k)
     state[name] = torch.zeros(state[name].shape[0] + 2, state[name].shape[1])
     save_file(state, str(file))
-    before = _children()
+    before = child_pids()
     with pytest.raises(OmnicoreError) as info:
         Engine(str(broken), parallel="tp=2").close()
     message = str(info.value)
     assert "shape mismatch" in message and "qkv_proj" in message and str(broken / "transformer") in message, message
     notes = " ".join(getattr(info.value, "__notes__", ()))
     assert "rank 0 of 2" in notes and "other ranks that failed: 1" in notes, notes  # every rank read the bad file
-    assert _pids_gone(sorted(_children() - before)), "a worker outlived the failed load"
+    assert pids_gone(sorted(child_pids() - before)), "a worker outlived the failed load"
