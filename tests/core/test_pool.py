@@ -293,3 +293,21 @@ def test_serve_takes_several_models_and_the_pool_flags():
     assert settings.models_file == "m.toml"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "tiny:lingbot", "--memory-budget", "plenty"])
+
+
+def test_the_readme_models_toml_parses_as_written(tmp_path):
+    """The README's models.toml example is a valid file (so the documented keys cannot drift from the parser)."""
+    import re
+
+    from omnicore.pool.entries import load_models_file
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```toml\n(# models\.toml.*?)```", readme, flags=re.S)
+    assert block is not None
+    path = tmp_path / "models.toml"
+    path.write_text(block.group(1))
+    parsed = load_models_file(path)
+    assert [e.name for e in parsed.entries] == ["video", "image"]
+    video, image = parsed.entries
+    assert (video.priority, video.max_queue, image.pinned) == (10, 32, True)
+    assert image.defaults["num_inference_steps"] == 8 and parsed.memory_budget == 24 * 1024**3
