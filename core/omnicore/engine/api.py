@@ -98,8 +98,8 @@ class Engine:
     :param lora_registry: where requests' ``loras`` are resolved, read and cached (see
         :class:`~omnicore.lora.AdapterRegistry`: preloaded names, the only directories paths may name, the device
         LRU budget); its preloaded adapters are checked against the model here. Default: an empty registry, which
-        refuses every adapter. Adapters run unmerged per row of a mixed batch (:mod:`omnicore.lora.runtime`);
-        refused with ``parallel`` and ``compile`` for now.
+        refuses every adapter. Adapters run unmerged per row of a mixed batch (:mod:`omnicore.lora.runtime`), on
+        every rank of a ``parallel`` group (sharded like their linears under ``tp``); refused with ``compile``.
     :param compile: ``True``/``"blocks"``: regional ``torch.compile`` of the model's repeated blocks (one compiled
         graph per block class, see :mod:`omnicore.regional_compile`); ``"blocks-cudagraphs"`` adds CUDA graphs (cuda
         platform only). Refused with offload and ``parallel``, before anything loads.
@@ -165,7 +165,9 @@ class Engine:
         self.group = start_group(self.parallel, self.resolved.spec, os.fspath(model), self.platform, self.settings,
                                  offload=offload, model_options=self.model_options,
                                  vae_decode_precision=vae_decode_precision, cache_methods=methods,
-                                 quantization=self.quantization)
+                                 quantization=self.quantization,
+                                 lora_budgets=(None, None) if lora_registry is None else
+                                 (lora_registry.max_device_bytes, lora_registry.max_host_bytes))
         options.parallel = self.group.ctx if self.group is not None else None
         reset_peak_rss()  # this process's host peak from here on is the load's (see load_memory)
         try:
@@ -246,10 +248,7 @@ class Engine:
                 raise InvalidRequest("lora_modules", f"model {self.spec.name!r} does not support LoRA adapters")
             return None
         runtime = LoRARuntime(self.lora_registry, self.spec, self.pipeline, self.platform.ops)
-        if self.parallel.enabled:
-            runtime.refusal = ("LoRA is not supported with --parallel yet (the worker ranks would need the adapters "
-                               "too, tensor-parallel shards of A/B included); serve adapters without --parallel")
-        elif self.compile_mode != "none":
+        if self.compile_mode != "none":
             runtime.refusal = ("LoRA is not supported with --compile yet (the adapters' hooks run inside the compiled "
                                "blocks and change per batch); serve adapters without --compile")
         runtime.adaln_cache = "adaln_schedule" in cache_methods

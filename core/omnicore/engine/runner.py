@@ -23,6 +23,7 @@ from .jobs import Job
 from .stage_progress import stage_progress_scope
 
 if TYPE_CHECKING:
+    from ..lora.registry import AdapterRef
     from ..lora.runtime import LoRARuntime
     from ..outputs.output import Output
     from ..platforms.base import Platform
@@ -40,6 +41,8 @@ class BatchGroup(Protocol):
     def end_batch(self) -> None: ...
 
     def fail_batch(self, exc: BaseException) -> None: ...
+
+    def collect(self) -> None: ...
 
     def explain(self, exc: BaseException) -> BaseException: ...
 
@@ -81,6 +84,7 @@ class BatchRunner:
         # the model's omnicore.lora.LoRARuntime (None: the model takes no adapters): told the batch's requests
         # before encode and before every step (so a shrunk batch drops its rows' adapters), cleared after the batch
         self.lora = lora
+        self._adapters: dict[str, tuple[AdapterRef, ...]] = {}  # request id -> its adapters' versions (this batch)
 
     def run(self, jobs: list[Job]) -> None:
         with self.stats.lock:  # counted before any job finishes, so a caller woken by a result sees it
@@ -139,7 +143,16 @@ class BatchRunner:
         for job in members:
             job.emit("encode")
         t = time.perf_counter()
-        self._announce("batch", [j.request for j in members])
+        requests = [j.request for j in members]
+        # each request's adapters resolved once (file and version): the versions every rank of a group uploads
+        refs = self.lora.refs(requests) if self.lora is not None else []
+        self._adapters = {r.request_id: group for r, group in zip(requests, refs)}
+        if any(refs):
+            self._announce("batch", requests, refs)
+            if self.group is not None:
+                self.group.collect()  # every worker uploaded them, or this raises its error
+        else:
+            self._announce("batch", requests)
         self._set_loras(members)
         try:  # a stage with a loop of its own (a model writing text first) checks and reports between iterations
             with self._encode_scope(members):
@@ -237,7 +250,8 @@ class BatchRunner:
 
     def _set_loras(self, members: list[Job]) -> None:
         if self.lora is not None:
-            self.lora.activate([j.request for j in members])
+            requests = [j.request for j in members]
+            self.lora.activate(requests, [self._adapters.get(r.request_id, ()) for r in requests])
 
     def _drop_cancelled(self, state: DenoiseState, members: list[Job]) -> tuple[DenoiseState, list[Job]]:
         cancelled = [j for j in members if j.cancel_requested and not j.done]

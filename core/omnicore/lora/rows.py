@@ -20,10 +20,21 @@ import attrs
 @attrs.frozen
 class PackedRows:
     """``ends[j]``: cumulative end row of sample ``j``'s document in a packed sequence of ``num_rows`` rows
-    (rows past ``ends[-1]`` are padding and get no adapter)."""
+    (rows past ``ends[-1]`` are padding and get no adapter). ``window``: the rows ``[start, stop)`` of that
+    sequence the linears see (a sequence-parallel rank's shard); ``None``: all of them."""
 
     ends: tuple[int, ...]
     num_rows: int
+    window: tuple[int, int] | None = None
+
+    @property
+    def start(self) -> int:
+        return 0 if self.window is None else self.window[0]
+
+    @property
+    def local_rows(self) -> int:
+        """How many rows an adapted linear's input holds in this scope."""
+        return self.num_rows if self.window is None else self.window[1] - self.window[0]
 
 
 _PACKED: contextvars.ContextVar[PackedRows | None] = contextvars.ContextVar("omnicore_lora_packed", default=None)
@@ -41,14 +52,22 @@ def _ints(values: Any) -> tuple[int, ...]:
 
 
 @contextlib.contextmanager
-def packed_rows(ends: Sequence[int] | Any, num_rows: int, *, starts_at_zero: bool = True) -> Iterator[None]:
+def packed_rows(ends: Sequence[int] | Any, num_rows: int, *, starts_at_zero: bool = True,
+                window: tuple[int, int] | None = None) -> Iterator[None]:
     """Within this scope an adapted linear whose input is 2-D with ``num_rows`` rows reads them as a packed
     sequence: sample ``j`` covers rows ``[ends[j-1], ends[j])``. ``ends`` are host integers (a list, or a CPU
-    tensor such as ``cu_seqlens[1:]``); ``starts_at_zero=False`` takes the full ``cu_seqlens`` (leading 0)."""
+    tensor such as ``cu_seqlens[1:]``); ``starts_at_zero=False`` takes the full ``cu_seqlens`` (leading 0).
+    ``window=(start, stop)``: the linears see only those rows of the sequence (a sequence-parallel rank's
+    shard: its input has ``stop - start`` rows)."""
     values = _ints(ends)
     if not starts_at_zero:
         values = values[1:]
-    token = _PACKED.set(PackedRows(values, int(num_rows)))
+    if window is not None:
+        start, stop = int(window[0]), int(window[1])
+        if not 0 <= start <= stop <= int(num_rows):
+            raise ValueError(f"packed_rows window {window} is not inside a sequence of {num_rows} rows")
+        window = (start, stop)
+    token = _PACKED.set(PackedRows(values, int(num_rows), window))
     try:
         yield
     finally:

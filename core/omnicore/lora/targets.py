@@ -37,6 +37,10 @@ class TargetMap:
     #: every other module of the root with parameters of its own -> its class name (a router, stacked experts):
     #: an adapter naming one, or a name inside one, is told it is not a linear layer
     others: dict[str, str] = attrs.field(factory=dict, eq=False, repr=False)
+    #: tensor-parallel linears (``--parallel tp=N``) -> ``(style, ranges)``: ``"column"`` holds the output rows in
+    #: ``ranges`` (``B`` is narrowed to them), ``"row"`` the input columns (``A`` is narrowed); ``shapes`` stay the
+    #: full linears', so an adapter is checked and converted alike on every rank
+    shards: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = attrs.field(factory=dict)
 
     def not_linear(self, name: str) -> tuple[str, str] | None:
         """``(module, class name)`` when ``name`` is, or lies inside, a module that is not an ``nn.Linear``."""
@@ -50,7 +54,8 @@ class TargetMap:
     @property
     def key(self) -> tuple[Any, ...]:
         """Identity of the conversion (an adapter converted for one map is valid for an equal one)."""
-        return (self.model, self.targets, tuple(sorted(self.shapes.items())), self.itemsize)
+        return (self.model, self.targets, tuple(sorted(self.shapes.items())), self.itemsize,
+                tuple(sorted(self.shards.items())))
 
     @property
     def kohya_names(self) -> dict[str, str]:
@@ -63,6 +68,7 @@ class TargetMap:
         from torch import nn
 
         shapes: dict[str, tuple[int, int]] = {}
+        shards: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = {}
         linears = set()
         others: dict[str, str] = {}
         itemsize = 4
@@ -74,6 +80,9 @@ class TargetMap:
             linears.add(name)
             if any(fnmatch.fnmatchcase(name, p) for p in targets.modules):
                 shapes[name] = (module.in_features, module.out_features)
+                shard = _tp_shard(module)
+                if shard is not None:
+                    shapes[name], shards[name] = shard
                 weight = module.weight
                 if weight.is_floating_point():
                     itemsize = weight.element_size()
@@ -82,7 +91,21 @@ class TargetMap:
                              f"under {targets.root!r}")
         adaln = frozenset(n for n in shapes if any(fnmatch.fnmatchcase(n, p) for p in targets.adaln))
         return cls(model=model, targets=targets, shapes=shapes, adaln=adaln, linears=frozenset(linears),
-                   itemsize=itemsize, config=getattr(root, "config", None), others=others)
+                   itemsize=itemsize, config=getattr(root, "config", None), others=others, shards=shards)
+
+
+def _tp_shard(module: Any) -> tuple[tuple[int, int], tuple[str, tuple[tuple[int, int], ...]]] | None:
+    """``((in, out) of the full linear, (style, this rank's ranges))`` of a linear that
+    :func:`omnicore.parallel.tensor_parallel.shard_module` narrowed, else ``None``."""
+    full, shard = getattr(module, "_omnicore_tp_full", None), getattr(module, "_omnicore_tp_shard", None)
+    if full is None or shard is None:
+        return None
+    from ..parallel.tensor_parallel import local_ranges
+
+    style, sizes, rank, degree = shard
+    fan_out, fan_in = full["weight"]
+    size = fan_out if style == "column" else fan_in
+    return (fan_in, fan_out), (style, tuple(local_ranges(size, sizes, rank, degree)))
 
 
 def resolve_roots(pipeline: Any, targets: LoRATargets) -> list[Any]:

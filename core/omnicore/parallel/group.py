@@ -182,6 +182,24 @@ class WorkerGroup:
         elif kind == "decode" and args and args[0]:  # a decode every rank takes part in: ranks in lockstep
             self._stepping = "decode"
 
+    def collect(self) -> None:
+        """After a command every worker reports on (``("batch", requests, adapters)``: each rank uploaded the
+        batch's LoRA adapters): raise the first worker's error, with a note naming its rank (the batch then fails
+        and is ended on every rank; the group stays healthy)."""
+        import torch.distributed as dist
+
+        statuses: list[Any] = [None] * self.ctx.world_size
+        try:
+            dist.gather_object(None, statuses, dst=0, group=self.control)
+        except Exception as exc:
+            raise self.explain(exc) from exc
+        for rank, error in enumerate(statuses):
+            if isinstance(error, BaseException):
+                add_note = getattr(error, "add_note", None)  # (Python 3.11+)
+                if add_note is not None:
+                    add_note(f"(raised on rank {rank} of {self.ctx.world_size})")
+                raise error
+
     def end_batch(self) -> None:
         """Tell the workers the batch is over (never raises: it runs while a failure is being reported)."""
         if self.failure is None:

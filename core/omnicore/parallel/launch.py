@@ -38,8 +38,10 @@ def check_parallel(config: ParallelConfig, spec: ModelSpec, cache_methods: Seque
 def start_group(config: ParallelConfig, spec: ModelSpec, model: str, platform: Platform, settings: Settings, *,
                 offload: str = "none", model_options: Mapping[str, Any] | None = None,
                 vae_decode_precision: str | None = None, cache_methods: Sequence[Any] = (),
-                timeout_s: float = 600.0, quantization: str | None = None) -> WorkerGroup | None:
-    """Rank 0's :class:`~.group.WorkerGroup` for ``config`` (``None`` without parallelism)."""
+                timeout_s: float = 600.0, quantization: str | None = None,
+                lora_budgets: tuple[int | None, int | None] = (None, None)) -> WorkerGroup | None:
+    """Rank 0's :class:`~.group.WorkerGroup` for ``config`` (``None`` without parallelism); ``lora_budgets`` are
+    rank 0's LoRA cache budgets ``(device, host)``, which every rank keeps too."""
     if not config.enabled:
         return None
     check_parallel(config, spec, cache_methods)
@@ -48,7 +50,8 @@ def start_group(config: ParallelConfig, spec: ModelSpec, model: str, platform: P
     rank_spec = RankSpec(model=model, config=config, backend=platform.dist_backend(), platform=platform.name,
                          offload=offload, model_options=dict(model_options or {}),
                          vae_decode_precision=vae_decode_precision, settings=settings.as_dict(), timeout_s=timeout_s,
-                         quantization=quantization, cache_methods=_cache_pairs(cache_methods))
+                         quantization=quantization, cache_methods=_cache_pairs(cache_methods),
+                         lora_budgets=lora_budgets)
     return WorkerGroup.start(rank_spec, platform.device_type)
 
 

@@ -1,7 +1,10 @@
 """A worker rank: join the process group, load the model once, then replay rank 0's batch plan step by step.
 
-Rank 0 (the engine's process) announces each batch on the control group: ``("batch", requests)`` (encode the
-prepared requests), ``("step", i)`` (run denoise step ``i`` through the ``omnicore_denoise`` hook),
+Rank 0 (the engine's process) announces each batch on the control group: ``("batch", requests[, adapters])``
+(encode the prepared requests; ``adapters``, when any request has LoRA adapters, lists each request's
+:class:`~omnicore.lora.registry.AdapterRef` — the files and versions rank 0 resolved — which every rank uploads
+and reports on before the encode, see :meth:`~.group.WorkerGroup.collect`), ``("step", i)`` (run denoise
+step ``i`` through the ``omnicore_denoise`` hook; the adapters of the batch's remaining requests first),
 ``("select", keep)`` (drop cancelled requests), ``("decode", every_rank)`` (the steps are over; rank 0 decodes,
 with every rank taking part when the pipeline shares its VAE tiles out, ``decode_on_every_rank``),
 ``("end",)`` (forget the batch) and ``("shutdown",)``. Every rank
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from ..engine.protocol import Pipeline
+    from ..lora.runtime import LoRARuntime
     from ..plugin_host.host import PluginHost
     from .context import ParallelContext
 
@@ -57,6 +61,8 @@ class RankSpec:
     quantization: str | None = None  # weight-only int8/fp8 of the model's declared linears, after the load
     timeout_s: float = 600.0
     cache_methods: tuple[tuple[str, Any], ...] = ()  # (name, config) of rank 0's cache methods, enabled alike
+    # (device, host) byte budgets of each rank's LoRA cache (rank 0's --max-lora-bytes; None: unbounded/default)
+    lora_budgets: tuple[int | None, int | None] = (None, None)
 
 
 def init_distributed(backend: str, rank: int, world_size: int, init_method: str | None,
@@ -75,9 +81,10 @@ def init_distributed(backend: str, rank: int, world_size: int, init_method: str 
     return dist.new_group(list(range(world_size)), backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
 
 
-def load_rank_pipeline(spec: RankSpec, ctx: ParallelContext) -> tuple[PluginHost, Pipeline]:
-    """``(host, pipeline)`` of this rank, loaded by the engine's load sequence
-    (:func:`omnicore.engine.loading.load_model`) with ``LoadOptions.parallel = ctx``, then offloaded like rank 0."""
+def load_rank_pipeline(spec: RankSpec, ctx: ParallelContext) -> tuple[PluginHost, Pipeline, LoRARuntime | None]:
+    """``(host, pipeline, lora)`` of this rank, loaded by the engine's load sequence
+    (:func:`omnicore.engine.loading.load_model`) with ``LoadOptions.parallel = ctx``, then offloaded like rank 0;
+    ``lora`` is its LoRA runtime (None for a model without LoRA targets), fed the adapters rank 0 announces."""
     from ..config import Settings
     from ..engine.loading import load_model
     from ..offload.policy import apply_offload
@@ -97,7 +104,14 @@ def load_rank_pipeline(spec: RankSpec, ctx: ParallelContext) -> tuple[PluginHost
         methods = host.check_cache_methods([name for name, _ in spec.cache_methods], target.resolved.spec)
         for method, (_, config) in zip(methods, spec.cache_methods):
             host.enable_cache(pipeline, method, config)
-    return host, pipeline
+    lora = None
+    if target.resolved.spec.lora is not None:
+        from ..lora.registry import AdapterRegistry
+        from ..lora.runtime import LoRARuntime
+
+        registry = AdapterRegistry(max_device_bytes=spec.lora_budgets[0], max_host_bytes=spec.lora_budgets[1])
+        lora = LoRARuntime(registry, target.resolved.spec, pipeline, target.platform.ops)
+    return host, pipeline, lora
 
 
 def receive(control: ProcessGroup) -> Any:
@@ -109,15 +123,22 @@ def receive(control: ProcessGroup) -> Any:
     return box[0]
 
 
-def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup) -> None:
+def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup,
+                   lora: LoRARuntime | None = None) -> None:
     """Replay rank 0's batch plan until ``shutdown`` (raises on the first failing command)."""
     state = None
+    requests: list[Any] = []  # the batch's requests (shrunk with the state) and their adapters
+    adapters: list[Any] | None = None
     while True:
         command = receive(control)
         kind = command[0]
         if kind == "shutdown":
             return
         if kind == "batch":
+            state, requests = None, list(command[1])
+            adapters = list(command[2]) if len(command) > 2 and command[2] is not None else None
+            if adapters is not None and not _upload_adapters(lora, requests, adapters, control):
+                continue  # rank 0 fails the batch with this rank's error and ends it
             try:  # no collectives in encode: a request that fails here fails on rank 0 too, which ends the batch
                 state = pipeline.encode(command[1])
             except Exception:
@@ -126,21 +147,59 @@ def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup) 
         elif kind == "step":
             if state is None:  # rank 0 encoded what this rank could not: the ranks have diverged
                 raise RuntimeError("rank 0 ran a step of a batch this rank failed to encode")
+            if adapters is not None and lora is not None:  # as rank 0's runner does before every step
+                lora.activate(requests, adapters)
             state = host.denoise(pipeline=pipeline, state=state, step=command[1])
         elif kind == "select":
             if state is None:
                 raise RuntimeError("rank 0 shrank a batch this rank failed to encode")
             shrunk = pipeline.select_requests(state, command[1])
-            state = shrunk if shrunk is not None else state
+            if shrunk is not None:
+                state = shrunk
+                requests = [requests[i] for i in command[1]]
+                adapters = None if adapters is None else [adapters[i] for i in command[1]]
         elif kind == "decode":  # rank 0 decodes alone, unless the pipeline shares the tiles out over the ranks
             if len(command) > 1 and command[1]:
                 if state is None:
                     raise RuntimeError("rank 0 decoded a batch this rank failed to encode")
                 pipeline.decode(state)  # this rank's tiles; rank 0 gathers them and keeps the outputs
         elif kind == "end":
-            state = None
+            state, requests, adapters = None, [], None
+            if lora is not None:
+                lora.deactivate()
         else:
             raise RuntimeError(f"unknown command from rank 0: {kind!r}")
+
+
+def _upload_adapters(lora: LoRARuntime | None, requests: list[Any], adapters: list[Any],
+                     control: ProcessGroup) -> bool:
+    """Activate the batch's adapters (the versions rank 0 named) and report to rank 0 whether that worked."""
+    import torch.distributed as dist
+
+    error: BaseException | None = None
+    try:
+        if lora is None:
+            raise RuntimeError("this rank's model has no LoRA runtime")
+        lora.activate(requests, adapters)
+    except Exception as exc:
+        logger.warning("could not upload the batch's LoRA adapters", exc_info=True)
+        error = exc
+    dist.gather_object(_picklable(error), None, dst=0, group=control)
+    return error is None
+
+
+def _picklable(error: BaseException | None) -> BaseException | None:
+    """``error`` as it can cross the control group: itself when it survives pickling (a LoRAError names the
+    adapter and the key), else its text."""
+    import pickle
+
+    if error is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 @attrs.frozen
@@ -189,7 +248,7 @@ def run_rank(rank: int, init_method: str | None, spec: RankSpec) -> None:
         os._exit(1)
     error: BaseException | None = None
     try:
-        host, pipeline = load_rank_pipeline(spec, ctx)
+        host, pipeline, lora = load_rank_pipeline(spec, ctx)
     except BaseException as exc:  # reported to rank 0, which raises it from Engine()
         error = exc
     try:
@@ -197,7 +256,7 @@ def run_rank(rank: int, init_method: str | None, spec: RankSpec) -> None:
         if error is not None:
             receive(control)  # rank 0 ends the group after any rank failed to load
         else:
-            serve_commands(host, pipeline, control)
+            serve_commands(host, pipeline, control, lora)
     except BaseException:
         logger.exception("rank %d failed; leaving the group", rank)
         os._exit(1)

@@ -228,8 +228,10 @@ class LingBotVideoTransformer3DModel(nn.Module):
         if sp is not None:  # this rank's rows only, until the output head
             shard = SequenceShard(layout.total, sp.sp_rank, sp.ulysses)
             x, freqs, blocks_layout = shard.take(x), shard.take(freqs), ShardedLayout(layout, shard)
-        # per-request LoRA: the blocks' linears see packed [T, H] rows, sample i's document is segments[i]
-        with lora_packed_rows([end for _, end in layout.segments], layout.total):
+        # per-request LoRA: the blocks' linears see packed [T, H] rows (this rank's shard under Ulysses), sample
+        # i's document is segments[i]
+        with lora_packed_rows([end for _, end in layout.segments], layout.total,
+                              window=None if sp is None else (shard.start, shard.end)):
             for block, attention in zip(self.blocks, self.layer_attention(layout.attention)):
                 x = block(x, temb6, blocks_layout, freqs, attention)
         if sp is not None:

@@ -253,8 +253,10 @@ class MiniMaxH3DiT(nn.Module):
             if sp is not None:  # this rank's rows only (every per-row table is gathered by row), until the heads
                 shard = SequenceShard(batch.total, sp.sp_rank, sp.ulysses)
                 x, rows, rope = shard.take(x), shard.take(rows), (shard.take(batch.cos), shard.take(batch.sin))
-            # per-request LoRA: the blocks' linears see packed [T, H] rows, one document per output
-            with lora_packed_rows(batch.offsets[1:], batch.total):
+            # per-request LoRA: the blocks' linears see packed [T, H] rows (this rank's shard under Ulysses), one
+            # document per output
+            with lora_packed_rows(batch.offsets[1:], batch.total,
+                                  window=None if sp is None else (shard.start, shard.end)):
                 for block in self.blocks:
                     x = block(x, t_emb, rows, batch.docs, attention, self.ops, rope)
             if sp is not None:
