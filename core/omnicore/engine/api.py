@@ -60,10 +60,13 @@ CacheMethodArg = str | tuple[str, Any]
 _instantiate_platform = instantiate_platform  # the name callers used before it moved to .loading
 
 
-def _check_forced_attention(spec: ModelSpec, forced: str | None) -> None:
-    """A forced attention backend must reach the model: refuse it for a model that declares it picks its own."""
+def _check_forced_attention(spec: ModelSpec, forced: str | None, loaded: bool = False) -> None:
+    """A forced attention backend must reach the model: refuse it for a model that declares it picks its own.
+    ``loaded``: ``spec`` is the loaded pipeline's (a generic adapter narrows it per checkpoint, and says which
+    pipeline it serves in its description)."""
     if forced and not spec.capabilities.honours_attention_backend:
-        raise UnsupportedFeature("attention_backend", f"model {spec.name!r} does not run its attention through "
+        what = f"model {spec.name!r} ({spec.description})" if loaded else f"model {spec.name!r}"
+        raise UnsupportedFeature("attention_backend", f"{what} does not run its attention through "
                                  f"omnicore's backend selection, so --attention-backend / OMNICORE_ATTENTION_BACKEND="
                                  f"{forced!r} cannot apply to it; unset it")
 
@@ -172,6 +175,8 @@ class Engine:
         reset_peak_rss()  # this process's host peak from here on is the load's (see load_memory)
         try:
             self.pipeline = load_pipeline(self.resolved, options, host)
+            _check_forced_attention(self.pipeline.spec, self.settings.attention_backend
+                                    or host.settings.attention_backend, loaded=True)  # the spec as loaded
         except BaseException as exc:
             if self.group is not None:
                 self.group.finish_load(exc)  # ends the workers, then raises exc

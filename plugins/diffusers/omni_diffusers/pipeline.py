@@ -36,6 +36,7 @@ from omnicore.plugin import (
     output_seeds,
 )
 
+from .attention import AttentionRoute, route_pipeline_attention
 from .lora import DiffusersAdapters
 from .modular import is_modular, load_modular, output_name, steps_planned
 from .modular_driver import ModularRun, NotSteppable
@@ -82,6 +83,7 @@ class DiffusersPipeline(BasePipeline):
         self.adapters = DiffusersAdapters(pipe)  # LoRA through diffusers' own loader, one adapter set per call
         self.cache_decisions: list[bool] | None = None  # set by omni_diffusers.caching while a cache is enabled
         self.uncounted_cache = False  # a diffusers hook cache is on whose reused steps omnicore cannot count
+        self.attention = AttentionRoute()  # set by from_pretrained: which attention runs omnicore's backends
 
     # ------------------------------------------------------------------ loading and the spec
     @classmethod
@@ -90,11 +92,15 @@ class DiffusersPipeline(BasePipeline):
 
         diffusers.utils.logging.disable_progress_bar()
         if (Path(path) / "modular_model_index.json").is_file() and not (Path(path) / "model_index.json").is_file():
-            return cls(load_modular(Path(path), options.dtype, options.platform.device()), options.platform.device())
-        kwargs = {"dtype": options.dtype} if options.dtype is not None else {}
-        pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **kwargs).to(options.platform.device())
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, options.platform.device())
+            pipe = load_modular(Path(path), options.dtype, options.platform.device())
+        else:
+            kwargs = {"dtype": options.dtype} if options.dtype is not None else {}
+            pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **kwargs).to(options.platform.device())
+            pipe.set_progress_bar_config(disable=True)
+        loaded = cls(pipe, options.platform.device())
+        vaes = [m for n, m in pipe.components.items() if n.startswith("vae") and isinstance(m, torch.nn.Module)]
+        loaded.attention = route_pipeline_attention(loaded.denoisers, vaes, options)
+        return loaded
 
     @property
     def spec(self) -> ModelSpec:
@@ -111,10 +117,19 @@ class DiffusersPipeline(BasePipeline):
         own_defaults = registered.defaults != MODEL_SPEC.defaults  # a preset's defaults win over the signature's
         self.card = describe(self.pipe, registered.capabilities, registered.defaults)
         defaults = registered.defaults if own_defaults else self.card.defaults
-        self._spec = attrs.evolve(registered, capabilities=self.card.capabilities, defaults=defaults,
+        # --attention-backend reaches this pipeline only where its denoisers' attention was routed (.attention)
+        capabilities = attrs.evolve(self.card.capabilities,
+                                    honours_attention_backend=self.attention.honours_backend)
+        self._spec = attrs.evolve(registered, capabilities=capabilities, defaults=defaults,
                                   aliases=(*registered.aliases, self.card.class_name.lower()),
                                   request_fields=self.card.request_fields,
-                                  description=f"{self.card.class_name} through diffusers ({registered.description})")
+                                  description=f"{self.card.class_name} through diffusers{self._attention_note()} "
+                                              f"({registered.description})")
+
+    def _attention_note(self) -> str:
+        """Why a loaded pipeline does not honour ``--attention-backend`` (its unrouted processors), else empty."""
+        unrouted = self.attention.unrouted or (() if self.attention.routed else ("no attention module",))
+        return f"; its attention stays diffusers' ({', '.join(unrouted)} not routable)" if unrouted else ""
 
     # ------------------------------------------------------------------ requests
     def preprocess(self, request: GenerationRequest) -> GenerationRequest:

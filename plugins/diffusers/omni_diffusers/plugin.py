@@ -38,8 +38,10 @@ MODEL_SPEC = ModelSpec(
         # through diffusers' own hooks (omni_diffusers.caching, omni_diffusers.hook_caches)
         cache_methods=("first_block_cache", "taylorseer_cache", "pyramid_attention_broadcast", "faster_cache",
                        "mag_cache"),
-        # diffusers' joint-attention processors (FLUX, SD3, Wan ...) are not routed through omnicore's selector
-        honours_attention_backend=False),
+        # narrowed per loaded pipeline (omni_diffusers.attention): True where every attention module of its
+        # denoisers runs omnicore's selected backend (FLUX, Wan, QwenImage ... through diffusers' dispatcher; plain
+        # AttnProcessor2_0 UNets), False otherwise (SD3's joint processor calls SDPA itself)
+        honours_attention_backend=True),
     defaults=RequestDefaults(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5),
     presets=(
         _preset("flux", "build_flux", "random-weight FluxPipeline (1+1 layers) written by save_pretrained"),
