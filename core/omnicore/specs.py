@@ -37,6 +37,17 @@ def _check_path(instance: Any, attribute: attrs.Attribute, value: str | None) ->
         )
 
 
+def lazy_paths(spec: object) -> list[tuple[str, str]]:
+    """``(field, "module:attr")`` for every lazy implementation path a spec record holds (the fields checked as
+    paths: a pipeline or platform class, a detector, a probe, an op's ``applies``, a preset's builder ...), so
+    ``omnicore plugins --check`` can import each one before a request needs it."""
+    kind = type(spec)
+    if not attrs.has(kind):
+        return []
+    return [(f.name, value) for f in attrs.fields(kind)
+            if f.validator is _check_path and isinstance(value := getattr(spec, f.name), str)]
+
+
 # ---------------------------------------------------------------------------------------------- models
 
 
@@ -109,6 +120,9 @@ class ModelCapabilities:
     max_pixel_frames: int | None = None  # height x width x frames of one output (a video's total pixels)
     # parallel dimensions the pipeline implements over a worker group (``--parallel``): "cfg", "ulysses"
     parallel: tuple[str, ...] = ()
+    # the pipeline exports and imports one request's step state (``export_step_state`` / ``import_step_state``,
+    # see omnicore.engine.step_checkpoint), so a re-claimed job resumes from a step checkpoint (--checkpoint-every)
+    checkpointable: bool = False
 
     def input_roles(self) -> tuple[InputRole, ...]:
         """The declared roles, or the legacy ``max_reference_images`` as one ``reference`` image role."""

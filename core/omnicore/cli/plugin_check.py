@@ -2,7 +2,8 @@
 
 ``omnicore plugins`` never imports torch, so a plugin whose entry module loads but whose pipeline module cannot
 import (a missing dependency, a renamed internal it still imports) shows ``loaded`` and fails only when a request
-loads it. ``--check`` imports each registered lazy path (``spec.impl``, a preset's builder) in one child process
+loads it. ``--check`` imports each registered lazy path (``spec.impl``, a model's ``detect``, a platform's ``probe``,
+a cache method's ``resident``, an op's ``applies``, a preset's builder) in one child process
 with the full stack, so the check cannot leave torch loaded in (or crash) the caller, and reports each failure as
 the plugin, the path and the error.
 """
@@ -57,17 +58,16 @@ class ImplCheck:
 
 def registered_paths(host: PluginHost) -> list[tuple[str, str, str, str]]:
     """``(plugin, kind, name, path)`` for every lazy implementation path in the host's registries."""
+    from ..specs import lazy_paths
+
     rows: list[tuple[str, str, str, str]] = []
     for kind, registry in host.registries.items():
         for spec in registry:
             provider = getattr(spec, "provider", "") or "?"
-            impl = getattr(spec, "impl", None)
-            if isinstance(impl, str) and impl:
-                rows.append((provider, kind, spec.name, impl))
+            for field, path in lazy_paths(spec):  # the class first, then its detector / probe / applies ...
+                rows.append((provider, kind if field == "impl" else f"{kind} {field}", spec.name, path))
             for preset in getattr(spec, "presets", ()) or ():
-                builder = getattr(preset, "builder", None)
-                if isinstance(builder, str) and builder:
-                    rows.append((provider, f"{kind} preset", preset.name, builder))
+                rows.extend((provider, f"{kind} preset", preset.name, path) for _, path in lazy_paths(preset))
     return rows
 
 
