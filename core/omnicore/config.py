@@ -276,8 +276,13 @@ OPTIONS: tuple[Option, ...] = (
            "the environment); no other path is ever opened. None: requests name only --lora-modules adapters.",
            flag="--lora-dir", repeatable=True, metavar="DIR"),
     Option("max_lora_bytes", "OMNICORE_MAX_LORA_BYTES", None, _bytes_or_none,
-           "Server: device budget of the LoRA cache (bytes, or 512MiB / 2GB); the least recently used adapters "
-           "past it leave the device and stay in host memory (pinned on CUDA); none = no limit.",
+           "Server: device budget of the LoRA cache: adapter copies plus the running batch's stacked slots (bytes, "
+           "or 512MiB / 2GB); the least recently used adapters past it leave the device and stay in host memory "
+           "(pinned on CUDA); none = no limit.",
+           metavar="BYTES"),
+    Option("max_lora_host_bytes", "OMNICORE_MAX_LORA_HOST_BYTES", None, _bytes_or_none,
+           "Server: host-memory budget of the converted LoRA adapters (bytes, or 8GiB); past it the least recently "
+           "used are dropped and read from their files again when a request names them; none = 8GiB.",
            metavar="BYTES"),
     Option("store", "OMNICORE_STORE", None, lambda n, v: (str(v).strip() or None) if v else None,
            "Server: where job records live: `sqlite` (default: one server, in the state directory) or "

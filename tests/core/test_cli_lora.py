@@ -130,6 +130,48 @@ def test_generate_reports_a_model_mismatch_under_the_flag(cli, adapters, tmp_pat
     assert len(cli["engines"]) == 1
 
 
+@pytest.mark.parametrize(("kind", "text"), [
+    ("shape", "shape mismatch for 'mlp.0' (64 -> 64)"),
+    ("rank", "rank mismatch for 'mlp.0': the config says r=8, the weights have rank 4"),
+    ("unknown", "'base_model.model.mlp.0.lora_magnitude_vector': unknown key"),
+])
+def test_generate_refuses_a_broken_adapter_in_one_line_under_the_flag(cli, tmp_path, capsys, kind, text):
+    """A shape, a rank or a key that does not fit: one line naming the adapter and the key, exit 2, nothing run."""
+    import torch
+
+    broken = {"shape": lambda p: write_peft(p, {"mlp.0": (32, 64)}, seed=7),
+              "rank": lambda p: write_peft(p, MLP, rank=4, config_rank=8, seed=8),
+              "unknown": lambda p: write_peft(p, MLP, seed=9, extra={
+                  "base_model.model.mlp.0.lora_magnitude_vector": torch.ones(64)})}[kind](tmp_path / f"{kind}_lora")
+    rc = main(["generate", "tiny:toy", "x", "--lora", str(broken), "-o", str(tmp_path / "o.png")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: --lora: ") and text in err and f"{kind}_lora" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "o.png").exists()
+
+
+def test_compile_with_adapters_is_refused_on_the_command_line_before_loading(cli, adapters, tmp_path, capsys,
+                                                                            monkeypatch):
+    """``--compile`` with ``--lora`` (generate) or ``--lora-modules`` / ``--lora-dir`` (serve): one line naming
+    --compile and why, exit 2, and no weights read (the refusal comes before the load)."""
+    from toy.pipeline import ToyPipeline
+
+    loads = []
+    real = ToyPipeline.from_pretrained.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(ToyPipeline, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(1) or real(cls, *a, **k)))
+    rc = main(["generate", "tiny:toy", "x", "--compile", "blocks", "--lora", str(adapters["a"]),
+               "-o", str(tmp_path / "o.png")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: compile: ") and "cannot be combined with LoRA adapters" in err, err
+    for flags in (["--lora-modules", f"a={adapters['a']}"], ["--lora-dir", str(tmp_path)]):
+        rc = main(["serve", "tiny:toy", "--port", "0", "--compile", "blocks", *flags])
+        err = capsys.readouterr().err
+        assert rc == 2 and "cannot be combined with LoRA adapters" in err, (flags, err)
+    assert len(cli["engines"]) == 3 and loads == []  # three Engine() calls, each refused before its load
+    assert main(["generate", "tiny:toy", "x", "--lora", str(adapters["a"]), "-o", str(tmp_path / "o.png")]) == 0
+    assert loads == [1]  # (the counter sees a load when there is one)
+
+
 def test_serve_lora_settings_build_the_registry_and_refuse_before_binding(cli, adapters, tmp_path, capsys):
     settings = resolve_settings({"lora_modules": [f"a={adapters['a']}", f"k={adapters['k']}"],
                                  "lora_dirs": [str(tmp_path)], "max_lora_bytes": "1MiB"}, env={})
@@ -164,6 +206,16 @@ def test_lora_settings_from_the_environment(tmp_path, adapters):
     assert s.lora_dirs == (str(tmp_path),) and s.max_lora_bytes == 2 * 1000**3
     with pytest.raises(ConfigError, match="^OMNICORE_MAX_LORA_BYTES: "):
         resolve_settings(env={"OMNICORE_MAX_LORA_BYTES": "-5"})
+
+
+def test_the_host_budget_reaches_the_registry(tmp_path):
+    """``--max-lora-host-bytes`` / ``OMNICORE_MAX_LORA_HOST_BYTES`` bound the converted adapters in host memory."""
+    settings = resolve_settings({"lora_dirs": [str(tmp_path)], "max_lora_host_bytes": "3MiB"}, env={})
+    assert serve_lora_kwargs(settings)["lora_registry"].max_host_bytes == 3 * 1024**2
+    s = resolve_settings(env={"OMNICORE_LORA_DIRS": str(tmp_path), "OMNICORE_MAX_LORA_HOST_BYTES": "1GB"})
+    assert serve_lora_kwargs(s)["lora_registry"].max_host_bytes == 1000**3
+    with pytest.raises(ConfigError, match="^OMNICORE_MAX_LORA_HOST_BYTES: "):
+        resolve_settings(env={"OMNICORE_MAX_LORA_HOST_BYTES": "lots"})
 
 
 def test_models_lists_adapters_and_each_models_targets(cli, adapters, tmp_path, capsys, monkeypatch):

@@ -25,16 +25,20 @@ def _pair(shape: tuple[int, int], rank: int, seed: int, std: float) -> tuple[tor
 
 
 def write_peft(out: Path, modules: Mapping[str, tuple[int, int]], *, rank: int = 4, alpha: float | None = None,
-               seed: int = 0, std: float = 0.3, base_model: str = "tiny:toy") -> Path:
-    """A PEFT adapter directory as ``save_pretrained`` writes it."""
+               seed: int = 0, std: float = 0.3, base_model: str = "tiny:toy", config_rank: int | None = None,
+               extra: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """A PEFT adapter directory as ``save_pretrained`` writes it (``config_rank``: a config ``r`` other than the
+    weights' rank; ``extra``: more tensors in the file — both make a broken adapter)."""
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for i, (name, shape) in enumerate(sorted(modules.items())):
         a, b = _pair(shape, rank, seed * 1000 + i, std)
         tensors[f"base_model.model.{name}.lora_A.weight"] = a.contiguous()
         tensors[f"base_model.model.{name}.lora_B.weight"] = b.contiguous()
+    tensors.update(extra or {})
     save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha if alpha is not None else rank,
+    config = {"peft_type": "LORA", "r": rank if config_rank is None else config_rank,
+              "lora_alpha": alpha if alpha is not None else rank,
               "target_modules": sorted(modules), "base_model_name_or_path": base_model, "bias": "none"}
     (out / "adapter_config.json").write_text(json.dumps(config))
     return out

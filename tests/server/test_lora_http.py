@@ -22,6 +22,7 @@ import av
 import httpx
 import numpy as np
 import pytest
+import torch
 from _lora_files import TOY_LINEARS, write_kohya, write_peft
 from _server_helpers import LiveServer
 from omnicore.config import Settings
@@ -51,6 +52,10 @@ def files(tmp_path_factory):
         "not_target": write_peft(loras / "not_target", {"modulation": (64, 32)}, seed=6),
         "bad_shape": write_peft(loras / "bad_shape", {"mlp.0": (32, 64)}, seed=7),
         "outside": write_peft(root / "outside" / "o", MLP, seed=8),
+        "rank_mismatch": write_peft(loras / "rank_mismatch", MLP, rank=4, config_rank=8, seed=9),
+        "unknown_key": write_peft(loras / "unknown_key", MLP, seed=10,
+                                  extra={"base_model.model.mlp.0.lora_magnitude_vector": torch.ones(64)}),
+        "big": write_peft(loras / "big", MLP, rank=16, seed=11),  # 16 KiB fp32: over a 9000-byte budget
         "png": write_png(root / "in.png", 90).read_bytes(),
     }
     (loras / "pickled.bin").write_bytes(b"\x80\x04not a safetensors file")
@@ -180,6 +185,8 @@ REFUSED = [
     ([{"path": "no_module"}], "lora", "invalid_lora", "mlp.9"),
     ([{"path": "not_target"}], "lora", "invalid_lora", "modulation"),
     ([{"path": "bad_shape"}], "lora", "invalid_lora", "mlp.0"),
+    ([{"path": "rank_mismatch"}], "lora", "invalid_lora", "rank mismatch for 'mlp.0': the config says r=8"),
+    ([{"path": "unknown_key"}], "lora", "invalid_lora", "'base_model.model.mlp.0.lora_magnitude_vector': unknown key"),
     ([{"name": "a"}, {"path": "no_module"}], "lora", "invalid_lora", "'no_module'"),
 ]
 
@@ -254,6 +261,13 @@ def test_a_device_budget_evicts_and_reloads_from_host_memory(tmp_path, files, cl
         assert _metric(text, "omnicore_lora_uploads_total") == 3  # the hot a on the last request: no copy
         assert _metric(text, "omnicore_lora_loads_total") == 2  # each file read once, evicted copies from host
         assert _metric(text, "omnicore_lora_device_bytes") <= 9000
+        assert _metric(text, "omnicore_lora_batch_bytes") == 0  # no batch running: its slots are released
+        # an adapter larger than the budget: a 400 naming it, before anything is queued
+        steps = server.ctx.engine.stats()["steps_executed"]
+        r = c.post("/v1/images/generations", json={"prompt": "x", "lora": [{"path": "big"}]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_lora", r.text
+        assert "'big'" in r.json()["error"]["message"] and "more than the LoRA cache budget (9000 bytes)" in r.text
+        assert server.ctx.engine.stats()["steps_executed"] == steps
     finally:
         server.stop()
 
@@ -277,5 +291,34 @@ def test_requests_with_different_adapters_share_a_batch_and_each_equals_its_solo
         solo = [[LoRA("a")], [LoRA("b", 0.5)], [], [LoRA("k.safetensors")]]
         for i, loras in enumerate(solo):
             assert np.array_equal(got[i], _python(server, loras)), i
+    finally:
+        server.stop()
+
+
+def test_compile_refuses_adapters_on_every_surface(tmp_path, files, client_for, monkeypatch):
+    """``--compile`` with adapters: an engine given LoRA settings is refused before it loads (Python ``Engine``;
+    the CLI's ``generate`` / ``serve`` in test_cli_lora), and a compiled engine refuses a request's adapters
+    before it is queued — a LoRAError from ``submit`` and a 400 ``invalid_lora`` over HTTP, both naming --compile."""
+    from omnicore.engine.api import make_request
+    from omnicore.errors import UnsupportedFeature
+    from omnicore.lora import LoRAError
+    from toy.pipeline import ToyPipeline
+
+    monkeypatch.setattr(ToyPipeline, "compile_regions", ("model.mlp",), raising=False)  # blocks to compile
+    s = Settings(cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(UnsupportedFeature, match="compile: --compile blocks cannot be combined with LoRA adapters"):
+        Engine("tiny:toy-media", host=toy_host(s, plugin=ToyPlugin(LORA_MEDIA_SPEC)), settings=s, compile="blocks",
+               lora_registry=AdapterRegistry(lora_dirs=[str(files["dir"])]))
+    engine = Engine("tiny:toy-media", host=toy_host(s, plugin=ToyPlugin(LORA_MEDIA_SPEC)), settings=s,
+                    compile="blocks")
+    assert engine.compile_handle is not None  # compiled (lazily: nothing runs here)
+    with pytest.raises(LoRAError, match="not supported with --compile"):
+        engine.submit(make_request("x", loras=[LoRA("a")]))
+    server = _serve(engine, tmp_path / "state")
+    try:
+        r = client_for(server).post("/v1/images/generations", json={"prompt": "x", "lora": [{"name": "a"}]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_lora", r.text
+        assert "not supported with --compile" in r.json()["error"]["message"]
+        assert engine.stats()["steps_executed"] == 0
     finally:
         server.stop()

@@ -104,10 +104,11 @@ def as_cli_lora(exc: InvalidRequest, flag: str = "--lora") -> InvalidRequest:
 
 
 def registry_config(settings: Any) -> dict[str, Any]:
-    """The adapter registry's arguments from resolved settings (``lora_modules``, ``lora_dirs``, ``max_lora_bytes``),
-    in :class:`~omnicore.lora.AdapterRegistry`'s names."""
+    """The adapter registry's arguments from resolved settings (``lora_modules``, ``lora_dirs``, ``max_lora_bytes``,
+    ``max_lora_host_bytes``), in :class:`~omnicore.lora.AdapterRegistry`'s names."""
     return {"modules": dict(settings.lora_modules or ()), "lora_dirs": tuple(settings.lora_dirs or ()),
-            "max_device_bytes": settings.max_lora_bytes}
+            "max_device_bytes": settings.max_lora_bytes,
+            "max_host_bytes": getattr(settings, "max_lora_host_bytes", None)}
 
 
 def uses_lora(settings: Any) -> bool:
@@ -115,7 +116,7 @@ def uses_lora(settings: Any) -> bool:
 
 
 _SERVE_FLAG = {"lora_modules": "--lora-modules", "lora_dir": "--lora-dir", "lora_dirs": "--lora-dir",
-               "max_lora_bytes": "--max-lora-bytes"}
+               "max_lora_bytes": "--max-lora-bytes", "max_lora_host_bytes": "--max-lora-host-bytes"}
 
 
 def serve_lora_kwargs(settings: Any, spec: Any = None) -> dict[str, Any]:

@@ -143,6 +143,11 @@ class Engine:
         if self.quantization is not None and self.parallel.enabled and offload != "none":
             raise InvalidRequest("quantization", "not supported with --parallel and --offload together; drop one")
         self.compile_mode = normalize_compile(compile)
+        if self.compile_mode != "none" and lora_registry is not None and (lora_registry.modules
+                                                                         or lora_registry.lora_dirs):
+            raise UnsupportedFeature("compile", f"--compile {self.compile_mode} cannot be combined with LoRA adapters "
+                                     "(--lora, --lora-modules, --lora-dir): their hooks run inside the compiled "
+                                     "blocks and change per batch; serve adapters without --compile")
         methods = [(m, None) if isinstance(m, str) else (m[0], m[1]) for m in cache_methods]
         host.check_cache_methods([m for m, _ in methods])  # unknown / conflicting names fail before any work
         method_specs: list[CacheMethodSpec] = []

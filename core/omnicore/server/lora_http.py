@@ -69,10 +69,12 @@ def engines(ctx: ServerContext) -> Iterator[tuple[str, Any]]:
 _COUNTERS = {"loads": "adapter files read and converted for a model",
              "hits": "adapter lookups served from host memory (no file read)",
              "uploads": "host-to-device copies of adapters",
-             "evictions": "device copies dropped by the LRU budget (the host copy stays)"}
-_GAUGES = {"device_bytes": "bytes of adapters on the device", "host_bytes": "bytes of converted adapters in host "
-           "memory", "device_adapters": "adapters with a device copy", "host_adapters": "converted adapters in host "
-           "memory"}
+             "evictions": "device copies dropped by the LRU budget (the host copy stays)",
+             "host_evictions": "host copies dropped by the host budget (read from the file again when asked for)"}
+_GAUGES = {"device_bytes": "bytes of adapters on the device",
+           "batch_bytes": "bytes of the running batch's stacked adapter slots on the device (in the device budget)",
+           "host_bytes": "bytes of converted adapters in host memory", "device_adapters": "adapters with a device copy",
+           "host_adapters": "converted adapters in host memory"}
 
 
 class LoraCollector:

@@ -1,5 +1,7 @@
 """The adapter cache: hot adapters are not read again, a device budget evicts the least recently used copy (kept in
-host memory and copied back without touching the file), bytes are accounted, a changed file is read again."""
+host memory and copied back without touching the file) and counts the running batch's stacked slots, a host budget
+drops the least recently used converted copy (read from its file again), bytes are accounted, a changed file is
+read again."""
 
 from __future__ import annotations
 
@@ -95,3 +97,46 @@ def test_preloaded_names_and_settings(root: Path, tmp_path: Path) -> None:
         AdapterRegistry(max_device_bytes=0)
     with pytest.raises(ConfigError, match="lora_dir"):
         AdapterRegistry(lora_dirs=[tmp_path / "missing"])
+
+
+def test_a_host_budget_drops_the_least_recently_used_and_reads_it_again(root: Path) -> None:
+    """Distinct files named under --lora-dir cannot grow host memory without bound: past max_host_bytes the least
+    recently used converted copy goes (counted), and naming it again reads its file again."""
+    tmap = TargetMap.build(Toy(), SPEC.lora, "toy")
+    one = _bytes(tmap)  # fp32 host copies are the same size as fp32 device copies
+    reg = AdapterRegistry(lora_dirs=[root], max_host_bytes=2 * one)
+    for name in "abc":
+        reg.check(LoRA(name), tmap)
+    s = reg.stats()
+    assert (s["host_adapters"], s["host_bytes"], s["host_evictions"], s["loads"]) == (2, 2 * one, 1, 3)
+    reg.check(LoRA("b"), tmap)  # still there: a hit, and now the most recent
+    assert (reg.stats()["loads"], reg.stats()["hits"]) == (3, 1)
+    reg.check(LoRA("a"), tmap)  # dropped before: read from its file again, c (least recent) goes
+    s = reg.stats()
+    assert (s["loads"], s["host_evictions"], s["host_bytes"]) == (4, 2, 2 * one)
+    with pytest.raises(LoRAError, match="more than the LoRA host cache budget"):
+        AdapterRegistry(lora_dirs=[root], max_host_bytes=one - 1).check(LoRA("a"), tmap)
+    with pytest.raises(ConfigError, match="max_lora_host_bytes"):
+        AdapterRegistry(max_host_bytes=-1)
+
+
+def test_the_batch_slots_count_in_the_device_budget(root: Path) -> None:
+    """The running batch's stacked slots are device memory too: counted (batch_bytes) and within
+    max_device_bytes, so a batch's first forward evicts copies it does not use; they are released after it."""
+    model = Toy()
+    tmap = TargetMap.build(model, SPEC.lora, "toy")
+    one = _bytes(tmap)
+    reg = AdapterRegistry(lora_dirs=[root], max_device_bytes=3 * one)
+    runtime = LoRARuntime(reg, SPEC, Holder(model), PlatformOps("cpu"))
+    runtime.activate([GenerationRequest("x", loras=["c"])])
+    runtime.activate([GenerationRequest("x", loras=["a"]), GenerationRequest("x", loras=["b"])])
+    assert sorted(reg.on_device()) == ["a", "b", "c"] and reg.stats()["batch_bytes"] == 0  # slots built lazily
+    with torch.inference_mode():
+        model(torch.randn(2, 3, 16))
+    s = reg.stats()
+    # every linear stacks a and b (rank 4 each, two segments): as many bytes as the two adapters' copies
+    assert s["batch_bytes"] == 2 * one
+    # copies + slots = 4 adapters' bytes > 3: c (not in the batch) made room; the batch keeps its own over budget
+    assert sorted(reg.on_device()) == ["a", "b"] and s["evictions"] == 1
+    runtime.deactivate()
+    assert reg.stats()["batch_bytes"] == 0
