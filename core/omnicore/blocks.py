@@ -7,11 +7,14 @@ holds the blocks and which tensors flow through them; a pipeline states it with 
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @attrs.frozen(kw_only=True)
@@ -23,7 +26,7 @@ class BlockLoop:
     blocks: str
     streams: tuple[str, ...] = ("hidden_states",)
 
-    def resolve(self, pipeline: Any) -> list[Any]:
+    def resolve(self, pipeline: object) -> list[nn.Module]:
         """The block modules this loop names on ``pipeline`` (``ConfigError`` when the path is wrong)."""
         try:
             blocks = operator.attrgetter(self.blocks)(pipeline)

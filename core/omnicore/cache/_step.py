@@ -21,13 +21,31 @@ itself, so a new batch (a new state object) or a step index that does not advanc
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
-from typing import Any, TypeVar
+from collections.abc import Generator, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
 from ..errors import ConfigError
 from ..hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    import pluggy
+    import torch
+
+    from ..engine.protocol import DenoiseState, Pipeline
+    from ..registry import Registry
+    from ..specs import PlatformSpec
+
+
+class PluginHostLike(Protocol):
+    """What a cache method needs of the plugin host (:class:`omnicore.plugin_host.PluginHost`)."""
+
+    @property
+    def pm(self) -> pluggy.PluginManager: ...
+
+    @property
+    def platforms(self) -> Registry[PlatformSpec]: ...
 
 
 def _frozen_steps(value: Iterable[int] | None) -> frozenset[int] | None:
@@ -40,12 +58,12 @@ def _frozen_steps(value: Iterable[int] | None) -> frozenset[int] | None:
     return steps
 
 
-def _check_non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+def _check_non_negative(instance: object, attribute: attrs.Attribute, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(attribute.name, f"must be a non-negative integer, got {value!r}")
 
 
-def _check_optional_positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+def _check_optional_positive(instance: object, attribute: attrs.Attribute, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigError(attribute.name, f"must be a positive integer or None, got {value!r}")
 
@@ -61,7 +79,7 @@ class StepCacheConfig:
     - ``max_consecutive_hits``: cap on reuses in a row (``None`` = no cap).
     """
 
-    host: Any = None
+    host: PluginHostLike | None = None
     warmup_steps: int = attrs.field(default=1, validator=_check_non_negative)
     force_hits: frozenset[int] | None = attrs.field(default=None, converter=_frozen_steps)
     max_consecutive_hits: int | None = attrs.field(default=None, validator=_check_optional_positive)
@@ -90,17 +108,17 @@ class _StateTable:
     """Request states keyed by the denoise-state object: weakly where possible, else only the latest."""
 
     def __init__(self) -> None:
-        self._weak: weakref.WeakKeyDictionary[Any, RequestState] = weakref.WeakKeyDictionary()
-        self._latest: tuple[Any, RequestState] | None = None
+        self._weak: weakref.WeakKeyDictionary[DenoiseState, RequestState] = weakref.WeakKeyDictionary()
+        self._latest: tuple[DenoiseState, RequestState] | None = None
 
-    def get(self, state: Any) -> RequestState | None:
+    def get(self, state: DenoiseState) -> RequestState | None:
         try:
             return self._weak.get(state)
         except TypeError:
             latest = self._latest
             return latest[1] if latest is not None and latest[0] is state else None
 
-    def put(self, state: Any, rs: RequestState) -> None:
+    def put(self, state: DenoiseState, rs: RequestState) -> None:
         try:
             self._weak[state] = rs
         except TypeError:
@@ -111,7 +129,7 @@ class _StateTable:
         self._latest = None
 
 
-def _note_reuse(state: Any, step: int) -> None:
+def _note_reuse(state: DenoiseState, step: int) -> None:
     """Tell the batch's state that ``step`` was reused (the engine reports the count as cache_reused_steps)."""
     steps = getattr(state, "reused_steps", None)
     if isinstance(steps, list):
@@ -122,7 +140,7 @@ C = TypeVar("C", bound=attrs.AttrsInstance)
 S = TypeVar("S", bound="StepCache")
 
 
-def coerce_config(cls: type[C], config: Any, method: str) -> C:
+def coerce_config(cls: type[C], config: object, method: str) -> C:
     """A cache method's config from ``None`` (defaults), an instance, or a dict of its fields; anything else,
     or an unknown field, is a :class:`ConfigError` naming the method and the known fields."""
     if config is None:
@@ -138,7 +156,7 @@ def coerce_config(cls: type[C], config: Any, method: str) -> C:
     raise ConfigError(method, f"expected {cls.__name__}, a dict or None, got {type(config).__name__}")
 
 
-def resolve_host(pipeline: Any, config: StepCacheConfig | Any, method: str) -> Any:
+def resolve_host(pipeline: object, config: object, method: str) -> PluginHostLike:
     host = getattr(config, "host", None) or getattr(pipeline, "host", None)
     if host is None or not hasattr(host, "pm"):
         raise ConfigError("host", f"cache method {method!r} needs the plugin host: pass it as config.host or "
@@ -151,7 +169,7 @@ class StepCache:
 
     method = "step_cache"
 
-    def __init__(self, pipeline: Any, config: StepCacheConfig) -> None:
+    def __init__(self, pipeline: Pipeline, config: StepCacheConfig) -> None:
         self.pipeline = pipeline
         self.config = config
         self.host = resolve_host(pipeline, config, self.method)
@@ -181,13 +199,13 @@ class StepCache:
     def active(self) -> bool:
         return self._registered_name is not None
 
-    def stats(self, state: Any) -> StepStats | None:
+    def stats(self, state: DenoiseState) -> StepStats | None:
         rs = self._states.get(state)
         return rs.stats if rs is not None else None
 
     # ------------------------------------------------------------------ hook implementations
     @hookimpl(tryfirst=True, specname="omnicore_denoise")
-    def _denoise_decide(self, pipeline: Any, state: Any, step: int) -> Any:
+    def _denoise_decide(self, pipeline: Pipeline, state: DenoiseState, step: int) -> DenoiseState | None:
         if pipeline is not self.pipeline:
             return None
         rs = self._states.get(state)
@@ -209,7 +227,8 @@ class StepCache:
         return result
 
     @hookimpl(wrapper=True, specname="omnicore_denoise")
-    def _denoise_record(self, pipeline: Any, state: Any, step: int) -> Any:
+    def _denoise_record(self, pipeline: Pipeline, state: DenoiseState,
+                        step: int) -> Generator[None, DenoiseState | None, DenoiseState | None]:
         result = yield
         if pipeline is self.pipeline:
             rs = self._states.get(state)
@@ -225,7 +244,7 @@ class StepCache:
         return result
 
     # ------------------------------------------------------------------ rules and extension points
-    def may_reuse(self, rs: RequestState, state: Any, step: int) -> bool:
+    def may_reuse(self, rs: RequestState, state: DenoiseState, step: int) -> bool:
         """The rules shared by all step caches (see the module docstring)."""
         num_steps = getattr(state, "num_steps", None)
         if step < self.config.warmup_steps:
@@ -242,16 +261,16 @@ class StepCache:
         pattern = self.config.force_hits
         return None if pattern is None else step in pattern
 
-    def on_new_state(self, rs: RequestState, state: Any) -> None:
+    def on_new_state(self, rs: RequestState, state: DenoiseState) -> None:
         """A new batch starts (override to reset model-side state)."""
 
     def has_cached(self, rs: RequestState) -> bool:
         return "prediction" in rs.data
 
-    def decide(self, rs: RequestState, state: Any, step: int, permitted: bool) -> Any:
+    def decide(self, rs: RequestState, state: DenoiseState, step: int, permitted: bool) -> DenoiseState | None:
         raise NotImplementedError
 
-    def record(self, rs: RequestState, state: Any, step: int) -> bool:
+    def record(self, rs: RequestState, state: DenoiseState, step: int) -> bool:
         """After a step that ran the model: keep the prediction the pipeline left in ``state.last_prediction``.
 
         Returns ``True`` when the step turned out to be a reuse after all (a cache that skips inside the
@@ -266,7 +285,7 @@ class StepCache:
         rs.data["prediction"] = prediction
         return False
 
-    def reuse(self, state: Any, step: int, prediction: Any) -> Any:
+    def reuse(self, state: DenoiseState, step: int, prediction: torch.Tensor) -> DenoiseState:
         """Finish a reused step through the pipeline's sampler update."""
         if hasattr(state, "last_prediction"):
             state.last_prediction = prediction

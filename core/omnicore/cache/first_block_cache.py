@@ -22,7 +22,8 @@ differently would stop in different collectives. The sums are float64 on one pro
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import attrs
 
@@ -31,6 +32,15 @@ from ..errors import ConfigError, UnsupportedFeature
 from ..module_hooks import ModelHook, StateManager, current_context, register_hook, remove_hook
 from ..parallel.consensus import agreed_relative_l1, group_of
 from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..engine.protocol import DenoiseState, Pipeline
+
+#: The tensors a block takes and returns, in :attr:`BlockLoop.streams` order.
+Streams = tuple["torch.Tensor", ...]
 
 METHOD_NAME = "first_block_cache"
 HEAD_HOOK = "omnicore.first_block_cache.head"
@@ -49,14 +59,14 @@ class FirstBlockCacheConfig(StepCacheConfig):
 
 @attrs.define
 class _BranchState:
-    head_residual: Any = None  # first block's residual at the last computed step
-    rest_residuals: tuple[Any, ...] | None = None  # per stream: output of last block − output of block 0
-    head_outputs: tuple[Any, ...] | None = None
+    head_residual: torch.Tensor | None = None  # first block's residual at the last computed step
+    rest_residuals: Streams | None = None  # per stream: output of last block − output of block 0
+    head_outputs: Streams | None = None
     skipping: bool = False
 
 
-def _streams_in(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    out = []
+def _streams_in(names: tuple[str, ...], args: tuple[object, ...], kwargs: dict[str, object]) -> Streams:
+    out: list[object] = []
     for i, name in enumerate(names):
         if name in kwargs:
             out.append(kwargs[name])
@@ -64,18 +74,18 @@ def _streams_in(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str,
             out.append(args[i])
         else:
             raise TypeError(f"first_block_cache: block call lacks stream {name!r}")
-    return tuple(out)
+    return cast(Streams, tuple(out))
 
 
-def _streams_out(n: int, output: Any) -> tuple[Any, ...]:
+def _streams_out(n: int, output: object) -> Streams:
     if n == 1:
-        return (output[0] if isinstance(output, tuple) else output,)
+        return cast(Streams, (output[0] if isinstance(output, tuple) else output,))
     if not isinstance(output, tuple) or len(output) < n:
         raise TypeError(f"first_block_cache: a block must return a tuple of {n} streams")
-    return tuple(output[:n])
+    return cast(Streams, tuple(output[:n]))
 
 
-def _pack(streams: tuple[Any, ...]) -> Any:
+def _pack(streams: Streams) -> torch.Tensor | Streams:
     return streams[0] if len(streams) == 1 else streams
 
 
@@ -83,7 +93,8 @@ class _HeadHook(ModelHook):
     def __init__(self, cache: FirstBlockCache) -> None:
         self.cache = cache
 
-    def new_forward(self, module: Any, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    def new_forward(self, module: nn.Module, forward: Callable[..., object], *args: object,
+                    **kwargs: object) -> object:
         cache = self.cache
         names = cache.loop.streams
         inputs = _streams_in(names, args, kwargs)
@@ -95,7 +106,8 @@ class _HeadHook(ModelHook):
         residual = outputs[0] - inputs[0]
         hit = False
         rest = branch.rest_residuals
-        if rest is not None and cache.step_allows and cache.current_step is not None:
+        if (rest is not None and branch.head_residual is not None and cache.step_allows
+                and cache.current_step is not None):
             forced = cache.forced(cache.current_step)
             hit = forced if forced is not None else (  # the same decision on every rank of a worker group
                 agreed_relative_l1(residual, branch.head_residual, cache.group) < cache.threshold)
@@ -113,7 +125,8 @@ class _SkipHook(ModelHook):
         self.cache = cache
         self.tail = tail
 
-    def new_forward(self, module: Any, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    def new_forward(self, module: nn.Module, forward: Callable[..., object], *args: object,
+                    **kwargs: object) -> object:
         cache = self.cache
         branch = cache.branch
         names = cache.loop.streams
@@ -130,7 +143,7 @@ class _SkipHook(ModelHook):
 class FirstBlockCache(StepCache):
     method = METHOD_NAME
 
-    def __init__(self, pipeline: Any, config: FirstBlockCacheConfig) -> None:
+    def __init__(self, pipeline: Pipeline, config: FirstBlockCacheConfig) -> None:
         if not config.threshold > 0:
             raise ConfigError("threshold", f"must be positive, got {config.threshold}")
         loop = config.block_loop if config.block_loop is not None else getattr(pipeline, "block_loop", None)
@@ -150,13 +163,12 @@ class FirstBlockCache(StepCache):
         self.step_allows = False
         self._calls_this_step = 0
         self._hit_this_step = False
-        self._state: Any = None
         super().__init__(pipeline, config)
 
     # ------------------------------------------------------------------ lifecycle
     def register(self) -> FirstBlockCache:
         super().register()
-        installed: list[tuple[Any, str]] = []
+        installed: list[tuple[nn.Module, str]] = []
         hook: ModelHook
         try:
             for i, block in enumerate(self.blocks):
@@ -185,13 +197,13 @@ class FirstBlockCache(StepCache):
         super().remove()
 
     # ------------------------------------------------------------------ step protocol
-    def on_new_state(self, rs: RequestState, state: Any) -> None:
+    def on_new_state(self, rs: RequestState, state: DenoiseState) -> None:
         rs.data["branches"] = StateManager(_BranchState)  # request-scoped: batches never share residuals
 
     def has_cached(self, rs: RequestState) -> bool:
         return bool(rs.stats.computed)  # each branch also checks it holds residuals
 
-    def decide(self, rs: RequestState, state: Any, step: int, permitted: bool) -> Any:
+    def decide(self, rs: RequestState, state: DenoiseState, step: int, permitted: bool) -> DenoiseState | None:
         self._branches = rs.data["branches"]
         self.current_step = step
         self.step_allows = permitted
@@ -200,7 +212,7 @@ class FirstBlockCache(StepCache):
         self.branch = None
         return None  # the model always runs; the block hooks do the skipping
 
-    def record(self, rs: RequestState, state: Any, step: int) -> bool:
+    def record(self, rs: RequestState, state: DenoiseState, step: int) -> bool:
         hit = self._hit_this_step  # the step ran block 0 only: it counts as a reuse
         self.current_step = None
         self.step_allows = False
@@ -223,7 +235,7 @@ class FirstBlockCache(StepCache):
         self._hit_this_step = True
 
 
-def apply_first_block_cache(pipeline: Any, config: FirstBlockCacheConfig | dict[str, Any] | None = None
+def apply_first_block_cache(pipeline: Pipeline, config: FirstBlockCacheConfig | dict[str, object] | None = None
                             ) -> FirstBlockCache:
     """Enable the first-block cache on ``pipeline``'s declared block loop; ``handle.remove()`` undoes it."""
     return FirstBlockCache(pipeline, coerce_config(FirstBlockCacheConfig, config, METHOD_NAME)).register()

@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ..errors import ConfigError, UnsupportedFeature
 from ..parallel.consensus import group_of, rank0_flag
 from ._step import RequestState, StepCache, StepCacheConfig, coerce_config
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..engine.protocol import DenoiseState, Pipeline
 
 METHOD_NAME = "teacache"
 GLOBAL_DEFAULT_THRESHOLD = 0.2
@@ -58,12 +63,12 @@ class TeaCacheAdapter:
       Takes precedence over ``residual_base`` and the prediction replay.
     """
 
-    extract: Callable[[Any, int], Any]
+    extract: Callable[[DenoiseState, int], torch.Tensor]
     coefficients: tuple[float, ...] = attrs.field(converter=_float_tuple, default=(1.0, 0.0))
     default_threshold: float | None = None
-    residual_base: Callable[[Any, int], Any] | None = None
-    keep_residual: Callable[[Any, int], None] | None = None
-    reuse_residual: Callable[[Any, int], Any] | None = None
+    residual_base: Callable[[DenoiseState, int], torch.Tensor] | None = None
+    keep_residual: Callable[[DenoiseState, int], None] | None = None
+    reuse_residual: Callable[[DenoiseState, int], torch.Tensor] | None = None
 
     def __attrs_post_init__(self) -> None:
         if (self.keep_residual is None) != (self.reuse_residual is None):
@@ -109,7 +114,7 @@ def polyval(coefficients: Sequence[float], x: float) -> float:
     return acc
 
 
-def relative_l1(current: Any, previous: Any) -> float:
+def relative_l1(current: torch.Tensor, previous: torch.Tensor) -> float:
     """mean|current - previous| / mean|previous| (infinite when the previous input is all zeros)."""
     current, previous = current.detach(), previous.detach()
     num = float((current - previous).abs().mean())
@@ -117,7 +122,7 @@ def relative_l1(current: Any, previous: Any) -> float:
     return num / den if den > 0 else math.inf
 
 
-def _adapter_of(pipeline: Any, config: TeaCacheConfig) -> TeaCacheAdapter:
+def _adapter_of(pipeline: Pipeline, config: TeaCacheConfig) -> TeaCacheAdapter:
     adapter = config.adapter if config.adapter is not None else getattr(pipeline, "teacache_adapter", None)
     if adapter is not None and not isinstance(adapter, TeaCacheAdapter) and callable(adapter):
         adapter = adapter()
@@ -130,7 +135,7 @@ def _adapter_of(pipeline: Any, config: TeaCacheConfig) -> TeaCacheAdapter:
 class TeaCache(StepCache):
     method = METHOD_NAME
 
-    def __init__(self, pipeline: Any, config: TeaCacheConfig) -> None:
+    def __init__(self, pipeline: Pipeline, config: TeaCacheConfig) -> None:
         adapter = _adapter_of(pipeline, config)
         self.adapter = adapter
         self.threshold = resolve_threshold(config.rel_l1_thresh, adapter.default_threshold)
@@ -142,7 +147,7 @@ class TeaCache(StepCache):
         self.group = group_of(pipeline)
         super().__init__(pipeline, config)
 
-    def decide(self, rs: RequestState, state: Any, step: int, permitted: bool) -> Any:
+    def decide(self, rs: RequestState, state: DenoiseState, step: int, permitted: bool) -> DenoiseState | None:
         forced = self.forced(step)
         if forced is None:
             current = self.adapter.extract(state, step)
@@ -176,7 +181,7 @@ class TeaCache(StepCache):
     def has_cached(self, rs: RequestState) -> bool:
         return "prediction" in rs.data
 
-    def record(self, rs: RequestState, state: Any, step: int) -> bool:
+    def record(self, rs: RequestState, state: DenoiseState, step: int) -> bool:
         super().record(rs, state, step)
         base = rs.data.pop("base", None)
         if base is not None:
@@ -184,7 +189,7 @@ class TeaCache(StepCache):
         return False
 
 
-def apply_teacache(pipeline: Any, config: TeaCacheConfig | dict[str, Any] | None = None) -> TeaCache:
+def apply_teacache(pipeline: Pipeline, config: TeaCacheConfig | dict[str, object] | None = None) -> TeaCache:
     """Enable TeaCache on ``pipeline``; ``handle.remove()`` disables it. Nothing is registered on error."""
     return TeaCache(pipeline, coerce_config(TeaCacheConfig, config, METHOD_NAME)).register()
 

@@ -15,10 +15,13 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..plugin_host import LOADED, PluginHost
 from .models_cmd import preset_card
+
+if TYPE_CHECKING:
+    from ..plugin_host.host import PlatformRow
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +106,7 @@ def _labels(host: PluginHost, kind: str, keys: list[str]) -> list[str]:
     return [f"{spec.name}@{spec.platform}" for spec in (host.ops.get(k) for k in keys)]
 
 
-def _platform_table(platforms: list[dict[str, Any]]) -> None:
+def _platform_table(platforms: list[PlatformRow]) -> None:
     header = ("PLATFORM", "PROVIDER", "PRIORITY", "AVAILABLE", "FAST OPS")
     rows = [header]
     for p in platforms:
@@ -115,7 +118,7 @@ def _platform_table(platforms: list[dict[str, Any]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
 
 
-def _overrides(host: PluginHost) -> list[dict[str, Any]]:
+def _overrides(host: PluginHost) -> list[dict[str, str]]:
     """Every ``register(..., replace=True)`` that took effect, oldest first."""
     return [{"kind": kind, "name": name, "replaced": old, "by": new}
             for kind, reg in host.registries.items() for name, old, new in reg.overrides]

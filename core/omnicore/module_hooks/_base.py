@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from torch import nn
+
+T = TypeVar("T")
 
 _REGISTRY_ATTR = "_omnicore_hook_registry"
 
@@ -38,23 +40,24 @@ class ModelHook:
         """Called once when the hook is removed from ``module`` (undo what ``initialize_hook`` did)."""
         return module
 
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def pre_forward(self, module: nn.Module, *args: object,
+                    **kwargs: object) -> tuple[tuple[object, ...], dict[str, object]]:
         return args, kwargs
 
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
+    def post_forward(self, module: nn.Module, output: object) -> object:
         return output
 
     def reset_state(self, module: nn.Module) -> nn.Module:
         """Forget per-request state (called between requests by the technique that owns the hook)."""
         return module
 
-    new_forward: Callable[..., Any] | None = None
+    new_forward: Callable[..., object] | None = None
 
 
-def _compose(hook: ModelHook, module: nn.Module, inner: Callable[..., Any]) -> Callable[..., Any]:
+def _compose(hook: ModelHook, module: nn.Module, inner: Callable[..., object]) -> Callable[..., object]:
     new_forward = hook.new_forward
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(*args: object, **kwargs: object) -> object:
         args, kwargs = hook.pre_forward(module, *args, **kwargs)
         out = new_forward(module, inner, *args, **kwargs) if new_forward is not None else inner(*args, **kwargs)
         return hook.post_forward(module, out)
@@ -153,14 +156,14 @@ def current_context() -> str | None:
     return _CONTEXT.get()
 
 
-class StateManager:
+class StateManager(Generic[T]):
     """Per-context state objects created on demand by ``factory`` (one per named branch)."""
 
-    def __init__(self, factory: Callable[[], Any]) -> None:
+    def __init__(self, factory: Callable[[], T]) -> None:
         self._factory = factory
-        self._states: dict[str, Any] = {}
+        self._states: dict[str, T] = {}
 
-    def get(self, context: str) -> Any:
+    def get(self, context: str) -> T:
         state = self._states.get(context)
         if state is None:
             state = self._states[context] = self._factory()

@@ -22,16 +22,21 @@ reduce device tensors only; the CPU under gloo). Tested on gloo; the NCCL / HCCL
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .context import ParallelContext
 
 
-def group_of(pipeline: Any) -> Any:
+def group_of(pipeline: object) -> ParallelContext | None:
     """The pipeline's :class:`~.context.ParallelContext` when it runs over more than one rank, else ``None``."""
     ctx = getattr(pipeline, "parallel", None)
     return ctx if ctx is not None and getattr(ctx, "world_size", 1) > 1 else None
 
 
-def agreed_relative_l1(current: Any, previous: Any, ctx: Any) -> float:
+def agreed_relative_l1(current: torch.Tensor, previous: torch.Tensor, ctx: ParallelContext | None) -> float:
     """``mean|current - previous| / mean|previous|`` over this branch's ranks (infinite for an all-zero
     ``previous``); with ``ctx`` ``None`` the local value."""
     import torch
@@ -53,7 +58,7 @@ def agreed_relative_l1(current: Any, previous: Any, ctx: Any) -> float:
     return float(num) / float(den) if float(den) > 0 else math.inf
 
 
-def rank0_flag(flag: bool, ctx: Any) -> bool:
+def rank0_flag(flag: bool, ctx: ParallelContext | None) -> bool:
     """Rank 0's ``flag`` on every rank (``ctx`` ``None``: ``flag``)."""
     if ctx is None:
         return flag

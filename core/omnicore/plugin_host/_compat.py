@@ -8,7 +8,7 @@ only when a check has something to parse, so listing plugins stays cheap.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Protocol
 
 from .._version import PLUGIN_API_VERSION, __version__
 
@@ -22,7 +22,17 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def dist_name_version(ep: Any) -> tuple[str | None, str | None]:
+class _Distribution(Protocol):
+    """What the checks read of an ``importlib_metadata.Distribution``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+def dist_name_version(ep: object) -> tuple[str | None, str | None]:
     dist = getattr(ep, "dist", None)
     return (dist.name, dist.version) if dist is not None else (None, None)
 
@@ -32,12 +42,12 @@ EP_VALUE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*(:\s*[A-Za-z_][\w.]*\s*)?(\[[^\]]*
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def core_requirement_conflict(dist: Any) -> str | None:
+def core_requirement_conflict(dist: _Distribution | None) -> str | None:
     """Why ``dist``'s ``Requires-Dist`` on ``omnicore`` excludes the running core (``None`` when it admits it
     or says nothing). Read from metadata only, before anything of the plugin is imported."""
     requires = getattr(dist, "requires", None) or []
     ours = [r for r in requires if (m := _REQ_NAME.match(r)) and normalise(m.group(1)) == "omnicore"]
-    if not ours:
+    if dist is None or not ours:
         return None
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -55,7 +65,7 @@ def core_requirement_conflict(dist: Any) -> str | None:
     return None
 
 
-def api_mismatch(api: Any) -> str | None:
+def api_mismatch(api: object) -> str | None:
     """Why a ``plugin_info()["api"]`` range excludes this core's plugin API (``None`` when absent or admitted)."""
     if api is None:
         return None

@@ -11,7 +11,6 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import pluggy
 
@@ -48,11 +47,11 @@ def install_tracing(pm: pluggy.PluginManager) -> None:
     _ensure_handler()
     starts: list[float] = []
 
-    def before(hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
+    def before(hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, object]) -> None:
         starts.append(time.perf_counter())
 
-    def after(outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[pluggy.HookImpl],
-              kwargs: Mapping[str, Any]) -> None:
+    def after(outcome: pluggy.Result[object], hook_name: str, hook_impls: Sequence[pluggy.HookImpl],
+              kwargs: Mapping[str, object]) -> None:
         elapsed = time.perf_counter() - starts.pop() if starts else float("nan")
         log_call(hook_name, ",".join(impl.plugin_name for impl in hook_impls), elapsed, outcome.exception)
 

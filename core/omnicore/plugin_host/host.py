@@ -10,7 +10,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import importlib_metadata
 import pluggy
@@ -46,9 +46,27 @@ from ._trace import install_tracing, log_call
 from .records import DISABLED, FAILED, INCOMPATIBLE, LOADED, PluginRecord
 
 if TYPE_CHECKING:
+    from ..engine.protocol import DenoiseState, Pipeline
+    from ..engine.request import GenerationRequest
+    from ..hookspecs import CacheHandle
     from ..ops.table import PlatformOps
+    from ..outputs.output import Output
+    from ..platforms.base import Platform
 
 logger = logging.getLogger("omnicore.plugin_host")
+
+
+class PlatformRow(TypedDict):
+    """One row of :meth:`PluginHost.platform_availability`."""
+
+    name: str
+    provider: str
+    device_type: str
+    priority: int
+    available: bool
+    reason: str | None
+    attention_preference: list[str]
+    ops: dict[str, list[str]]
 
 ENTRY_POINT_GROUP = "omnicore"
 BUILTIN_NAME = "omnicore"
@@ -119,7 +137,7 @@ class PluginHost:
         return self.registries["op"]
 
     # ------------------------------------------------------------------ loading
-    def load_entry_points(self, entry_points: Iterable[Any] | None = None) -> None:
+    def load_entry_points(self, entry_points: Iterable[importlib_metadata.EntryPoint] | None = None) -> None:
         """Discover, filter and import entry points of group ``omnicore``, each failure captured on its own.
 
         Per entry point: a duplicate name is rejected naming both distributions; the
@@ -179,7 +197,7 @@ class PluginHost:
         allow = self.settings.plugins
         return allow is None or bool(keys & {normalise(n) for n in allow})
 
-    def _report_unknown_list_names(self, eps: Sequence[Any]) -> None:
+    def _report_unknown_list_names(self, eps: Sequence[importlib_metadata.EntryPoint]) -> None:
         installed = sorted({ep.name for ep in eps})
         known = {normalise(ep.name) for ep in eps} | {
             normalise(d) for d in (dist_name_version(ep)[0] for ep in eps) if d}
@@ -256,10 +274,10 @@ class PluginHost:
                 if self.settings.trace_plugins:
                     log_call(hook_name, record.name, time.perf_counter() - start, None)
 
-    def _register_callback(self, record: PluginRecord, kind: str, spec_type: type) -> Callable[..., Any]:
+    def _register_callback(self, record: PluginRecord, kind: str, spec_type: type) -> Callable[..., None]:
         registry = self.registries[kind]
 
-        def register(spec: Any, *, replace: bool = False) -> None:
+        def register(spec: object, *, replace: bool = False) -> None:
             if not isinstance(spec, spec_type):
                 raise PluginError(record.name, f"register() for {kind} expects {spec_type.__name__}, "
                                   f"got {type(spec).__name__}")
@@ -331,11 +349,11 @@ class PluginHost:
             logger.info("platform %s not selected: %s", spec.name, reason)
         raise PlatformUnavailable("any", "no registered platform is available")
 
-    def platform_availability(self) -> list[dict[str, Any]]:
+    def platform_availability(self) -> list[PlatformRow]:
         """Every registered platform with whether it can run here and why not (for ``omnicore plugins``).
 
         A raising probe is reported as unavailable with the error (never raised)."""
-        rows = []
+        rows: list[PlatformRow] = []
         for spec in sorted(self.platforms, key=lambda s: (-s.priority, s.name)):
             try:
                 reason = spec.unavailable_reason()
@@ -353,7 +371,7 @@ class PluginHost:
 
         return PlatformOps(platform, self.ops)
 
-    def bind_platform_ops(self, platform: Any, name: str | None = None) -> Any:
+    def bind_platform_ops(self, platform: Platform, name: str | None = None) -> Platform:
         """Give a platform instance this host's op table (``platform.ops``), its fast kernels imported now (a
         broken one fails here, naming its plugin); returns the instance."""
         platform.ops = self.platform_ops(name or platform.name).prepare()
@@ -421,16 +439,17 @@ class PluginHost:
         return specs
 
     # ------------------------------------------------------------------ hook facade (always by keyword)
-    def preprocess(self, request: Any, pipeline: Any) -> Any:
+    def preprocess(self, request: GenerationRequest, pipeline: Pipeline) -> GenerationRequest | None:
         return self.pm.hook.omnicore_preprocess(request=request, pipeline=pipeline)
 
-    def denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+    def denoise(self, pipeline: Pipeline, state: DenoiseState, step: int) -> DenoiseState | None:
         return self.pm.hook.omnicore_denoise(pipeline=pipeline, state=state, step=step)
 
-    def enable_cache(self, pipeline: Any, method: CacheMethodSpec, config: Any) -> Any:
+    def enable_cache(self, pipeline: Pipeline, method: CacheMethodSpec, config: object) -> CacheHandle:
+        """The handle of ``method`` on ``pipeline`` (the core's ``trylast`` implementation always answers)."""
         return self.pm.hook.omnicore_cache(pipeline=pipeline, method=method, config=config)
 
-    def postprocess(self, request: Any, output: Any) -> Any:
+    def postprocess(self, request: GenerationRequest, output: Output) -> Output | None:
         return self.pm.hook.omnicore_postprocess(request=request, output=output)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 LOADED = "loaded"
@@ -26,9 +24,9 @@ class PluginRecord:
     import_s: float = 0.0
     registered: dict[str, list[str]] = attrs.Factory(dict)  # kind -> names
     hooks: list[str] = attrs.Factory(list)
-    info: dict[str, Any] | None = None  # what the module's plugin_info() returned
+    info: dict[str, object] | None = None  # what the module's plugin_info() returned
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         data = attrs.asdict(self)
         data["import_ms"] = round(self.import_s * 1000.0, 3)
         del data["import_s"]

@@ -10,7 +10,8 @@ dense backend must accept and ignore.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
@@ -19,6 +20,15 @@ from ..errors import UnsupportedFeature
 from ..plugin_host.host import PluginHost
 from ..specs import AttentionBackendSpec, AttentionRequirement
 from .plugin import add_loaded, isolated_host
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..attention.metadata import AttentionMetadata
+    from ..attention.packed import PackedSequence
+
+#: An attention backend's implementation: ``fn(q, k, v, **options) -> out``.
+AttentionFn = Callable[..., "torch.Tensor"]
 
 #: default (atol, rtol) per dtype against the float32 reference
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -71,7 +81,7 @@ class AttentionBackendConformance:
         return attention_host.attention_backends.get(self.backend)
 
     @pytest.fixture
-    def attention_fn(self, backend_spec: AttentionBackendSpec) -> Any:
+    def attention_fn(self, backend_spec: AttentionBackendSpec) -> AttentionFn:
         return backend_spec.load_impl()
 
     def _dtypes(self, spec: AttentionBackendSpec) -> list[str]:
@@ -81,13 +91,13 @@ class AttentionBackendConformance:
         lo, hi = spec.capabilities.head_dims
         return min(max(self.head_dim, lo), hi)
 
-    def _rand(self, *shape: int, seed: int, dtype: str = "float32") -> Any:
+    def _rand(self, *shape: int, seed: int, dtype: str = "float32") -> torch.Tensor:
         import torch
 
         g = torch.Generator().manual_seed(seed)
         return torch.randn(*shape, generator=g).to(device=self.device, dtype=getattr(torch, dtype))
 
-    def _check_close(self, got: Any, want: Any, dtype: str, what: str) -> None:
+    def _check_close(self, got: torch.Tensor, want: torch.Tensor, dtype: str, what: str) -> None:
         import torch
 
         atol, rtol = {**TOLERANCES, **self.tolerances}.get(dtype, (5e-2, 5e-2))
@@ -96,7 +106,7 @@ class AttentionBackendConformance:
                                    msg=lambda m: f"{what}: {m}")
 
     @staticmethod
-    def _reference(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         from ..attention.reference import sdpa_attention
 
         return sdpa_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
@@ -131,7 +141,7 @@ class AttentionBackendConformance:
             forced.select_attention(beyond)
 
     # ------------------------------------------------------------------ numerics
-    def test_dense_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_dense_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
         d = self._head_dim(backend_spec)
         for dtype in self._dtypes(backend_spec):
             q, k, v = (self._rand(2, 37, 4, d, seed=s, dtype=dtype) for s in (1, 2, 3))
@@ -139,7 +149,7 @@ class AttentionBackendConformance:
             assert out.dtype == q.dtype, f"{dtype}: output dtype {out.dtype} differs from the input's"
             self._check_close(out, self._reference(q, k, v), dtype, f"dense {dtype}")
 
-    def test_dense_gqa_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_dense_gqa_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
         if not self.supports_gqa:
             pytest.skip("backend declares no grouped-query attention (supports_gqa = False)")
         d = self._head_dim(backend_spec)
@@ -148,7 +158,8 @@ class AttentionBackendConformance:
         k, v = (self._rand(1, 23, 2, d, seed=s, dtype=dtype) for s in (5, 6))
         self._check_close(attention_fn(q, k, v), self._reference(q, k, v), dtype, f"GQA {dtype}")
 
-    def test_dense_causal_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_dense_causal_matches_reference(self, backend_spec: AttentionBackendSpec,
+                                            attention_fn: AttentionFn) -> None:
         if not self.supports_causal:
             pytest.skip("backend declares no causal attention (supports_causal = False)")
         d = self._head_dim(backend_spec)
@@ -158,7 +169,8 @@ class AttentionBackendConformance:
                           f"dense causal {dtype}")
 
     def _packed_inputs(self, spec: AttentionBackendSpec, dtype: str, seed: int = 10,
-                       heads: int = 4, kv_heads: int = 4) -> tuple[Any, ...]:
+                       heads: int = 4, kv_heads: int = 4,
+                       ) -> tuple[PackedSequence, torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
         from ..attention.metadata import AttentionMetadata
         from ..attention.packed import PackedSequence
 
@@ -176,7 +188,7 @@ class AttentionBackendConformance:
     def _require_packed(self, spec: AttentionBackendSpec) -> None:
         self._require(spec, "packed_varlen")
 
-    def test_packed_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_packed_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
         self._require_packed(backend_spec)
         for dtype in self._dtypes(backend_spec):
             ps, q, k, v, md = self._packed_inputs(backend_spec, dtype)
@@ -184,7 +196,7 @@ class AttentionBackendConformance:
             n = ps.valid_length
             self._check_close(out[:n], self._reference(q, k, v, metadata=md)[:n], dtype, f"packed {dtype}")
 
-    def test_packed_gqa_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_packed_gqa_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
         self._require_packed(backend_spec)
         if not self.supports_gqa:
             pytest.skip("backend declares no grouped-query attention (supports_gqa = False)")
@@ -195,7 +207,7 @@ class AttentionBackendConformance:
                           dtype, f"packed GQA {dtype}")
 
     def test_packed_cross_attention_matches_reference(self, backend_spec: AttentionBackendSpec,
-                                                      attention_fn: Any) -> None:
+                                                      attention_fn: AttentionFn) -> None:
         """Documents with more keys than queries (a prefix K/V, or cross-attention) and one with fewer."""
         self._require_packed(backend_spec)
         from ..attention.metadata import AttentionMetadata
@@ -208,7 +220,8 @@ class AttentionBackendConformance:
         out = attention_fn(q, k, v, metadata=md)
         self._check_close(out, self._reference(q, k, v, metadata=md), dtype, f"packed cross-attention {dtype}")
 
-    def test_packed_causal_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_packed_causal_matches_reference(self, backend_spec: AttentionBackendSpec,
+                                             attention_fn: AttentionFn) -> None:
         """Causal documents, including prefix K/V documents (queries are the last positions: bottom-right)."""
         self._require_packed(backend_spec)
         if not self.supports_causal:
@@ -224,7 +237,8 @@ class AttentionBackendConformance:
             self._check_close(attention_fn(q, k, v, metadata=md), self._reference(q, k, v, metadata=md), dtype,
                               f"packed causal {dtype} cu_q={cu_q} cu_k={cu_k}")
 
-    def test_valid_kv_length_matches_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_valid_kv_length_matches_reference(self, backend_spec: AttentionBackendSpec,
+                                               attention_fn: AttentionFn) -> None:
         """``[real | pad]`` packing ((8, 2, 4) rows: cu = [0, 5, 8], max 5, valid 5) and one document
         whose keys past ``valid_kv_length`` are padding: real rows match, padding values never reach them."""
         self._require(backend_spec, "packed_varlen", "prefix_kv_slicing")
@@ -245,7 +259,7 @@ class AttentionBackendConformance:
             again = attention_fn(q, k2, v2, metadata=md)
             assert torch.equal(again[:used], out[:used]), "padding keys past valid_kv_length changed real rows"
 
-    def test_spans_match_reference(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_spans_match_reference(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
         """Causal documents with bidirectional spans (text causal, each image's tokens see each other)."""
         self._require(backend_spec, "packed_varlen", "spans")
         from ..attention.metadata import AttentionMetadata, AttentionSpan
@@ -259,7 +273,7 @@ class AttentionBackendConformance:
                           f"spans {dtype}")
 
     def test_dense_backend_accepts_and_ignores_a_sparse_plan(self, backend_spec: AttentionBackendSpec,
-                                                             attention_fn: Any) -> None:
+                                                             attention_fn: AttentionFn) -> None:
         self._require_packed(backend_spec)
         if backend_spec.capabilities.sparse:
             pytest.skip(f"{backend_spec.name!r} declares sparse: it executes plans (checked by its own tests)")
@@ -277,7 +291,7 @@ class AttentionBackendConformance:
                                                        head_dim=self._head_dim(backend_spec), packed_varlen=True,
                                                        sparse=True))
 
-    def test_packed_documents_are_isolated(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_packed_documents_are_isolated(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
         """Perturbing document j leaves every other document's output bit-identical."""
         self._require_packed(backend_spec)
         import torch
@@ -297,7 +311,8 @@ class AttentionBackendConformance:
                         f"perturbing document {j} changed document {i}: documents leak into each other")
             assert not torch.equal(out[o[j]:o[j + 1]], base[o[j]:o[j + 1]]), f"document {j} ignored its own inputs"
 
-    def test_padding_never_leaks_into_real_rows(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_padding_never_leaks_into_real_rows(self, backend_spec: AttentionBackendSpec,
+                                                attention_fn: AttentionFn) -> None:
         self._require_packed(backend_spec)
         import torch
 
@@ -311,7 +326,7 @@ class AttentionBackendConformance:
         assert torch.equal(out[:n], base[:n]), "values in padding rows changed the real rows' output"
         assert bool(torch.isfinite(out[:n]).all())
 
-    def test_rejects_inconsistent_inputs(self, backend_spec: AttentionBackendSpec, attention_fn: Any) -> None:
+    def test_rejects_inconsistent_inputs(self, backend_spec: AttentionBackendSpec, attention_fn: AttentionFn) -> None:
 
         d = self._head_dim(backend_spec)
         dtype = self._dtypes(backend_spec)[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import pytest
 
@@ -13,17 +13,25 @@ from ..specs import CacheMethodSpec
 from .model import output_bytes
 from .plugin import add_loaded, isolated_host
 
+if TYPE_CHECKING:
+    import torch
 
-def _modules(pipeline: Any) -> dict[str, Any]:
+    from ..engine.api import Engine
+
+#: What :func:`_snapshot` records per key: a weight, a class name, overridden attribute names, hook counts.
+Snapshot = dict[str, Union["torch.Tensor", str, list[str], tuple[int, int]]]
+
+
+def _modules(pipeline: object) -> dict[str, torch.nn.Module]:
     """Every ``torch.nn.Module`` the pipeline holds as an attribute, by attribute name."""
     import torch
 
     return {k: v for k, v in vars(pipeline).items() if isinstance(v, torch.nn.Module)}
 
 
-def _snapshot(pipeline: Any) -> dict[str, Any]:
+def _snapshot(pipeline: object) -> Snapshot:
     """Weights (cloned), module tree and per-instance attribute overrides (e.g. a patched ``forward``)."""
-    snap: dict[str, Any] = {}
+    snap: Snapshot = {}
     for attr, module in _modules(pipeline).items():
         for name, tensor in module.state_dict().items():
             snap[f"{attr}.{name}"] = tensor.detach().clone()
@@ -34,14 +42,14 @@ def _snapshot(pipeline: Any) -> dict[str, Any]:
     return snap
 
 
-def _diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def _diff(before: Snapshot, after: Snapshot) -> list[str]:
     import torch
 
     changed = sorted(set(before) ^ set(after))
     for key in set(before) & set(after):
         a, b = before[key], after[key]
-        same = (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b.to(a.device))
-                if isinstance(a, torch.Tensor) else a == b)
+        same = (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                and torch.equal(a, b.to(a.device)) if isinstance(a, torch.Tensor) else a == b)
         if not same:
             changed.append(key)
     return sorted(changed)
@@ -66,8 +74,8 @@ class CacheMethodConformance:
     model: str = ""
     plugin_module: str = ""
     cache_plugin_module: str | None = None
-    cache_config: Any = None
-    reuse_config: Any = None
+    cache_config: object = None
+    reuse_config: object = None
     expect_reuse: bool = True
     prompt: str = "a small red cube on a wooden table"
     params: dict[str, Any] = {"num_inference_steps": 6}
@@ -84,7 +92,7 @@ class CacheMethodConformance:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def cache_engine(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    def cache_engine(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         from ..engine.api import Engine
 
         settings = Settings(cache_dir=str(tmp_path_factory.mktemp("omnicore-cache")))
@@ -94,13 +102,13 @@ class CacheMethodConformance:
         finally:
             engine.close()
 
-    def run(self, engine: Any) -> list[bytes]:
+    def run(self, engine: Engine) -> list[bytes]:
         return output_bytes(engine.generate(self.prompt, seed=self.seed, **self.params))
 
-    def spec(self, engine: Any) -> CacheMethodSpec:
+    def spec(self, engine: Engine) -> CacheMethodSpec:
         return engine.host.cache_methods.get(self.cache_method)
 
-    def test_spec_is_well_formed(self, cache_engine: Any) -> None:
+    def test_spec_is_well_formed(self, cache_engine: Engine) -> None:
         spec = self.spec(cache_engine)
         assert callable(spec.load_impl()), f"impl {spec.impl!r} must be apply(pipeline, config) -> handle"
         unknown = [c for c in spec.conflicts if c not in cache_engine.host.cache_methods]
@@ -109,7 +117,7 @@ class CacheMethodConformance:
         assert spec.name in cache_engine.spec.capabilities.cache_methods, (
             f"model {cache_engine.spec.name!r} does not declare support for {spec.name!r}")
 
-    def test_apply_then_remove_leaves_the_pipeline_unchanged(self, cache_engine: Any) -> None:
+    def test_apply_then_remove_leaves_the_pipeline_unchanged(self, cache_engine: Engine) -> None:
         baseline, before = self.run(cache_engine), _snapshot(cache_engine.pipeline)
         handle = cache_engine.host.enable_cache(cache_engine.pipeline, self.spec(cache_engine), self.cache_config)
         try:
@@ -120,7 +128,7 @@ class CacheMethodConformance:
         assert not changed, f"after remove() these differ from before apply: {changed[:10]}"
         assert self.run(cache_engine) == baseline, "outputs after remove() differ from outputs before apply"
 
-    def test_state_is_per_request(self, cache_engine: Any) -> None:
+    def test_state_is_per_request(self, cache_engine: Engine) -> None:
         """With the method on, the same request twice gives identical bytes: nothing leaks between requests."""
         handle = cache_engine.host.enable_cache(cache_engine.pipeline, self.spec(cache_engine), self.cache_config)
         try:
@@ -129,7 +137,7 @@ class CacheMethodConformance:
             handle.remove()
         assert first == second, "the cache carried state from one request into the next"
 
-    def test_reuse_happens_and_is_reported(self, cache_engine: Any) -> None:
+    def test_reuse_happens_and_is_reported(self, cache_engine: Engine) -> None:
         """Under ``reuse_config`` the method skips at least one step, and outputs report it as
         ``metrics["cache_reused_steps"]`` (0 without the method)."""
         if not self.expect_reuse:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,8 +26,17 @@ from .runtime import (
     spy_calls,
 )
 
+if TYPE_CHECKING:
+    import torch
 
-def output_bytes(outputs: list[Any]) -> list[bytes]:
+    from ..engine.api import Engine
+    from ..engine.jobs import Job
+    from ..engine.progress import ProgressEvent
+    from ..engine.request import GenerationRequest
+    from ..outputs.output import Output
+
+
+def output_bytes(outputs: list[Output]) -> list[bytes]:
     """Everything an output carries that must be reproducible: frames, audio, fps and sample rate."""
     blobs = []
     for out in outputs:
@@ -37,7 +46,7 @@ def output_bytes(outputs: list[Any]) -> list[bytes]:
     return blobs
 
 
-def rewrite_weights(src: Path, dst: Path, transform: Any = None) -> int:
+def rewrite_weights(src: Path, dst: Path, transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
     """Copy checkpoint ``src`` to ``dst``, re-serialising every ``*.safetensors`` file through our own load and
     save (optionally transforming each floating tensor). Returns the number of tensors written."""
     from safetensors.torch import load_file, save_file
@@ -74,7 +83,7 @@ class ModelPluginConformance:
     prompt: str = "a small red cube on a wooden table"
     params: dict[str, Any] = {"num_inference_steps": 2}
     seed: int = 1234
-    invalid_params: dict[str, Any] = {"height": -8, "num_inference_steps": 0, "guidance_scale": float("nan")}
+    invalid_params: dict[str, object] = {"height": -8, "num_inference_steps": 0, "guidance_scale": float("nan")}
     engine_options: dict[str, Any] = {}
     runtime_steps: int = 3
     batch_max_abs_diff: int = 2
@@ -91,7 +100,7 @@ class ModelPluginConformance:
         return host
 
     @classmethod
-    def make_engine(cls, model: str | Path, settings: Settings) -> Any:
+    def make_engine(cls, model: str | Path, settings: Settings) -> Engine:
         from ..engine.api import Engine
 
         return Engine(model, host=cls.make_host(settings), settings=settings, **cls.engine_options)
@@ -103,28 +112,28 @@ class ModelPluginConformance:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def model_engine(cls, model_settings: Settings) -> Iterator[Any]:
+    def model_engine(cls, model_settings: Settings) -> Iterator[Engine]:
         engine = cls.make_engine(cls.model, model_settings)
         try:
             yield engine
         finally:
             engine.close()
 
-    def run(self, engine: Any, **overrides: Any) -> list[Any]:
+    def run(self, engine: Engine, **overrides: Any) -> list[Output]:
         params = {"seed": self.seed, **self.params, **overrides}
         return engine.generate(self.prompt, **params)
 
-    def request(self, seed: int, **overrides: Any) -> Any:
+    def request(self, seed: int, **overrides: Any) -> GenerationRequest:
         """The request :meth:`run` would make, for checks that submit jobs themselves."""
         from ..engine.api import make_request
 
         return make_request(self.prompt, **{**self.params, **overrides, "seed": seed})
 
-    def runtime_params(self) -> dict[str, Any]:
+    def runtime_params(self) -> dict[str, int]:
         return {"num_inference_steps": max(self.runtime_steps, self.params.get("num_inference_steps") or 0)}
 
     # ------------------------------------------------------------------ checks
-    def test_output_shape_and_type(self, model_engine: Any) -> None:
+    def test_output_shape_and_type(self, model_engine: Engine) -> None:
         from ..outputs.output import Output
 
         spec = model_engine.spec
@@ -151,16 +160,16 @@ class ModelPluginConformance:
                 assert out.audio.ndim == 2 and bool(np.isfinite(out.audio).all())
             assert out.seed == self.seed + out.index
 
-    def test_same_seed_gives_identical_bytes(self, model_engine: Any) -> None:
+    def test_same_seed_gives_identical_bytes(self, model_engine: Engine) -> None:
         first, second = self.run(model_engine), self.run(model_engine)
         assert output_bytes(first) == output_bytes(second), (
             "same seed, different outputs: generation is not deterministic")
 
-    def test_seed_changes_the_output(self, model_engine: Any) -> None:
+    def test_seed_changes_the_output(self, model_engine: Engine) -> None:
         a, b = self.run(model_engine), self.run(model_engine, seed=self.seed + 1)
         assert output_bytes(a) != output_bytes(b), "changing the seed did not change the output"
 
-    def test_invalid_requests_name_the_field(self, model_engine: Any) -> None:
+    def test_invalid_requests_name_the_field(self, model_engine: Engine) -> None:
         for field, bad in self.invalid_params.items():
             with pytest.raises(InvalidRequest) as info:
                 self.run(model_engine, **{field: bad})
@@ -169,7 +178,7 @@ class ModelPluginConformance:
             model_engine.generate("   ", **self.params)
         assert info.value.field == "prompt"
 
-    def test_weight_round_trip_gives_identical_outputs(self, model_engine: Any, model_settings: Settings,
+    def test_weight_round_trip_gives_identical_outputs(self, model_engine: Engine, model_settings: Settings,
                                                        tmp_path: Path) -> None:
         """Saving the preset's weights and loading them from a local directory reproduces the outputs
         exactly, and changing the weights changes them (the loader really reads the files)."""
@@ -191,15 +200,15 @@ class ModelPluginConformance:
             engine.close()
 
     # ------------------------------------------------------------------ runtime: cancellation, progress, batching
-    def test_cancellation_mid_run_stops_within_one_step(self, model_engine: Any) -> None:
+    def test_cancellation_mid_run_stops_within_one_step(self, model_engine: Engine) -> None:
         """Cancelling a running job after its first step ends it before two more steps ran, and the engine
         serves the next request normally."""
         steps = self.runtime_params()
-        events: list[Any] = []
+        events: list[ProgressEvent] = []
         submitted = threading.Event()
-        jobs: list[Any] = []
+        jobs: list[Job] = []
 
-        def cancel_after_first_step(event: Any) -> None:
+        def cancel_after_first_step(event: ProgressEvent) -> None:
             events.append(event)
             if event.phase == "denoise" and event.step == 1:
                 submitted.wait(60)  # the worker may get here before submit() returned the job
@@ -218,16 +227,16 @@ class ModelPluginConformance:
         assert max(e.step for e in events if e.phase == "denoise") == 1, "progress went on after cancellation"
         assert len(self.run(model_engine)) == self.params.get("num_outputs", 1), "the engine broke after a cancel"
 
-    def test_progress_once_per_step_and_monotone(self, model_engine: Any) -> None:
-        events: list[Any] = []
+    def test_progress_once_per_step_and_monotone(self, model_engine: Engine) -> None:
+        events: list[ProgressEvent] = []
         steps = self.runtime_params()
         model_engine.submit(self.request(self.seed, **steps), on_event=events.append).result(300)
         check_progress_events(events, steps["num_inference_steps"])
 
-    def _solo(self, engine: Any, seed: int) -> list[Any]:
+    def _solo(self, engine: Engine, seed: int) -> list[Output]:
         return engine.submit(self.request(seed, **self.runtime_params())).result(300)
 
-    def test_batched_run_equals_solo_runs(self, model_engine: Any) -> None:
+    def test_batched_run_equals_solo_runs(self, model_engine: Engine) -> None:
         if not model_engine.spec.capabilities.supports_batching:
             pytest.skip(f"model {model_engine.spec.name!r} declares supports_batching=False")
         seeds = (self.seed + 10, self.seed + 20)
@@ -242,11 +251,11 @@ class ModelPluginConformance:
             assert_close_outputs(b, s, self.batch_max_abs_diff, self.batch_audio_atol,
                                  f"seed {seed}: batched run vs solo run")
 
-    def test_cancelling_one_of_a_batch_leaves_the_other_equal_to_its_solo_run(self, model_engine: Any) -> None:
+    def test_cancelling_one_of_a_batch_leaves_the_other_equal_to_its_solo_run(self, model_engine: Engine) -> None:
         if not model_engine.spec.capabilities.supports_batching:
             pytest.skip(f"model {model_engine.spec.name!r} declares supports_batching=False")
         victim_seed, survivor_seed = self.seed + 30, self.seed + 40
-        victim_events: list[Any] = []
+        victim_events: list[ProgressEvent] = []
         batches = model_engine.stats()["batches_executed"]
         with held_worker(model_engine, self.request(survivor_seed, **self.runtime_params())) as survivor_solo:
             victim = model_engine.submit(self.request(victim_seed, **self.runtime_params()),
@@ -264,7 +273,7 @@ class ModelPluginConformance:
                              "survivor of a batch with a cancelled request vs its solo run")
 
     # ------------------------------------------------------------------ attention selection
-    def test_forced_attention_backend_is_used(self, model_engine: Any, model_settings: Settings) -> None:
+    def test_forced_attention_backend_is_used(self, model_engine: Engine, model_settings: Settings) -> None:
         """A model either runs its attention through the backend omnicore selects (forcing a backend makes the
         model call it), or declares ``honours_attention_backend=False`` and then forcing one is refused."""
         settings = Settings(cache_dir=model_settings.cache_dir, attention_backend=SPY_BACKEND)

@@ -9,7 +9,7 @@ platform's op table exactly as a model does (``platform.ops.<op>``), and also ca
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 
@@ -18,6 +18,9 @@ from ..plugin_host.host import PluginHost
 from ..specs import OpSpec, resolve
 from .plugin import add_loaded, isolated_host
 
+if TYPE_CHECKING:
+    import torch
+
 #: default (atol, rtol) per dtype, kernel vs eager reference on the same inputs
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-5, 1e-5),
@@ -25,16 +28,16 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "bfloat16": (2e-2, 2e-2),
 }
 
-Case = tuple[str, tuple[Any, ...], dict[str, Any]]
+Case = tuple[str, tuple[object, ...], dict[str, object]]
 
 
-def op_cases(op: str, dtype: Any, device: Any, seed: int = 0) -> Iterator[Case]:
+def op_cases(op: str, dtype: torch.dtype, device: str | torch.device, seed: int = 0) -> Iterator[Case]:
     """``(label, args, kwargs)`` inputs for op ``op``: several shapes, broadcasting, optional arguments."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
 
-    def t(*shape: int, dt: Any = dtype, scale: float = 1.0) -> Any:
+    def t(*shape: int, dt: torch.dtype = dtype, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
 
     f32 = torch.float32
@@ -75,7 +78,7 @@ def op_cases(op: str, dtype: Any, device: Any, seed: int = 0) -> Iterator[Case]:
         yield "no-bias", (t(1, 16, 4, 3), t(16, 16, 3, 3, scale=0.2), None), {}
         yield "odd-channels", (t(1, 5, 3, 7), t(3, 5, 3, 3, scale=0.2), t(3)), {"padding": 1}
     elif op == "lora_segment_delta":
-        def ends(*values: int) -> Any:
+        def ends(*values: int) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64)
 
         # equal segments (a batched layout), ragged ones (packed documents, an empty one), mixed ranks zero-padded
@@ -129,11 +132,11 @@ class PlatformOpConformance:
         assert specs, f"no implementation of op {self.op!r} is registered for platform {self.platform!r}"
         return specs
 
-    def cases(self, dtype: Any) -> list[Case]:
+    def cases(self, dtype: torch.dtype) -> list[Case]:
         """The inputs checked for ``dtype`` (override to add model-specific shapes)."""
         return list(op_cases(self.op, dtype, self.device))
 
-    def _close(self, got: Any, want: Any, dtype: str, what: str) -> None:
+    def _close(self, got: object, want: object, dtype: str, what: str) -> None:
         import torch
 
         if isinstance(want, tuple):
@@ -142,12 +145,14 @@ class PlatformOpConformance:
                 self._close(g, w, dtype, f"{what}[{i}]")
             return
         atol, rtol = {**TOLERANCES, **self.tolerances}.get(dtype, (5e-2, 5e-2))
+        assert isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor), (
+            f"{what}: returns {type(got)}, reference {type(want)}")
         assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
         assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != reference {want.dtype}"
         torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=atol, rtol=rtol,
                                    msg=lambda m: f"{what}: {m}")
 
-    def _eager(self) -> Callable[..., Any]:
+    def _eager(self) -> Callable[..., object]:
         from ..ops.table import PlatformOps
 
         return PlatformOps.eager(self.op)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -13,6 +13,9 @@ from ..errors import PlatformUnavailable
 from ..plugin_host.host import PluginHost
 from ..specs import PlatformSpec
 from .plugin import add_loaded, isolated_host
+
+if TYPE_CHECKING:
+    from ..platforms.base import Platform
 
 
 class PlatformConformance:
@@ -79,7 +82,7 @@ class PlatformConformance:
         from ..ops.names import OP_NAMES
         from ..ops.table import PlatformOps
 
-        plat: Any = platform_host.bind_platform_ops(platform_spec.load_impl()(), platform_spec.name)
+        plat: Platform = platform_host.bind_platform_ops(platform_spec.load_impl()(), platform_spec.name)
         assert isinstance(plat.ops, PlatformOps) and plat.ops.platform == platform_spec.name
         registered = {s.name for s in platform_host.ops if s.platform == platform_spec.name}
         assert set(plat.ops.provided()) == registered
@@ -94,7 +97,7 @@ class PlatformConformance:
             pytest.skip(f"platform {self.platform!r} is unavailable here: {platform_spec.unavailable_reason()}")
         import torch
 
-        plat: Any = platform_spec.load_impl()()
+        plat: Platform = platform_spec.load_impl()()
         device = plat.device()
         assert isinstance(device, torch.device) and device.type == platform_spec.device_type
         x = torch.ones(256, 256, device=device)

@@ -38,7 +38,7 @@ def isolated_host(settings: Settings | None = None) -> PluginHost:
     return PluginHost(settings if settings is not None else Settings(), autoload=False)
 
 
-def load_plugin_object(target: str) -> Any:
+def load_plugin_object(target: str) -> object:
     """What an entry point ``target`` (``"module"`` or ``"module:attr"``) registers; classes are instantiated."""
     obj = resolve(target) if ":" in target else importlib.import_module(target)
     return obj() if inspect.isclass(obj) else obj
@@ -104,7 +104,7 @@ def declared_registrations(info: dict[str, Any]) -> dict[str, list[str]]:
     return declared
 
 
-def lazy_paths(spec: Any) -> Iterator[tuple[str, str]]:
+def lazy_paths(spec: object) -> Iterator[tuple[str, str]]:
     """``(field, "module:attr")`` for every lazy path a registry record carries."""
     for field in _LAZY_FIELDS:
         value = getattr(spec, field, None)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -15,20 +15,32 @@ from ..engine.progress import PHASES
 from ..hookspecs import hookimpl
 from ..specs import AttentionBackendSpec, resolve
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..engine.api import Engine
+    from ..engine.jobs import Job
+    from ..engine.progress import ProgressEvent
+    from ..engine.protocol import DenoiseState, Pipeline
+    from ..engine.request import GenerationRequest
+    from ..outputs.output import Output
+    from ..plugin_host.host import PluginHost
+
 #: Name of the spy backend the attention check forces (``--attention-backend`` with this name).
 SPY_BACKEND = "omnicore-conformance-spy"
-_spy: dict[str, Any] = {"calls": 0, "target": "omnicore.attention.reference:sdpa_attention"}
+_spy: dict[str, int | str] = {"calls": 0, "target": "omnicore.attention.reference:sdpa_attention"}
 _spy_lock = threading.Lock()
 
 #: Order in which a job's phases may appear (``queued`` is skipped when the worker starts it at once).
 PHASE_ORDER = ("preprocess", "queued", "encode", "denoise", "decode", "postprocess", "done")
 
 
-def spy_attention(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+def spy_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
     """Counts its calls, then runs the backend it copies (the core's SDPA reference unless told otherwise)."""
     with _spy_lock:
-        _spy["calls"] += 1
-    return resolve(_spy["target"])(q, k, v, **kwargs)
+        _spy["calls"] = int(_spy["calls"]) + 1
+    attention: Callable[..., torch.Tensor] = resolve(str(_spy["target"]))
+    return attention(q, k, v, **kwargs)
 
 
 def spy_calls() -> int:
@@ -55,14 +67,15 @@ class StepCounter:
         self.steps: dict[str, int] = {}
 
     @hookimpl(wrapper=True)
-    def omnicore_denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+    def omnicore_denoise(self, pipeline: Pipeline, state: DenoiseState,
+                         step: int) -> Generator[None, DenoiseState | None, DenoiseState | None]:
         for request in getattr(state, "requests", ()):
             self.steps[request.request_id] = self.steps.get(request.request_id, 0) + 1
         return (yield)
 
 
 @contextlib.contextmanager
-def counting_steps(host: Any) -> Iterator[StepCounter]:
+def counting_steps(host: PluginHost) -> Iterator[StepCounter]:
     counter = StepCounter()
     name = f"omnicore-conformance-steps-{id(counter):x}"
     host.pm.register(counter, name=name)
@@ -73,13 +86,13 @@ def counting_steps(host: Any) -> Iterator[StepCounter]:
 
 
 @contextlib.contextmanager
-def held_worker(engine: Any, request: Any, timeout: float = 120.0) -> Iterator[Any]:
+def held_worker(engine: Engine, request: GenerationRequest, timeout: float = 120.0) -> Iterator[Job]:
     """Run ``request`` and keep the engine's worker inside its ``encode`` until the block ends, so every request
     submitted inside the block waits in the queue and the scheduler forms one batch of them afterwards.
     Yields the holding job; on exit it is released and awaited."""
     release, holding = threading.Event(), threading.Event()
 
-    def hold(event: Any) -> None:
+    def hold(event: ProgressEvent) -> None:
         if event.phase == "encode" and not holding.is_set():
             holding.set()
             release.wait(timeout)
@@ -93,7 +106,7 @@ def held_worker(engine: Any, request: Any, timeout: float = 120.0) -> Iterator[A
         job.wait(timeout)
 
 
-def check_progress_events(events: Sequence[Any], min_steps: int) -> None:
+def check_progress_events(events: Sequence[ProgressEvent], min_steps: int) -> None:
     """A finished job's events: phases in order, one ``denoise`` event per step 1..T, monotone progress to 1."""
     phases = [e.phase for e in events]
     assert phases and phases[-1] == "done", f"the job did not end with 'done': {phases}"
@@ -111,7 +124,7 @@ def check_progress_events(events: Sequence[Any], min_steps: int) -> None:
     assert progress[-1] == 1.0, f"a finished job ends at progress 1.0, got {progress[-1]}"
 
 
-def assert_close_outputs(actual: Sequence[Any], expected: Sequence[Any], max_abs_diff: int,
+def assert_close_outputs(actual: Sequence[Output], expected: Sequence[Output], max_abs_diff: int,
                          audio_atol: float, what: str) -> None:
     """Same kinds, shapes, fps and seeds; frames within ``max_abs_diff`` (uint8 levels), audio within ``audio_atol``."""
     import numpy as np
@@ -122,6 +135,6 @@ def assert_close_outputs(actual: Sequence[Any], expected: Sequence[Any], max_abs
         diff = int(np.abs(a.frames.astype(np.int16) - e.frames.astype(np.int16)).max())
         assert diff <= max_abs_diff, f"{what}: frames differ by up to {diff} levels (tolerance {max_abs_diff})"
         assert (a.audio is None) == (e.audio is None), what
-        if a.audio is not None:
+        if a.audio is not None and e.audio is not None:
             assert a.sample_rate == e.sample_rate and a.audio.shape == e.audio.shape, what
             assert np.allclose(a.audio, e.audio, atol=audio_atol), f"{what}: audio differs beyond {audio_atol}"

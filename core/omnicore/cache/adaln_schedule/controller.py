@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Final
 
 import attrs
 import torch
@@ -27,7 +27,7 @@ class _Absent:
         return "ABSENT"
 
 
-ABSENT: Any = _Absent()
+ABSENT: Final = _Absent()
 """Marks an ``adaln_step_index`` keyword that was not passed at all (distinct from an explicit ``None``)."""
 
 
@@ -150,7 +150,7 @@ class AdaLNScheduleController:
         self.cache = None
 
     # ------------------------------------------------------------------ per-forward step selection
-    def select(self, adaln_step_index: Any = ABSENT) -> torch.Tensor | None:
+    def select(self, adaln_step_index: object = ABSENT) -> torch.Tensor | None:
         """The cached ``t_emb`` of the step (cursor moved there), or ``None`` for the normal path."""
         cache = self.cache
         if cache is None:

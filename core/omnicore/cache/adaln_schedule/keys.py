@@ -8,7 +8,6 @@ host-side tuples only; building one never reads a device tensor (no host/device 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import torch
@@ -16,7 +15,7 @@ import torch
 ScheduleKey = tuple[tuple[int, ...], ...]
 
 
-def _check_cpu_float32(values: Any) -> None:
+def _check_cpu_float32(values: object) -> None:
     if not isinstance(values, torch.Tensor) or values.dtype != torch.float32 or values.device.type != "cpu":
         raise ValueError("schedule key values must be a CPU float32 tensor")
 
@@ -37,7 +36,7 @@ class StepTimesteps:
     inverse_indices: torch.Tensor | None = None
 
 
-def step_timesteps(row_timesteps: torch.Tensor, device: Any = None) -> StepTimesteps:
+def step_timesteps(row_timesteps: torch.Tensor, device: torch.device | str | None = None) -> StepTimesteps:
     """Unique sorted timesteps (with inverse) of one step from its CPU float32 per-row timesteps."""
     _check_cpu_float32(row_timesteps)
     unique, inverse = torch.unique(row_timesteps, sorted=True, return_inverse=True)
@@ -48,7 +47,7 @@ def step_timesteps(row_timesteps: torch.Tensor, device: Any = None) -> StepTimes
     )
 
 
-def schedule_key(steps: Sequence[Any]) -> ScheduleKey:
+def schedule_key(steps: Sequence[object]) -> ScheduleKey:
     """Key of a whole schedule from per-step metadata carrying host ``timestep_bits``."""
     if len(steps) == 0:
         raise ValueError("AdaLN schedule must contain at least one denoise step")

@@ -22,7 +22,7 @@ priority available platform of that device type.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -30,6 +30,14 @@ from ...errors import ConfigError, UnsupportedFeature
 from ...hookspecs import hookimpl
 from .._step import coerce_config, resolve_host
 from .controller import AdaLNScheduleController
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ...engine.protocol import DenoiseState, Pipeline
+    from ...platforms.base import Platform
+    from .._step import PluginHostLike
 
 METHOD_NAME = "adaln_schedule"
 STATE_CACHE_KEY = "adaln_schedule"
@@ -41,14 +49,14 @@ class AdaLNScheduleConfig:
     """``offload_weights``: after the tables are installed, free the projection weights' device storage
     (only when the tables are smaller). ``host``: the plugin host (default ``pipeline.host``)."""
 
-    host: Any = None
+    host: PluginHostLike | None = None
     offload_weights: bool = False
 
 
 class AdaLNScheduleHandle:
     method = METHOD_NAME
 
-    def __init__(self, pipeline: Any, config: AdaLNScheduleConfig) -> None:
+    def __init__(self, pipeline: Any, config: AdaLNScheduleConfig) -> None:  # a pipeline with a schedule
         controller = getattr(pipeline, "adaln_schedule", None)
         if not isinstance(controller, AdaLNScheduleController) or not callable(
                 getattr(pipeline, "adaln_schedule_plan", None)):
@@ -58,16 +66,16 @@ class AdaLNScheduleHandle:
         self.config = config
         self.controller = controller
         self.host = resolve_host(pipeline, config, METHOD_NAME)
-        self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._seen: weakref.WeakSet[DenoiseState] = weakref.WeakSet()
         self._name = f"omnicore.cache.{METHOD_NAME}@{id(pipeline):x}"
         if self.host.pm.get_plugin(self._name) is not None:
             raise ConfigError("cache_methods", f"{METHOD_NAME!r} is already enabled on this pipeline")
         self.host.pm.register(self, name=self._name)
-        self._platforms: dict[str, Any] = {}
+        self._platforms: dict[str, Platform | None] = {}
         self._previous_release = controller.release_cached_memory
         controller.release_cached_memory = self.release_cached_memory
 
-    def platform_for(self, device: Any) -> Any:
+    def platform_for(self, device: torch.device | str) -> Platform | None:
         """The platform whose allocator owns ``device`` (see the module docstring); ``None`` when none is known."""
         kind = getattr(device, "type", str(device))
         if kind in self._platforms:
@@ -84,14 +92,14 @@ class AdaLNScheduleHandle:
         self._platforms[kind] = platform
         return platform
 
-    def release_cached_memory(self, device: Any) -> None:
+    def release_cached_memory(self, device: torch.device) -> None:
         """After the projections' weights left ``device``: give the freed blocks back to it."""
         platform = self.platform_for(device)
         if platform is not None:
             platform.empty_cache()
 
     @hookimpl(tryfirst=True, specname="omnicore_denoise")
-    def _denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+    def _denoise(self, pipeline: Any, state: DenoiseState, step: int) -> None:
         if pipeline is not self.pipeline:
             return None
         extras = state.extras
@@ -130,7 +138,7 @@ class AdaLNScheduleHandle:
             self.controller.release_cached_memory = self._previous_release
 
 
-def resident_modules(pipeline: Any) -> list[Any]:
+def resident_modules(pipeline: object) -> list[nn.Module]:
     """The linears of the pipeline's AdaLN projections: this method owns their weights (it may offload them
     itself), so weight offload leaves them resident (``CacheMethodSpec.resident``)."""
     controller = getattr(pipeline, "adaln_schedule", None)
@@ -139,6 +147,6 @@ def resident_modules(pipeline: Any) -> list[Any]:
     return [projection.linear for projection in controller.projections]
 
 
-def apply_adaln_schedule(pipeline: Any, config: AdaLNScheduleConfig | dict[str, Any] | None = None
+def apply_adaln_schedule(pipeline: Pipeline, config: AdaLNScheduleConfig | dict[str, object] | None = None
                          ) -> AdaLNScheduleHandle:
     return AdaLNScheduleHandle(pipeline, coerce_config(AdaLNScheduleConfig, config, METHOD_NAME))

@@ -13,7 +13,7 @@ tensors of the same dtype on the same device, so the parameter objects survive b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import torch
@@ -22,6 +22,9 @@ from torch import nn
 # compile boundary: the table lookup must not be captured into a graph (the cursor changes per step);
 # torch.compiler.disable exists in every torch the core supports (>= 2.4)
 from torch.compiler import disable as _compile_disable
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -34,7 +37,7 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 def _local_nbytes(t: torch.Tensor) -> int:
     if _is_dtensor(t):
-        t = cast(Any, t).to_local()  # a DTensor (checked just above)
+        t = cast("DTensor", t).to_local()  # a DTensor (checked just above)
     return t.numel() * t.element_size()
 
 
@@ -59,7 +62,8 @@ class AdaLNProjection(nn.Module):
     table: torch.Tensor | None
 
     def __init__(self, in_features: int, hidden: int, expand_ratio: int = 6, modality_num: int = 1, *,
-                 bias: bool = True, device: Any = None, dtype: Any = None) -> None:
+                 bias: bool = True, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.hidden = hidden
         self.expand_ratio = expand_ratio
