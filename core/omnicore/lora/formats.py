@@ -8,7 +8,9 @@ Two layouts are read:
   diffusers ``*.safetensors`` file / directory without a config (``save_lora_weights``: scaling 1 unless the file
   carries ``<module>.alpha`` entries);
 * **kohya / A1111**: one ``.safetensors`` file with ``lora_unet_<module_with_underscores>.lora_down.weight`` /
-  ``lora_up.weight`` / ``.alpha`` (scaling ``alpha / rank``; 1 without ``alpha``).
+  ``lora_up.weight`` / ``.alpha`` (scaling ``alpha / rank``; 1 without ``alpha``); the flattened name is read back
+  to a dotted one among the model's modules and the names its converter takes (``LoRATargets.kohya_names``), then
+  converted like a PEFT file of those names.
 
 The DiTs served here are not among the architectures diffusers' own key converters know (those cover SD, Flux,
 Wan, ...), so names are mapped through the model's :class:`~omnicore.lora.targets.TargetMap`: strip one known
@@ -274,7 +276,7 @@ def convert(raw: RawAdapter, tmap: TargetMap) -> AdapterWeights:
     extra_alpha = sorted(set(alphas) - set(pairs))
     if extra_alpha:
         raise LoRAError(raw.label, extra_alpha[0] + ".alpha", "an alpha for a module without LoRA weights")
-    if tmap.targets.converter and raw.layout != "kohya":
+    if tmap.targets.converter:  # kohya files too: their names are read back to the dotted names it takes
         scaled = _run_converter(raw, tmap, scaled, keys)
     out: dict[str, tuple[Any, Any]] = {}
     for module, (a, b) in sorted(scaled.items()):

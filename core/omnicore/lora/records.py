@@ -111,6 +111,10 @@ class LoRATargets:
     names (prefix stripped, aliases applied, ``alpha / r`` already folded into ``B``) and the network's ``config``,
     and returns them in the model's names — e.g. separate ``to_q/to_k/to_v`` adapters as one fused ``qkv_proj``
     adapter (ranks concatenated, ``B`` block-diagonal: exact). Names it leaves alone must already be the model's.
+    Kohya / A1111 files go through it too: their flattened keys (``lora_unet_transformer_blocks_0_attn_to_q``) are
+    read back to the dotted names it takes, which ``kohya_names`` (``"module:function"``, called with the model's
+    adaptable module names and the network's ``config``) lists beyond the model's own (a flattened name alone
+    cannot tell ``attn_to_q`` from ``attn.to_q``).
     """
 
     modules: tuple[str, ...] = attrs.field(converter=_patterns)
@@ -120,6 +124,7 @@ class LoRATargets:
     kohya_prefixes: tuple[str, ...] = attrs.field(default=DEFAULT_KOHYA_PREFIXES, converter=_patterns)
     aliases: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     converter: str | None = None
+    kohya_names: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.modules:

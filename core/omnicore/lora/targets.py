@@ -59,8 +59,15 @@ class TargetMap:
 
     @property
     def kohya_names(self) -> dict[str, str]:
-        """kohya's flattened name (``blocks_0_attn_to_q``) -> module name, for every adaptable module."""
-        return {name.replace(".", "_"): name for name in self.shapes}
+        """kohya's flattened name (``blocks_0_attn_to_q``) -> dotted module name, for every adaptable module and
+        every name the model's converter reads (``LoRATargets.kohya_names``)."""
+        names = {name.replace(".", "_"): name for name in self.shapes}
+        if self.targets.kohya_names:
+            from .._lazy import resolve
+
+            for name in resolve(self.targets.kohya_names)(sorted(self.shapes), self.config):
+                names.setdefault(str(name).replace(".", "_"), str(name))
+        return names
 
     @classmethod
     def build(cls, root: Any, targets: LoRATargets, model: str) -> TargetMap:

@@ -13,12 +13,14 @@ this maps them exactly as :mod:`omni_hunyuan.loader` maps the base weights:
 * ``mlp.gate.wg`` (the router) is ours ``mlp.gate``, so an adapter on it is refused as not adaptable by name.
 
 Routed experts (``mlp.experts.N.…``) keep their names and are refused (they are stacked weights here, and the
-router picks them per token). A kohya / A1111 file names our modules directly and is read in our layout.
+router picks them per token). A kohya / A1111 file is read like a PEFT file of the same names, flattened
+(``lora_unet_model_layers_0_mlp_gate_and_up_proj``: the release's layout); :func:`kohya_names` lists the release's
+fused MLP names the core reads such keys back to (its other names are ours).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -63,4 +65,10 @@ def checkpoint_to_ours(modules: Mapping[str, Pair], config: Any) -> dict[str, Pa
     return out
 
 
-__all__ = ["checkpoint_to_ours"]
+def kohya_names(names: Iterable[str], config: Any) -> list[str]:
+    """The release's fused ``gate_and_up_proj`` of every shared / dense MLP among our adaptable ``names``: the
+    dotted names a kohya file trained on the release flattens beyond ours."""
+    return sorted({name.rsplit(".", 1)[0] + _FUSED_MLP for name in names if name.endswith((".gate_proj", ".up_proj"))})
+
+
+__all__ = ["checkpoint_to_ours", "kohya_names"]

@@ -96,6 +96,7 @@ LORA_TARGETS = LoRATargets(
              "model.layers.*.mlp.shared_mlp.down_proj",
              "model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj", "model.layers.*.mlp.down_proj"),
     converter="omni_hunyuan.lora:checkpoint_to_ours",
+    kohya_names="omni_hunyuan.lora:kohya_names",
 )
 
 MODEL_SPEC = ModelSpec(

@@ -14,17 +14,19 @@ module names. Names are read as the checkpoint that uses them lays its weights o
   ``qkv_proj`` rows are grouped per head (``[heads, 3, D]``) there, so ``B``'s rows are regrouped to ``[Q; K; V]``;
   everything else is already ours.
 
-A kohya / A1111 file names our modules directly (the core maps those keys itself) and is read in our layout.
+A kohya / A1111 file is read like a PEFT file of the same names, flattened (``lora_unet_blocks_0_attn_qkv_proj``:
+the release's layout; ``lora_transformer_transformer_blocks_0_attn_to_q``: diffusers'); :func:`kohya_names` lists
+the diffusers names the core reads such keys back to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from .loader import _BLOCK_RENAMES, _DIFF_BLOCK, _TOP_RENAMES, _regroup, _swap_halves
+from .loader import _BLOCK_RENAMES, _DIFF_BLOCK, _OUR_BLOCK, _TOP_RENAMES, _regroup, _swap_halves
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -93,4 +95,24 @@ def checkpoint_to_ours(modules: Mapping[str, Pair], config: Any) -> dict[str, Pa
     return out
 
 
-__all__ = ["checkpoint_to_ours"]
+#: inside a block, our adaptable linear -> the diffusers module(s) it is made of
+_DIFFUSERS_PARTS = {"attn.qkv_proj": ("attn.to_q", "attn.to_k", "attn.to_v"), "attn.out_proj": ("attn.to_out.0",),
+                    "mlp.fc1": ("ff.net.0.proj",), "mlp.fc2": ("ff.net.2",)}
+
+
+def kohya_names(names: Iterable[str], config: Any) -> list[str]:
+    """The diffusers module names of our adaptable linears ``names`` (``transformer_blocks.N.attn.to_q``, ...): the
+    dotted names a kohya file trained on diffusers' ``MiniMaxH3Transformer3DModel`` flattens (the release's names
+    are ours, which the core knows already)."""
+    out: list[str] = []
+    for name in names:
+        m = _OUR_BLOCK.match(name)
+        if m is None:
+            continue
+        group, idx, rest = m.groups()
+        prefix = f"{'transformer_blocks' if group == 'blocks' else 'token_refiner.refiner_blocks'}.{idx}."
+        out.extend(prefix + part for part in _DIFFUSERS_PARTS.get(rest, ()))
+    return out
+
+
+__all__ = ["checkpoint_to_ours", "kohya_names"]

@@ -118,6 +118,7 @@ LORA_TARGETS = LoRATargets(
              "token_refiner.blocks.*.attn.qkv_proj", "token_refiner.blocks.*.attn.out_proj",
              "token_refiner.blocks.*.mlp.fc1", "token_refiner.blocks.*.mlp.fc2"),
     converter="omni_minimax_h3.lora:checkpoint_to_ours",
+    kohya_names="omni_minimax_h3.lora:kohya_names",
 )
 
 MODEL_SPEC = ModelSpec(
