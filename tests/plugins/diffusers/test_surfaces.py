@@ -221,8 +221,71 @@ def test_serve_images_with_the_openai_sdk_equal_the_stock_pipeline(flux_dir: Pat
         assert np.array_equal(image, expected), f"image {i} differs from the stock pipeline"
 
 
+def _sse(lines: Any) -> Any:
+    """(event type, data) pairs of a server-sent event stream."""
+    import json
+
+    kind = None
+    for line in lines:
+        if line.startswith("event: "):
+            kind = line[len("event: "):]
+        elif line.startswith("data: "):
+            yield kind, json.loads(line[len("data: "):])
+
+
+def _cancelled_jobs(url: str) -> float:
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("omnicore_jobs_total{") and 'status="cancelled"' in line)
+
+
+@pytest.mark.slow
+def test_serve_a_save_pretrained_directory_streams_progress_and_a_disconnect_cancels(flux_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """``omnicore serve ./tiny-flux`` (acceptance): ``stream: true`` on /v1/images/generations sends one denoise
+    progress event per step, monotone, then the image, equal to the stock pipeline; a client that disconnects
+    after the first step cancels its job (counted on /metrics) and the server serves the next request."""
+    import httpx
+
+    server = _Server(flux_dir, tmp_path)
+    try:
+        body = {"prompt": PROMPT, "size": "32x32", "seed": 4, "num_inference_steps": 4, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/images/generations", json=body, timeout=120) as reply:
+            reply.raise_for_status()
+            events = list(_sse(reply.iter_lines()))
+        steps = [(d["step"], d["total_steps"]) for k, d in events
+                 if k == "image_generation.progress" and d["phase"] == "denoise"]
+        assert steps == [(i, 4) for i in range(1, 5)], events
+        progress = [d["progress"] for k, d in events if k == "image_generation.progress"]
+        assert progress == sorted(progress)
+        [done] = [d for k, d in events if k == "image_generation.completed"]
+        image = np.asarray(Image.open(io.BytesIO(base64.b64decode(done["b64_json"]))).convert("RGB"))
+        assert np.array_equal(image, _stock(flux_dir, PROMPT, 4, height=32, width=32, num_inference_steps=4,
+                                            guidance_scale=3.5))
+
+        before = _cancelled_jobs(server.url)
+        long = {**body, "num_inference_steps": 200, "seed": 5}
+        with httpx.stream("POST", server.url + "/v1/images/generations", json=long, timeout=120) as reply:
+            for kind, data in _sse(reply.iter_lines()):
+                if kind == "image_generation.progress" and data["phase"] == "denoise" and data["step"] >= 1:
+                    break  # leaving the block closes the connection mid-request
+        deadline = time.monotonic() + 120
+        while _cancelled_jobs(server.url) < before + 1:
+            assert time.monotonic() < deadline, "the disconnected request was not cancelled"
+            time.sleep(0.2)
+        again = httpx.post(server.url + "/v1/images/generations", timeout=120,
+                           json={"prompt": PROMPT, "size": "32x32", "seed": 6, "num_inference_steps": 2})
+        assert again.status_code == 200 and len(again.json()["data"]) == 1
+    finally:
+        server.close()
+
+
 @pytest.mark.slow
 def test_serve_video_jobs_report_steps_and_cancel(wan_dir: Path, tmp_path: Path) -> None:
+    """A running Wan job reports its steps; POST /cancel stops one, DELETE stops another and deletes it (its
+    record is gone), and the server serves the next job."""
     import httpx
 
     server = _Server(wan_dir, tmp_path)
@@ -240,6 +303,13 @@ def test_serve_video_jobs_report_steps_and_cancel(wan_dir: Path, tmp_path: Path)
             assert time.monotonic() < deadline, state
             time.sleep(0.2)
         assert state["status"] == "cancelled" and state["step"] < 200, state
+        doomed = httpx.post(server.url + "/v1/videos", json={**body, "seed": 3}, timeout=30).json()
+        while httpx.get(f"{server.url}/v1/videos/{doomed['id']}", timeout=10).json().get("step") in (None, 0):
+            assert time.monotonic() < deadline, "the second job never started"
+            time.sleep(0.2)
+        deleted = httpx.delete(f"{server.url}/v1/videos/{doomed['id']}", timeout=60)  # DELETE = cancel + delete
+        assert deleted.status_code == 200 and deleted.json()["deleted"] is True, deleted.text
+        assert httpx.get(f"{server.url}/v1/videos/{doomed['id']}", timeout=10).status_code == 404
         small = {**body, "num_inference_steps": 2, "seed": 2}
         again = httpx.post(server.url + "/v1/videos", json=small, timeout=30).json()
         while (state := httpx.get(f"{server.url}/v1/videos/{again['id']}", timeout=10).json())["status"] not in (
