@@ -157,6 +157,7 @@ _LAZY: dict[str, str] = {
     "load_qwen3_vl": "omnicore.integrations.qwen3_vl:load_qwen3_vl",
     "build_tiny_qwen3_vl": "omnicore.integrations.qwen3_vl:build_tiny_qwen3_vl",
     "QWEN_SPECIAL_TOKENS": "omnicore.integrations.qwen3_vl:QWEN_SPECIAL_TOKENS",
+    "qwen3_vl_tp_plan": "omnicore.integrations.qwen3_vl:qwen3_vl_tp_plan",  # its decoder's TP plan (1.7)
     # -- per-request LoRA: the spec's target map, the request record, how packed rows map to samples ------------
     "LoRA": "omnicore.lora.records:LoRA",
     "LoRATargets": "omnicore.lora.records:LoRATargets",
@@ -225,6 +226,7 @@ if TYPE_CHECKING:
     from .integrations.qwen3_vl import QWEN_SPECIAL_TOKENS as QWEN_SPECIAL_TOKENS
     from .integrations.qwen3_vl import build_tiny_qwen3_vl as build_tiny_qwen3_vl
     from .integrations.qwen3_vl import load_qwen3_vl as load_qwen3_vl
+    from .integrations.qwen3_vl import qwen3_vl_tp_plan as qwen3_vl_tp_plan
     from .lora.errors import LoRAError as LoRAError
     from .lora.records import LoRA as LoRA
     from .lora.records import LoRATargets as LoRATargets

@@ -62,7 +62,7 @@ PUBLIC_NAMES = frozenset({
     # the one "WIDTHxHEIGHT" parser, (width, height) (1.7)
     "parse_size_wh",
     # Qwen3-VL as a text encoder and the tiny presets' one (1.7)
-    "load_qwen3_vl", "build_tiny_qwen3_vl", "QWEN_SPECIAL_TOKENS",
+    "load_qwen3_vl", "build_tiny_qwen3_vl", "QWEN_SPECIAL_TOKENS", "qwen3_vl_tp_plan",
     # optional metadata files (1.7)
     "read_json_or_empty",
 })

@@ -192,6 +192,15 @@ def tp_dit_bytes(dit: Any, plan: Any, degree: int) -> int | None:
     return int(sharded_parameter_bytes(dit, plan, degree)) + buffers
 
 
+def _refusal(plan: Any, degree: int) -> str:
+    """Why ``plan`` refuses ``degree`` (its ConfigError's message)."""
+    try:
+        plan.check(degree)
+    except Exception as exc:  # noqa: BLE001 - any refusal is reported as a note, never raised
+        return str(exc)
+    return "refused"
+
+
 def block_bytes(dit: Any, prefix: str) -> tuple[int, int]:
     """``(largest block, everything outside the blocks)`` of a DiT whose blocks live under ``prefix``."""
     blocks: dict[str, int] = {}
@@ -341,6 +350,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     candidates: list[Placement] = []
     shard_fn = profile.get("shard")  # (tp, ep) -> rank 0's narrowed meta components, by the loader's own code
     experts: Mapping[str, Any] = profile.get("experts") or {}
+    tp_plans: Mapping[str, Any] = profile.get("tp_plans") or {}  # component -> the plan its loader shards with
+    tp_plan = tp_plans.get(dit_name)
     narrowed: dict[tuple[int, int], dict[str, Any] | None] = {}
     priced: dict[tuple[int, int, str], dict[str, int] | None] = {}
     refusals: dict[tuple[int, int], str] = {}  # the model's reason for each (tp, ep) its shard hook refused
@@ -369,12 +380,18 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             return None if found is None else dict(found)
         out: dict[str, int] = {}
         if tp > 1:
-            shard = tp_dit_bytes(dit, tp_plan, tp)
-            if shard is None:
+            if tp_plan is None:
                 return None
-            saved = (quantized_saving(dit, tuple(quantizable.get(dit_name, ())), tp, mode=quant)[0]
-                     if quant != "none" else 0)
-            out[dit_name] = shard - saved
+            for name, plan in tp_plans.items():  # the DiT(s) and any other component the model splits (text encoder)
+                if name not in comps:
+                    continue
+                shard = tp_dit_bytes(comps[name], plan, tp)
+                if shard is None:
+                    refusals.setdefault((tp, ep), f"{name}: {_refusal(plan, tp)}")
+                    return None
+                saved = (quantized_saving(comps[name], tuple(quantizable.get(name, ())), tp, mode=quant)[0]
+                         if quant != "none" else 0)
+                out[name] = shard - saved
         if ep > 1:
             count = int(experts.get("count", 0))
             if not count or count % ep:
@@ -427,11 +444,7 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
 
     heads = int(shape["heads"])
     cfg_options = [1, 2] if profile.get("cfg_capable") and branches == 2 and devices >= 2 else [1]
-    tp_plan = (profile.get("tp_plans") or {}).get(dit_name)
-    if shard_fn is not None:
-        tp_ok = [d for d in _divisors_up_to(heads, devices) if sharded(d, 1, "none") is not None]
-    else:
-        tp_ok = [d for d in _divisors_up_to(heads, devices) if tp_dit_bytes(dit, tp_plan, d) is not None]
+    tp_ok = [d for d in _divisors_up_to(heads, devices) if sharded(d, 1, "none") is not None]
     if not tp_ok and devices > 1:
         refused = next((why for (t, _), why in refusals.items() if t > 1), None)
         notes.append(f"tp: left out ({dit_name} declares no tensor-parallel plan)" if tp_plan is None and

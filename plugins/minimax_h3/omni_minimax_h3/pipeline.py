@@ -196,7 +196,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         settings = layout.settings
         text_encoder = H3TextEncoder.from_pretrained(
             layout.text_encoder, layout.tokenizer, layout.processor, device=device, dtype=dtype,
-            layer=settings.text_encoder_layer)
+            layer=settings.text_encoder_layer, tp=tp)
         video_vae = H3VideoVAE.from_pretrained(layout.video_vae, device=device,
                                                precision=options.vae_decode_precision, ops=ops)
         patch = next(iter(transformers.values())).config.patch_size
@@ -225,7 +225,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         multiple of the degree (pad rows are their own ``[pad]`` document, so no real row sees them) and each DiT
         runs its blocks on this rank's rows (of this rank's TP heads). ``cfg`` is refused: H3 is
         guidance-distilled (one forward per step, guidance_scale 1), so there is no second branch for a CFG rank
-        to run. The text encoder and the VAEs stay replicated."""
+        to run. Under ``tp`` the Qwen3-VL text encoder's decoder is split over the same TP ranks (it too read only
+        its shard); its vision tower and the VAEs stay replicated."""
         self.parallel = ctx
         if ctx is None:
             return
@@ -235,6 +236,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         if getattr(ctx, "tp", 1) > 1:
             for dit in self.transformers.values():
                 dit.enable_tensor_parallel(ctx)
+            self.text_encoder.enable_tensor_parallel(ctx)
         if ctx.ulysses > 1:
             import math
 

@@ -2,9 +2,9 @@
 
 ``build_tiny_fl2va(dir)`` writes the FL2VA partition (``transformer/``, tasks t2va and fl2va) and
 ``build_tiny_ref2va(dir)`` the Ref2VA one (``transformer_ref/``). Both also write ``text_encoder/`` (a Qwen3-VL
-with 51 hidden-32 decoder layers, so that ``hidden_states[50]`` — the layer the release reads — exists and
-diffusers' own pipeline accepts it), ``tokenizer/`` and ``processor/`` (a byte-level tokenizer holding the Qwen
-special tokens and the Qwen2-VL image processor), ``vae/`` (a tiny
+with 51 hidden-32 decoder layers of 8 query and 4 K/V heads, so that ``hidden_states[50]`` — the layer the release
+reads — exists and diffusers' own pipeline accepts it), ``tokenizer/`` and ``processor/`` (a byte-level tokenizer
+holding the Qwen special tokens and the Qwen2-VL image processor), ``vae/`` (a tiny
 ``AutoencoderKLMiniMaxH3``), ``audio_vae/`` (a tiny ``AutoencoderKLMiniMaxH3Audio`` whose decoder upsamples in two
 stages so 4 s decode in a fraction of a second), ``scheduler/`` + ``audio_scheduler/`` (shift 12 / 3) and
 ``model_index.json`` whose ``_minimax_h3`` block names the partition and a 64-pixel canvas (the release uses 768).
@@ -26,14 +26,20 @@ SEED = 20260601
 #: The release reads hidden_states[50]; one more layer keeps the read pre-norm (and diffusers accepts it).
 TEXT_LAYERS = 51
 TEXT_HIDDEN = 32
+#: grouped-query like the release (64 query heads share 8 K/V heads): 8 heads of 16 share 4 K/V heads, so the text
+#: encoder splits under tp=2 and tp=4 like the DiT (each rank whole K/V heads and the query heads that read them)
+TEXT_HEADS, TEXT_KV_HEADS = 8, 4
 TINY_CANVAS_SHORT_EDGE = 64
 TINY_CANVAS_MAX_PIXELS = 64 * 112
 TINY_REFERENCE_SHORT_EDGE = 64
 
+#: 4 heads of 16 (q/k/v stay 64 wide, as wide as the hidden size): ``--parallel tp=2,ulysses=2`` needs the heads to
+#: divide by 4 (each TP rank's 2 heads split again over its Ulysses pair); RoPE rotates 6 x 2 = 12 of each head's 16
+#: channels, so the partial rotation (the release: 96 of 128) stays exercised.
 TINY_DIT: dict[str, Any] = {
-    "num_layers": 2, "num_refiner_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "attention_head_dim": 32,
+    "num_layers": 2, "num_refiner_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "attention_head_dim": 16,
     "ffn_dim": 128, "in_channels": 24, "audio_in_channels": 32, "patch_size": [1, 2, 2], "text_dim": TEXT_HIDDEN,
-    "freq_dim": 32, "time_embed_hidden_dim": 64, "time_embed_dim": 32, "rope_freq_dim": 4,
+    "freq_dim": 32, "time_embed_hidden_dim": 64, "time_embed_dim": 32, "rope_freq_dim": 2,
 }
 TINY_VAE: dict[str, Any] = {
     "block_out_channels": [32] * 6, "layers_per_block": 1, "norm_num_groups": 8, "decoder_num_layers": 1,
@@ -93,7 +99,7 @@ def build_tiny(target_dir: str | Path, partitions: tuple[str, ...], seed: int = 
         # processor/: the tokenizer plus the Qwen2-VL image processor (the release ships a full Qwen3VLProcessor, which
         # transformers only builds with torchvision installed, so the tiny repository carries the parts we read)
         build_tiny_qwen3_vl(root / "text_encoder", root / "processor", seed + 1, tokenizer_dir=root / "tokenizer",
-                            hidden_size=TEXT_HIDDEN, layers=TEXT_LAYERS)
+                            hidden_size=TEXT_HIDDEN, layers=TEXT_LAYERS, heads=TEXT_HEADS, kv_heads=TEXT_KV_HEADS)
         build_vaes(root, seed + 2)
     for name, shift in (("scheduler", 12.0), ("audio_scheduler", 3.0)):
         _write_json(root / name / "scheduler_config.json",
@@ -218,6 +224,7 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     """The components as :meth:`MiniMaxH3Pipeline.from_pretrained` holds them, built on the meta device (no
     weights read) and cast with the same policies (the DiT's fp32 islands, the text encoder truncated to the
     layer it reads, both VAEs in float32), plus the DiT shape the activation estimate needs."""
+    from omnicore.plugin import qwen3_vl_tp_plan
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from .repository import resolve_layout
@@ -260,7 +267,8 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
                   "head_dim": dit_cfg.attention_head_dim, "ffn": dit_cfg.ffn_dim, "block_prefix": "blocks."},
         "quantizable": QUANTIZABLE,
         # the plans the loader shards with (--parallel tp=N), so a plan's TP bytes are the load's
-        "tp_plans": {name: module_plan(dit_cfg) for name in components if name.startswith("transformer")},
+        "tp_plans": {**{name: module_plan(dit_cfg) for name in components if name.startswith("transformer")},
+                     "text_encoder": qwen3_vl_tp_plan(text)},
         "cfg_capable": False,  # CFG-distilled: one forward per step
         "provenance": (read_json_or_empty(Path(root) / "model_index.json").get("_minimax_h3") or {}).get(
             "provenance"),

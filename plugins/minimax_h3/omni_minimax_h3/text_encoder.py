@@ -60,11 +60,34 @@ class H3TextEncoder:
 
     @classmethod
     def from_pretrained(cls, text_encoder_dir: Path, tokenizer_dir: Path, processor_dir: Path, *, device: Any,
-                        dtype: torch.dtype, layer: int = DEFAULT_LAYER) -> H3TextEncoder:
-        """Load the conditioner with only its first ``layer`` decoder layers (the later ones' weights are skipped)."""
+                        dtype: torch.dtype, layer: int = DEFAULT_LAYER,
+                        tp: tuple[int, int] | None = None) -> H3TextEncoder:
+        """Load the conditioner with only its first ``layer`` decoder layers (the later ones' weights are skipped).
+
+        ``tp = (rank, degree)``: only that tensor-parallel rank's shard of the decoder's attention and MLP linears
+        is read (``model.tp_bytes_read``); :meth:`enable_tensor_parallel` then joins the shards up."""
         model, tokenizer, image_processor = load_qwen3_vl(text_encoder_dir, tokenizer_dir, processor_dir,
-                                                          device=device, dtype=dtype, layers=layer)
+                                                          device=device, dtype=dtype, layers=layer, tp=tp,
+                                                          plugin="minimax_h3")
         return cls(model, tokenizer, image_processor, layer)
+
+    #: this rank's omnicore.parallel.ParallelContext when the decoder's linears are split (enable_tensor_parallel)
+    tensor_parallel: Any = None
+
+    def enable_tensor_parallel(self, ctx: Any) -> None:
+        """Split the language model's attention (whole K/V heads per rank) and MLP linears over ``ctx.tp`` ranks
+        (``qwen3_vl_tp_plan``; a head or FFN count the degree does not divide is a ConfigError naming them): an
+        encoder loaded with ``tp=`` already holds its shard, a whole one is narrowed here. transformers' attention
+        reshapes with ``-1`` heads and keeps the query/KV group ratio, so it runs on the local heads as is; the
+        row-parallel ``o_proj`` and ``down_proj`` all-reduce, so every layer's output (and the readout) is whole
+        on every rank. The vision tower and the embeddings stay replicated."""
+        from omnicore.plugin import parallelize, qwen3_vl_tp_plan, shard_module
+
+        plan = qwen3_vl_tp_plan(self.model.config.text_config)
+        plan.check(ctx.tp)
+        shard_module(self.model, plan, rank=ctx.tp_rank, degree=ctx.tp)  # no-op for a sharded load
+        parallelize(self.model, plan, ctx.tp_mesh, stats=ctx.stats)
+        self.tensor_parallel = ctx
 
     @property
     def device(self) -> torch.device:

@@ -1,7 +1,7 @@
-"""MiniMax-H3 over a worker group (``--parallel``, gloo, 2 processes): the frames and the audio of a single request
-and of a batch equal the single-process engine's (same seeds) under ``ulysses=2``; ``cfg=2`` is refused before
-any process starts, with the reason (H3 is guidance-distilled); a head count the degree does not divide is refused
-at load, naming the numbers."""
+"""MiniMax-H3 over a worker group (``--parallel``, gloo, 2 and 4 processes): the frames and the audio of a single
+request and of a batch equal the single-process engine's (same seeds) under ``ulysses=2``, ``tp=2`` (DiT and text
+encoder split) and ``tp=2,ulysses=2``; ``cfg=2`` is refused before any process starts, with the reason (H3 is
+guidance-distilled); a head count the degree does not divide is refused at load, naming the numbers."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_cfg_rank_is_refused_by_the_pipeline_too(pipe: Any) -> None:
 
 
 def test_head_count_the_ulysses_degree_does_not_divide_is_refused_at_load(pipe: Any) -> None:
-    heads = pipe.transformer.config.num_attention_heads  # 2 in the tiny preset
+    heads = pipe.transformer.config.num_attention_heads  # 4 in the tiny preset
     with pytest.raises(ConfigError, match=rf"ulysses=3 must divide the model's attention heads \({heads}\)"):
         pipe.transformer.enable_ulysses(SimpleNamespace(ulysses=3))
     assert pipe.transformer.sequence_parallel is None
@@ -83,7 +83,7 @@ def test_ulysses_frames_and_audio_match_single_process(tiny_dir: Path, reference
 def test_head_count_the_tp_degree_does_not_divide_is_refused_at_load(tiny_dir: Path) -> None:
     from omni_minimax_h3.loader import load_transformer
 
-    with pytest.raises(ConfigError, match=r"tp=3 must divide the model's attention heads \(2\)"):
+    with pytest.raises(ConfigError, match=r"tp=3 must divide the model's attention heads \(4\)"):
         load_transformer(tiny_dir / "transformer", tp=(0, 3))
 
 
@@ -119,8 +119,11 @@ def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(
         assert dit.tensor_parallel.tp == 2 and dit.blocks[0].attn.heads == config.num_attention_heads // 2
         _assert_same(_outputs(engine, PROMPTS[0]), reference["single"])
         calls = engine.group.ctx.stats.snapshot()["calls"]
-        # one all-reduce per attention and per MLP, in every DiT block and refiner block, at every step
-        blocks = config.num_layers * PARAMS["num_inference_steps"] + config.num_refiner_layers
+        # one all-reduce per attention and per MLP, in every DiT block and refiner block, at every step, and in
+        # every text-encoder layer read (the prompt is encoded once)
+        text = engine.pipeline.text_encoder
+        assert text.tensor_parallel.tp == 2
+        blocks = config.num_layers * PARAMS["num_inference_steps"] + config.num_refiner_layers + text.layer
         assert calls["all_reduce"] == 2 * blocks, calls
         _assert_same(_outputs(engine, *PROMPTS), reference["batch"])
         # resident parameter bytes of rank 0 = the analytic share; bytes read = the file less half the split rows
@@ -131,25 +134,20 @@ def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(
         assert local_parameter_bytes(dit) == analytic < full
         total, split = _file_bytes(folder, checkpoint_plan(config, detect_transformer_format(folder)))
         assert split > 0 and dit.tp_bytes_read == total - split // 2
+        # the text encoder read only its share too (test_parallel_text_encoder.py checks the bytes exactly)
+        files = sum(f.stat().st_size for f in (tiny_dir / "text_encoder").glob("*.safetensors"))
+        assert 0 < text.model.tp_bytes_read < files
 
 
 @pytest.mark.slow
-def test_tp_times_ulysses_on_four_processes(tmp_path_factory: pytest.TempPathFactory,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """tp=2,ulysses=2: each rank holds half the heads of the DiT and runs half of them again under Ulysses, so the
-    tiny preset's 2 heads are too few; a 4-head variant of it (same hidden size) is built for this case."""
-    from omni_minimax_h3 import presets
-
-    monkeypatch.setitem(presets.TINY_DIT, "num_attention_heads", 4)
-    monkeypatch.setitem(presets.TINY_DIT, "attention_head_dim", 16)
-    monkeypatch.setitem(presets.TINY_DIT, "rope_freq_dim", 2)  # 6 x 2 rotary channels fit a 16-wide head
-    path = presets.build_tiny_fl2va(tmp_path_factory.mktemp("tiny-h3-4heads"))
-    with _engine(path) as engine:
-        expected = _outputs(engine, *PROMPTS)
-    with _engine(path, "tp=2,ulysses=2") as engine:
+def test_tp_times_ulysses_on_four_processes(tiny_dir: Path, reference: Any) -> None:
+    """tp=2,ulysses=2: each rank holds half the DiT's heads (2 of the tiny preset's 4) and runs half of those again
+    under Ulysses; a single request and a batch give the single-process frames and audio."""
+    with _engine(tiny_dir, "tp=2,ulysses=2") as engine:
         assert len(engine.group.processes) == 3
         dit = engine.pipeline.transformer
         assert dit.blocks[0].attn.heads == 2 and dit.sequence_parallel.ulysses == 2
-        _assert_same(_outputs(engine, *PROMPTS), expected)
+        _assert_same(_outputs(engine, PROMPTS[0]), reference["single"])
+        _assert_same(_outputs(engine, *PROMPTS), reference["batch"])
         calls = engine.group.ctx.stats.snapshot()["calls"]
         assert calls["all_reduce"] > 0 and calls["all_to_all"] > 0
