@@ -12,12 +12,18 @@ from __future__ import annotations
 import io
 import os
 import threading
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from .errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from av.audio.stream import AudioStream
+    from PIL import Image
 
 Source = str | os.PathLike[str] | bytes | bytearray
 
@@ -34,7 +40,7 @@ _IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF
                 (b"BM", "bmp"))
 
 
-def _frames_check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _frames_check(instance: object, attribute: attrs.Attribute, value: object) -> None:
     if isinstance(value, LazyFrames):
         return  # its shape comes from the header; the decoder checks the pixels when they are read
     from .outputs.checks import check_frames  # the one frame check (uint8 [F>=1, H, W, 3]); light: numpy only
@@ -86,7 +92,7 @@ class LazyFrames:
                 self._frames, self._source = frames, None
             return self._frames
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         frames = self.materialize()
         return frames if dtype is None else frames.astype(dtype)
 
@@ -106,7 +112,7 @@ class LazyFrames:
                 return read_video_clip(source, field=self._field, **caps).frames
         return self.materialize()[index]
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[np.ndarray]:
         return iter(self.materialize())
 
     def __getattr__(self, name: str) -> Any:  # any other ndarray attribute (astype, mean, ...): on the decoded frames
@@ -118,7 +124,7 @@ class LazyFrames:
         return f"LazyFrames(shape={self.shape}, decoded={self.decoded})"
 
 
-def _wave_check(instance: Any, attribute: attrs.Attribute, value: np.ndarray) -> None:
+def _wave_check(instance: object, attribute: attrs.Attribute, value: np.ndarray) -> None:
     if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.ndim != 2:
         raise ValueError(f"AudioClip.waveform must be float32 [C, N], got "
                          f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}")
@@ -159,7 +165,7 @@ def _read_head(source: Source, n: int = 64) -> bytes:
         return f.read(n)
 
 
-def _open_arg(source: Source) -> Any:
+def _open_arg(source: Source) -> io.BytesIO | str | bytes:
     return io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
 
 
@@ -205,7 +211,7 @@ def _reject(field: str, rule: str) -> InvalidRequest:
     return InvalidRequest(field, rule)
 
 
-def open_image(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
+def open_image(source: Source, *, field: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """A *lazy* Pillow image of ``source`` (path or bytes) whose header-declared size is within ``max_pixels``.
 
     Only the header is read: the format's own opener is called directly, so Pillow's global decompression-bomb
@@ -236,7 +242,8 @@ def open_image(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_M
     return img
 
 
-def read_image_input(source: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
+def read_image_input(source: object, *, field: str = "image",
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """An image input (PIL image, uint8 ``[H, W, 3]`` array, path or bytes) -> RGB ``PIL.Image``, pixel-capped
     from the header before decoding (see :func:`open_image`)."""
     from PIL import Image
@@ -487,7 +494,7 @@ def lazy_video_clip(source: Source, *, field: str = "video", max_frames: int = D
     return VideoClip(frames, fps)
 
 
-def _channels(stream: Any) -> int:
+def _channels(stream: AudioStream) -> int:
     ctx = stream.codec_context
     n = getattr(ctx, "channels", None) or (len(stream.layout.channels) if stream.layout is not None else 0)
     return int(n or 0)
@@ -544,7 +551,7 @@ def read_audio_clip(source: Source, *, field: str = "audio",
     return clip
 
 
-def load_media(kind: str, data: Any, *, field: str | None = None, **caps: Any) -> Any:
+def load_media(kind: str, data: object, *, field: str | None = None, **caps: Any) -> Any:
     """Decode one input of ``kind``: images -> RGB ``PIL.Image``; video -> :class:`VideoClip`; audio ->
     :class:`AudioClip`. Already decoded data is returned as is (clips are re-checked against duration caps)."""
     field = field or kind
@@ -563,13 +570,13 @@ def load_media(kind: str, data: Any, *, field: str | None = None, **caps: Any) -
     raise _reject(field, f"unknown media kind {kind!r}")
 
 
-def _source(data: Any, field: str) -> Source:
+def _source(data: object, field: str) -> Source:
     if isinstance(data, (str, bytes, bytearray, os.PathLike)):
         return data
     raise _reject(field, f"must be a path, bytes or a decoded clip, got {type(data).__name__}")
 
 
-def media_duration(kind: str, data: Any, *, field: str = "media") -> float | None:
+def media_duration(kind: str, data: object, *, field: str = "media") -> float | None:
     """Duration in seconds of a video/audio input (decoded or not); ``None`` for images or when unknown."""
     if kind == "image":
         return None

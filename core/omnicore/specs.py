@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -16,11 +16,18 @@ from ._lazy import resolve
 from .lora.records import LoRATargets
 from .ops.names import OP_NAMES  # the op vocabulary: a leaf with no imports (the op tables of ops/ sit above)
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .engine.protocol import Pipeline
+    from .hookspecs import CacheHandle
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.:\-]*$")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+def _check_name(instance: object, attribute: attrs.Attribute, value: str) -> None:
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise ValueError(
             f"{type(instance).__name__}.{attribute.name}: must be a lower-case name "
@@ -28,7 +35,7 @@ def _check_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
-def _check_path(instance: Any, attribute: attrs.Attribute, value: str | None) -> None:
+def _check_path(instance: object, attribute: attrs.Attribute, value: str | None) -> None:
     if value is None and attribute.name != "impl":
         return
     if not isinstance(value, str) or not _PATH_RE.match(value):
@@ -60,7 +67,7 @@ def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _check_kinds(instance: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+def _check_kinds(instance: object, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
     bad = [k for k in value if k not in MEDIA_KINDS]
     if not value or bad:
         raise ValueError(f"InputRole.kinds: must be a non-empty subset of {list(MEDIA_KINDS)}, got {list(value)}")
@@ -84,7 +91,7 @@ class InputRole:
     # the model's modes that use this role (so a deployment serving none of them can say so up front); (): any
     modes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"role": self.role, "kinds": list(self.kinds), "max_count": self.max_count,
                 "description": self.description, "max_duration_s": self.max_duration_s,
                 "min_duration_s": self.min_duration_s}
@@ -151,7 +158,7 @@ class RequestDefaults:
     negative_prompt: str | None = None
     seed: int | None = None  # None: the engine draws a random seed for a request that sets none
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return attrs.asdict(self)
 
 
@@ -174,7 +181,7 @@ class PresetSpec:
 OPTION_TYPES = ("str", "int", "float", "bool", "path")
 
 
-def _check_option_type(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+def _check_option_type(instance: object, attribute: attrs.Attribute, value: str) -> None:
     if value not in OPTION_TYPES:
         raise ValueError(f"ModelOption.type: must be one of {list(OPTION_TYPES)}, got {value!r}")
 
@@ -200,8 +207,8 @@ class ModelOption:
     unless: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     example: Any = None
 
-    def to_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "type": self.type, "default": self.default,
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"name": self.name, "type": self.type, "default": self.default,
                "choices": None if self.choices is None else list(self.choices), "help": self.help}
         if self.required_for:
             out.update(required_for=list(self.required_for), unless=list(self.unless), example=self.example)
@@ -232,7 +239,7 @@ class ModelSpec:
     # The linears per-request LoRA adapters may target (``None``: the model refuses ``loras``).
     lora: LoRATargets | None = None
 
-    def load_impl(self) -> Any:
+    def load_impl(self) -> Any:  # the pipeline class (a Pipeline; it may carry more attributes)
         return resolve(self.impl)
 
 
@@ -331,7 +338,7 @@ class AttentionBackendSpec:
     description: str = ""
     provider: str = ""
 
-    def load_impl(self) -> Any:
+    def load_impl(self) -> Callable[..., torch.Tensor]:
         return resolve(self.impl)
 
 
@@ -355,10 +362,10 @@ class CacheMethodSpec:
     provider: str = ""
     resident: str | None = attrs.field(default=None, validator=_check_path)
 
-    def load_impl(self) -> Any:
+    def load_impl(self) -> Callable[[Pipeline, object], CacheHandle]:  # (pipeline, the method config)
         return resolve(self.impl)
 
-    def resident_modules(self, pipeline: Any) -> list[Any]:
+    def resident_modules(self, pipeline: object) -> list[nn.Module]:
         """The modules of ``pipeline`` whose parameters this method owns (none when it declares no ``resident``)."""
         return [] if self.resident is None else list(resolve(self.resident)(pipeline))
 
@@ -366,7 +373,7 @@ class CacheMethodSpec:
 # ---------------------------------------------------------------------------------------------- platform ops
 
 
-def _check_op_name(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+def _check_op_name(instance: object, attribute: attrs.Attribute, value: str) -> None:
     if value not in OP_NAMES:
         raise ValueError(f"OpSpec.name: unknown op {value!r}; the core defines {', '.join(OP_NAMES)} "
                          "(each has an eager reference in omnicore.ops.reference)")
@@ -394,7 +401,7 @@ class OpSpec:
         """Key in the op registry: one implementation per (op, platform, provider)."""
         return f"{self.name}@{self.platform}:{self.provider}"
 
-    def load_impl(self) -> Any:
+    def load_impl(self) -> Callable[..., object]:
         return resolve(self.impl)
 
 
@@ -406,4 +413,4 @@ SPEC_KINDS: Mapping[str, type] = {
     "op": OpSpec,
 }
 
-RegisterFn = Callable[[Any], None]
+RegisterFn = Callable[[object], None]

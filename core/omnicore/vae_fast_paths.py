@@ -22,9 +22,16 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: a module's forward arguments, as a forward pre-hook with ``with_kwargs=True`` sees and returns them
+ForwardArgs = tuple[tuple[object, ...], dict[str, object]]
 
 _GATE_ATTR = "_omnicore_fast_path_gate"
 _INSTALLED_ATTR = "_omnicore_fast_path"
@@ -69,10 +76,10 @@ class FastPathGate:
 
 
 @overload
-def fast_path_gate(owner: Any, *, create: Literal[True] = True) -> FastPathGate: ...
+def fast_path_gate(owner: object, *, create: Literal[True] = True) -> FastPathGate: ...
 @overload
-def fast_path_gate(owner: Any, *, create: bool) -> FastPathGate | None: ...
-def fast_path_gate(owner: Any, *, create: bool = True) -> FastPathGate | None:
+def fast_path_gate(owner: object, *, create: bool) -> FastPathGate | None: ...
+def fast_path_gate(owner: object, *, create: bool = True) -> FastPathGate | None:
     """The gate registered on ``owner`` (a VAE), made on first use unless ``create`` is False."""
     gate = owner.__dict__.get(_GATE_ATTR) if hasattr(owner, "__dict__") else None
     if gate is None and create:
@@ -88,14 +95,14 @@ def _compiling() -> bool:
     return bool(compiler is not None and getattr(compiler, "is_compiling", lambda: False)())
 
 
-def _gated_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _gated_forward(self: nn.Module, *args: object, **kwargs: object) -> object:
     original, fast_forward, gate = self.__dict__[_INSTALLED_ATTR]
     if gate.enabled and not _compiling():
         return fast_forward(*args, **kwargs)
     return original(*args, **kwargs) if original is not None else type(self).forward(self, *args, **kwargs)
 
 
-def install_fast_path(module: Any, fast_forward: Callable[..., Any], gate: FastPathGate) -> None:
+def install_fast_path(module: nn.Module, fast_forward: Callable[..., object], gate: FastPathGate) -> None:
     """Make ``module`` run ``fast_forward(*args, **kwargs)`` while ``gate`` is on, its own forward otherwise.
 
     Idempotent (installing again replaces the fast forward and the gate; the original forward is kept once). The
@@ -108,7 +115,7 @@ def install_fast_path(module: Any, fast_forward: Callable[..., Any], gate: FastP
     object.__setattr__(module, "forward", types.MethodType(_gated_forward, module))
 
 
-def uninstall_fast_path(module: Any) -> None:
+def uninstall_fast_path(module: nn.Module) -> None:
     """Give ``module`` back its own forward."""
     installed = module.__dict__.pop(_INSTALLED_ATTR, None)
     if installed is not None:
@@ -117,7 +124,7 @@ def uninstall_fast_path(module: Any) -> None:
             object.__setattr__(module, "forward", installed[0])
 
 
-def pipeline_gates(pipeline: Any) -> list[FastPathGate]:
+def pipeline_gates(pipeline: object) -> list[FastPathGate]:
     """The gates of ``pipeline.vae`` (when one was registered) and of ``pipeline.fast_path_gates()``."""
     gates: list[FastPathGate] = []
     vae = getattr(pipeline, "vae", None)
@@ -132,7 +139,7 @@ def pipeline_gates(pipeline: Any) -> list[FastPathGate]:
 
 
 @contextlib.contextmanager
-def request_fast_paths(pipeline: Any, qualities: str | Iterable[str | None] | None) -> Iterator[bool]:
+def request_fast_paths(pipeline: object, qualities: str | Iterable[str | None] | None) -> Iterator[bool]:
     """Around one batch: every gate of ``pipeline`` on iff the batch's quality is ``"high"``; yields that.
 
     ``qualities`` is the batch's quality or the set of its requests' qualities: one level, since the engine's
@@ -151,7 +158,7 @@ DECODER_PARTS = ("post_quant_conv", "decoder")
 ENCODER_PARTS = ("encoder",)
 
 
-def decode_dtype(precision: str | None) -> Any:
+def decode_dtype(precision: str | None) -> torch.dtype | None:
     """The torch dtype of a ``vae_decode_precision`` value (``None`` -> ``None``: keep the VAE's dtype).
 
     Invalid values are rejected by the core's check (the same rule as ``LoadOptions.vae_decode_precision``)."""
@@ -161,10 +168,9 @@ def decode_dtype(precision: str | None) -> Any:
     return None if value is None else {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[value]
 
 
-def _input_cast(dtype: Any) -> Callable[..., tuple[tuple[Any, ...], dict[str, Any]]]:
-    def cast_inputs(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...],
-                                                                                        dict[str, Any]]:
-        def cast(a: Any) -> Any:
+def _input_cast(dtype: torch.dtype) -> Callable[[nn.Module, tuple[object, ...], dict[str, object]], ForwardArgs]:
+    def cast_inputs(_module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> ForwardArgs:
+        def cast(a: Any) -> Any:  # a tensor, or any argument passed through
             return a.to(dtype) if hasattr(a, "is_floating_point") and a.is_floating_point() else a
 
         return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
@@ -172,8 +178,8 @@ def _input_cast(dtype: Any) -> Callable[..., tuple[tuple[Any, ...], dict[str, An
     return cast_inputs
 
 
-def apply_decode_precision(vae: Any, precision: str | None, parts: tuple[str, ...] = DECODER_PARTS,
-                           encoder_parts: tuple[str, ...] = ENCODER_PARTS) -> Any:
+def apply_decode_precision(vae: nn.Module, precision: str | None, parts: tuple[str, ...] = DECODER_PARTS,
+                           encoder_parts: tuple[str, ...] = ENCODER_PARTS) -> torch.dtype | None:
     """Cast the decoder side of ``vae`` (its ``parts`` that exist) to ``precision`` and cast the latents entering
     the first of them to that dtype, so ``decode`` of fp32 latents runs and returns in the decode dtype. The
     encoder side keeps its dtype and casts what enters it to that dtype (a bf16 image encodes to latents of the

@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from .request import GenerationRequest
 
 #: the host's attention selector: a requirement in, the chosen backend's attention function out
-AttentionSelector = Callable[[AttentionRequirement], Callable[..., Any]]
+AttentionSelector = Callable[[AttentionRequirement], Callable[..., "torch.Tensor"]]
 
 
-def _vae_precision(value: Any) -> str | None:
+def _vae_precision(value: object) -> str | None:
     from .model_options import check_vae_decode_precision
 
     return check_vae_decode_precision(value)
@@ -71,7 +71,8 @@ class LoadOptions:
         return AttentionRequirement(platform=self.platform.name, dtype=dtype_name(dtype), head_dim=head_dim,
                                     **needs)
 
-    def select_attention(self, dtype: torch.dtype | str, head_dim: int, **needs: bool) -> Callable[..., Any] | None:
+    def select_attention(self, dtype: torch.dtype | str, head_dim: int,
+                         **needs: bool) -> Callable[..., torch.Tensor] | None:
         """The attention function the host selects for that call site, or ``None`` when these options carry no
         selector (the model then uses its own attention). An unmet requirement raises ``UnsupportedFeature``."""
         if self.attention is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -38,7 +38,11 @@ def random_seed(num_outputs: int = 1) -> int:
     return secrets.randbelow(MAX_SEED - max(1, num_outputs) + 2)
 
 
-def _opt_int(lo: int, hi: int | None = None) -> Any:  # (an attrs validator)
+#: an attrs validator: ``check(instance, attribute, value)`` raises on a bad value
+Validator = Callable[[object, attrs.Attribute, object], None]
+
+
+def _opt_int(lo: int, hi: int | None = None) -> Validator:
     def check(inst: object, attr: attrs.Attribute, value: object) -> None:
         if value is None:
             return
@@ -50,7 +54,7 @@ def _opt_int(lo: int, hi: int | None = None) -> Any:  # (an attrs validator)
     return check
 
 
-def _opt_float(lo: float, *, strict: bool = False, hi: float | None = None) -> Any:  # (an attrs validator)
+def _opt_float(lo: float, *, strict: bool = False, hi: float | None = None) -> Validator:
     def check(inst: object, attr: attrs.Attribute, value: object) -> None:
         if value is None:
             return
@@ -118,7 +122,7 @@ def _new_id() -> str:
     return new_id("req")
 
 
-def _freeze_mapping(value: Mapping[str, Any] | None) -> dict[str, Any]:
+def _freeze_mapping(value: Mapping[str, object] | None) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -178,7 +182,7 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def _inputs(value: Any) -> tuple[MediaInput, ...]:
+def _inputs(value: object) -> tuple[MediaInput, ...]:
     items = _tuple(value)
     for i, item in enumerate(items):
         if not isinstance(item, MediaInput):
@@ -186,7 +190,8 @@ def _inputs(value: Any) -> tuple[MediaInput, ...]:
     return items
 
 
-def media_inputs(images: Any = (), videos: Any = (), audios: Any = (), inputs: Any = ()) -> tuple[MediaInput, ...]:
+def media_inputs(images: object = (), videos: object = (), audios: object = (),
+                 inputs: object = ()) -> tuple[MediaInput, ...]:
     """``inputs`` followed by the bare ``images``/``videos``/``audios`` as role-less inputs (role ``None``)."""
     out = list(_inputs(inputs))
     for name, kind in _LEGACY_MEDIA.items():
@@ -247,10 +252,10 @@ class GenerationRequest:
             raise InvalidRequest("params", f"must be SamplingParams, got {type(value).__name__}")
 
     def __init__(self, prompt: str | Mapping[str, Any], params: SamplingParams | None = None,
-                 negative_prompt: str | None = None, images: Any = (), videos: Any = (), audios: Any = (),
+                 negative_prompt: str | None = None, images: object = (), videos: object = (), audios: object = (),
                  modalities: Iterable[str] | None = None, quality: str = "standard",
                  extra: Mapping[str, Any] | None = None,
-                 request_id: str | None = None, prepared: bool = False, *, inputs: Any = (),
+                 request_id: str | None = None, prepared: bool = False, *, inputs: object = (),
                  plan: object | None = None, stages: Iterable[StageWork] = (),
                  loras: LoRA | str | Iterable[LoRA | str] | None = ()) -> None:
         self.__attrs_init__(prompt=prompt, params=SamplingParams() if params is None else params,
