@@ -61,7 +61,7 @@ from .text_stage import TextJob, TextPlan, TextStage
 from .tokenizer import CondImageInfo, HunyuanTokenizer, LayoutSpec
 from .transformer.config import ConfigFileError, GenerationConfig, HunyuanConfig
 from .transformer.layout import PreparedLayout, SequenceLayout, kv_requests
-from .transformer.model import CondFeatures, HunyuanImage3, PrefixKV
+from .transformer.model import CondFeatures, HunyuanImage3, PrefixKV, build_sharded
 from .vae import install_fast_paths as install_vae_fast_paths
 from .vae_tiling import VaeTiles, tiled_decode
 
@@ -159,14 +159,10 @@ class HunyuanImage3Pipeline(BasePipeline):
         parallel = options.parallel
         tp = (parallel.tp_rank, parallel.tp) if parallel is not None and parallel.tp > 1 else None
         ep = (parallel.ep_rank, parallel.ep) if parallel is not None and parallel.ep > 1 else None
-        if tp is not None or ep is not None:  # --parallel tp / ep: this rank reads and keeps its shard only
-            from .transformer.model import build_sharded
-
-            model = build_sharded(config, backend, tp, ep)
-            load_state(model, root, tp=tp, ep=ep)
-        else:
-            model = HunyuanImage3(config, attention_backend=backend)
-            load_state(model, root)
+        # built on the meta device with this rank's shapes (--parallel tp / ep: it reads and keeps its shard only),
+        # then given storage in the load dtype: the host never holds random weights or a float32 copy of a bf16 load
+        model = build_sharded(config, backend, tp, ep, dtype=dtype)
+        load_state(model, root, tp=tp, ep=ep)
         model.to(device=device, dtype=dtype).eval()
         model.vae.float()
         if parallel is not None and parallel.tp > 1:

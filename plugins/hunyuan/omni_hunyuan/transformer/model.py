@@ -71,18 +71,22 @@ def build_vision_model(config: dict[str, Any]) -> nn.Module:
 
 
 def build_sharded(config: HunyuanConfig, attention_backend: Any, tp: tuple[int, int] | None,
-                  ep: tuple[int, int] | None = None) -> HunyuanImage3:
+                  ep: tuple[int, int] | None = None, dtype: torch.dtype | None = None) -> HunyuanImage3:
     """A model whose tensor-parallel linears and experts have this rank's shapes (``tp = (rank, degree)``) and
     that holds only its routed experts (``ep = (rank, degree)``), with no full-size weights ever allocated: built
     on the meta device, narrowed (:func:`omnicore.plugin.shard_module`, ``StackedExperts.keep_experts``), then
     given empty CPU storage for :func:`.loader.load_state` to fill (every parameter comes from the checkpoint; the
-    model holds no buffers, which ``to_empty`` could not restore — checked)."""
+    model holds no buffers, which ``to_empty`` could not restore — checked). ``dtype``: the storage's dtype (the
+    load dtype, so a bf16 load never holds its shard in float32 on the host; the checkpoint's tensors are cast as
+    they are copied in); ``None`` keeps the float32 the model is built in."""
     from omnicore.plugin import ConfigError
 
     model = build_sharded_meta(config, attention_backend, tp, ep)
     buffers = [name for name, _ in model.named_buffers()]
     if buffers:
         raise ConfigError("parallel", f"cannot build a sharded model holding buffers ({buffers[0]})")
+    if dtype is not None:
+        model = model.to(dtype=dtype)  # on the meta device: no storage yet, so no copy
     return model.to_empty(device="cpu")
 
 
