@@ -191,8 +191,6 @@ def test_engine_refuses_bad_quantization_before_loading(tmp_path: Any) -> None:
     host = PluginHost(settings)
     with pytest.raises(InvalidRequest, match="quantization"):
         omnicore.Engine("tiny:lingbot", host=host, settings=settings, quantization="int4")
-    with pytest.raises(InvalidRequest, match="quantization.*not supported with tp"):  # DTensor shards
-        omnicore.Engine("tiny:lingbot", host=host, settings=settings, quantization="int8", parallel="tp=2")
     with pytest.raises(InvalidRequest, match="quantization.*--parallel and --offload"):
         omnicore.Engine("tiny:lingbot", host=host, settings=settings, quantization="int8", parallel="cfg=2",
                         offload="model")

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ..plugin_host.host import PluginHost
     from ..quantization import QuantReport
     from ..specs import AttentionRequirement, CacheMethodSpec, ModelSpec
+    from .step_checkpoint import CheckpointPlan
 
 logger = logging.getLogger("omnicore.engine")
 
@@ -97,7 +98,8 @@ class Engine:
         ``torchrun`` the other ranks serve the group from inside ``Engine(...)`` and exit when it closes. Workers
         are spawned, so they import the caller's main module: scripts guard it with ``if __name__ == "__main__"``.
     :param quantization: ``"int8"`` or ``"fp8"``: weight-only per-output-channel quantization of the linears the
-        model declares (its DiT blocks and text encoder; see :mod:`omnicore.quantization`), after loading.
+        model declares (its DiT blocks and text encoder; see :mod:`omnicore.quantization`), after loading; under
+        ``parallel`` each rank quantizes what it holds (a tensor-parallel rank its own shard).
     :param lora_registry: where requests' ``loras`` are resolved, read and cached (see
         :class:`~omnicore.lora.AdapterRegistry`: preloaded names, the only directories paths may name, the device
         LRU budget); its preloaded adapters are checked against the model here. Default: an empty registry, which
@@ -136,10 +138,6 @@ class Engine:
         if offload not in OFFLOAD_MODES:
             raise InvalidRequest("offload", f"must be one of {list(OFFLOAD_MODES)}, got {offload!r}")
         self.parallel = ParallelConfig.parse(parallel)  # a malformed layout fails before anything loads
-        if self.quantization is not None and self.parallel.tp > 1:
-            raise InvalidRequest("quantization", "not supported with tp yet (tensor-parallel shards are DTensors, "
-                                                 "which the weight-only quantizers do not take); use cfg, ulysses "
-                                                 "or ep with it, or drop one of them")
         if self.quantization is not None and self.parallel.enabled and offload != "none":
             raise InvalidRequest("quantization", "not supported with --parallel and --offload together; drop one")
         self.compile_mode = normalize_compile(compile)
@@ -309,14 +307,15 @@ class Engine:
 
     # ------------------------------------------------------------------ admission
     def submit(self, request: GenerationRequest | CheckedRequest, *, on_event: Listener | None = None,
-               limits: WorkLimits | None = None) -> Job:
+               limits: WorkLimits | None = None, checkpoint: CheckpointPlan | None = None) -> Job:
         """Preprocess ``request`` (here, once) and queue it. Raises ``InvalidRequest``, ``QueueFull``,
         ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs).
 
         The resolved request is checked against the model's declared limits and the caller's ``limits``
         (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`). A
         :class:`~.inputs.CheckedRequest` for this engine's spec (the CLI checked it before loading) is not
-        checked against the spec again."""
+        checked against the spec again. ``checkpoint`` asks for step checkpoints of this job and/or a resume from one
+        (:mod:`.step_checkpoint`); a job that resumes runs in a batch of its own."""
         checked = isinstance(request, CheckedRequest) and request.spec == self.spec
         if isinstance(request, CheckedRequest):
             request = request.request
@@ -336,6 +335,7 @@ class Engine:
                                 f"model {self.spec.name!r} does not support LoRA adapters")
         request = request.seeded(self.spec.defaults.seed)
         job = Job(request, canceller=self._cancel)
+        job.checkpoint = checkpoint
         if on_event is not None:
             job.add_listener(on_event)
         job.emit("preprocess")
@@ -349,6 +349,8 @@ class Engine:
             if self.memory_guard is not None:  # the placement's weights + this request's peak vs the limit
                 self.memory_guard.check(request)
             key = self.pipeline.batch_key(prepared)
+            if checkpoint is not None and checkpoint.resume is not None:
+                key = ("resume", job.id, key)  # its rows' state comes from the snapshot: a batch of its own
         except BaseException as exc:
             err = _as_requested(exc, request)
             job.finish("failed", error=err)

@@ -234,6 +234,7 @@ def parallelize(module: nn.Module, plan: TensorParallelPlan, mesh: Any, stats: A
         styles[name] = ColwiseParallel() if rule.style == "column" else RowwiseParallel()
         if stats is not None and rule.style == "row":
             sub.register_forward_hook(_count_all_reduce(stats, mesh.size()))
+            object.__setattr__(sub, "_omnicore_tp_stats", stats)  # kept by .local_linear.localize (quantization)
     if styles:
         parallelize_module(module, mesh, styles)
     return module

@@ -27,8 +27,8 @@ per layer, each moving ``(k-1)/k`` of the data; TP: two all-reduces of ``S * H *
 CFG: one gather of the output), plus offload traffic / ``host_link_gbps`` (layer-wise: every DiT block each
 step; model offload: the DiT once per request, spread over the steps). Quantized weights add a
 ``dequant_overhead`` factor to compute. The cheapest feasible *runnable* placement (the model implements its
-parallel dims; quantization is not combined with parallelism yet) that uses at most ``--devices`` wins; ties go
-to fewer devices.
+parallel dims) that uses at most ``--devices`` wins; ties go to fewer devices. Quantization combines with every
+parallel dim: each rank quantizes what it holds (a tensor-parallel rank its own shard).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Placement:
     step_seconds: float = 0.0
     fits: bool = False
     auto: bool = False
-    runnable: bool = True  # this build can run it (the model implements its dims; no quantization with parallel)
+    runnable: bool = True  # this build can run it (the model implements every parallel dim of the row)
 
     @property
     def per_rank(self) -> int:
@@ -157,10 +157,15 @@ def quantizable_weights(module: Any, patterns: tuple[str, ...]) -> list[tuple[st
     return found
 
 
-def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1, mode: str = "int8") -> tuple[int, int]:
+def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1, mode: str = "int8",
+                     plan: Any = None) -> tuple[int, int]:
     """``(bytes saved, weights)`` when every quantizable weight becomes 1 byte per element plus its per-row
-    overhead (a float32 scale; torchao's int8 adds a zero point: :func:`omnicore.quantization.row_overhead`);
-    ``degree`` > 1 approximates a TP shard by dividing the saving."""
+    overhead (a float32 scale; torchao's int8 adds a zero point: :func:`omnicore.quantization.row_overhead`).
+    With a tensor-parallel ``plan`` and ``degree`` > 1, each weight is priced as one rank's shard under it (the
+    shard each rank quantizes): a column split divides the rows and their scales, a row split only the columns
+    (every rank keeps a scale per output row); without a plan, ``degree`` divides the saving (an approximation)."""
+    import math
+
     import torch
 
     from ..quantization import row_overhead
@@ -168,9 +173,18 @@ def quantized_saving(module: Any, patterns: tuple[str, ...], degree: int = 1, mo
     saved = 0
     weights = quantizable_weights(module, patterns)
     linear_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
-    for _, w in weights:
-        rows = w.numel() // w.shape[-1]
+    for full, w in weights:
         extra = row_overhead(mode, stacked=id(w) not in linear_weights)
+        if plan is not None and degree > 1:
+            shape = list(w.shape)
+            mod_name, _, leaf = full.rpartition(".")
+            split = plan.param_split(mod_name, leaf)
+            if split is not None:
+                shape[split[0]] //= degree
+            numel = math.prod(shape)
+            saved += numel * w.element_size() - (numel + extra * (numel // shape[-1]))
+            continue
+        rows = w.numel() // w.shape[-1]
         saved += (w.numel() * w.element_size() - (w.numel() + extra * rows)) // degree
     return saved, len(weights)
 
@@ -293,9 +307,9 @@ def expert_saving(module: Any, patterns: tuple[str, ...], degree: int, *, quant:
     return saved
 
 
-#: parallel dims this build runs with weight-only quantization (replicated or expert-partitioned weights are
-#: quantized after the load on every rank; tensor-parallel shards are DTensors, which the quantizers do not take)
-QUANTIZED_DIMS = ("cfg", "ulysses", "ep")
+#: parallel dims this build runs with weight-only quantization: each rank quantizes what it holds after the load
+#: (replicated or expert-partitioned weights; a tensor-parallel shard through omnicore.parallel.local_linear)
+QUANTIZED_DIMS = ("cfg", "ulysses", "tp", "ep")
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -389,8 +403,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
                 if shard is None:
                     refusals.setdefault((tp, ep), f"{name}: {_refusal(plan, tp)}")
                     return None
-                saved = (quantized_saving(comps[name], tuple(quantizable.get(name, ())), tp, mode=quant)[0]
-                         if quant != "none" else 0)
+                saved = (quantized_saving(comps[name], tuple(quantizable.get(name, ())), tp, mode=quant,
+                                          plan=plan)[0] if quant != "none" else 0)
                 out[name] = shard - saved
         if ep > 1:
             count = int(experts.get("count", 0))
@@ -456,9 +470,10 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
     if devices > 1 and missing:
         notes.append(f"{', '.join(missing)}: not implemented by {spec} here; such rows are what-if estimates "
                      "(runnable: false; shown with --what-if), never picked by auto")
-    if devices > 1 and any(q != "none" for q in quantizations):
-        notes.append(f"quantization runs with {', '.join(quantized_dims)} here; quantized tp rows are what-if "
-                     "(tensor-parallel shards are not quantized yet)")
+    unquantized = [d for d in ("cfg", "ulysses", "tp", "ep") if d not in quantized_dims]
+    if devices > 1 and any(q != "none" for q in quantizations) and unquantized:
+        notes.append(f"quantization runs with {', '.join(quantized_dims)} here; quantized "
+                     f"{', '.join(unquantized)} rows are what-if")
     for quant in quantizations:
         add(quant=quant)
         for mode in offload_modes:

@@ -196,15 +196,30 @@ def select(module: nn.Module, patterns: Iterable[str]) -> tuple[list[str], list[
     return linears, stacked
 
 
+def _is_dtensor(t: Any) -> bool:
+    from ..parallel.local_linear import is_dtensor
+
+    return is_dtensor(t)
+
+
 def quantize_module(module: nn.Module, mode: str, patterns: Iterable[str], *, backend: str = "auto",
                     fast_fp8: bool = False) -> QuantReport:
-    """Quantize, in place, the linears and stacked weights of ``module`` that ``patterns`` name."""
+    """Quantize, in place, the linears and stacked weights of ``module`` that ``patterns`` name.
+
+    A tensor-parallel linear (its weight a DTensor, after :func:`omnicore.parallel.tensor_parallel.parallelize`)
+    becomes a :class:`~omnicore.parallel.local_linear.ShardedLinear` first: its local shard is quantized by the
+    same code as a whole linear (at ``<name>.local``), and the row layers' all-reduce stays around it."""
     mode = check_mode(mode) or ""
     if not mode:
         raise InvalidRequest("quantization", "quantize_module needs int8 or fp8")
     if backend not in BACKENDS:
         raise InvalidRequest("quantization_backend", f"must be one of {list(BACKENDS)}, got {backend!r}")
     linears, stacked = select(module, patterns)
+    if any(_is_dtensor(module.get_submodule(n).weight) for n in linears):  # tensor-parallel shards: plain again
+        from ..parallel.local_linear import localize_named
+
+        moved = localize_named(module, linears)
+        linears = [moved.get(n, n) for n in linears]
     use_torchao = backend == "torchao" or (backend == "auto" and torchao_available() and not fast_fp8)
     if backend == "torchao" and not torchao_available():
         raise InvalidRequest("quantization_backend", "torchao is not installed (pip install torchao)")
