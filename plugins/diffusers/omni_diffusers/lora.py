@@ -8,8 +8,11 @@ request's scales) or LoRA is disabled for a batch without adapters (the base wei
 :meth:`DiffusersAdapters.check` runs in the submitting thread while another batch may be running: it only reads
 (the file, diffusers' conversion of its keys, the module tree) and refuses a bad adapter with a ``LoRAError``
 naming the adapter and the key before the request is queued. Loading into the pipeline happens in
-:meth:`activate`, on the engine's worker between batches. At most :data:`MAX_LOADED` adapters stay loaded
-(least recently used ones are deleted from the pipeline; they are read again when asked for).
+:meth:`activate`, on the engine's worker between batches. The module tables ``check`` reads are taken once per
+component under the same lock the worker holds while PEFT injects or deletes layers, so a check never walks a tree
+that is being rewritten. At most :data:`MAX_LOADED` adapters stay loaded (least recently used ones are deleted from
+the pipeline; they are read again when asked for); a loaded adapter is keyed by its file's path, modification time
+and size, so a file rewritten in place is read again.
 """
 
 from __future__ import annotations
@@ -51,9 +54,12 @@ class DiffusersAdapters:
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
         self._files: dict[str, Path] = {}  # request label -> its checked weights file
-        self._loaded: OrderedDict[Path, str] = OrderedDict()  # weights file -> adapter name in the pipeline (LRU)
+        # (weights file, mtime_ns, size) -> adapter name in the pipeline (LRU)
+        self._loaded: OrderedDict[tuple[Path, int, int], str] = OrderedDict()
         self._counter = 0
         self._lock = threading.Lock()
+        self._tree = threading.Lock()  # the module trees: PEFT rewrites them in _load while check reads them
+        self._tables: dict[str, dict[str, Any]] = {}
         self.loads = 0
 
     @property
@@ -90,7 +96,7 @@ class DiffusersAdapters:
             for marker, side in ((".lora_A.", "A"), (".lora_B.", "B")):
                 if marker in f".{rest}":
                     name = f".{rest}".split(marker)[0].lstrip(".")
-                    table = modules.setdefault(component, dict(owner.named_modules()))
+                    table = modules.setdefault(component, self._table(component, owner))
                     module = table.get(name)
                     if module is None:
                         raise LoRAError(label, key, f"targets {component}.{name}, which the model does not have")
@@ -100,6 +106,14 @@ class DiffusersAdapters:
                         raise LoRAError(label, key, f"has shape {shape}; {component}.{name} takes {fan_in} inputs")
                     if side == "B" and fan_out is not None and len(shape) == 2 and shape[0] != fan_out:
                         raise LoRAError(label, key, f"has shape {shape}; {component}.{name} has {fan_out} outputs")
+
+    def _table(self, component: str, owner: Any) -> dict[str, Any]:
+        """``owner.named_modules()`` as first seen (taken while no adapter is being injected). Injected PEFT layers
+        wrap the original linears, which keep their names' fan-in and fan-out, so the first table stays valid."""
+        with self._tree:
+            if component not in self._tables:
+                self._tables[component] = dict(owner.named_modules())
+            return self._tables[component]
 
     # ------------------------------------------------------------------ worker side (between batches)
     def activate(self, requests: Sequence[GenerationRequest]) -> None:
@@ -121,17 +135,22 @@ class DiffusersAdapters:
         return file
 
     def _load(self, file: Path) -> str:
-        name = self._loaded.get(file)
+        stat = file.stat()
+        version = (file, stat.st_mtime_ns, stat.st_size)
+        name = self._loaded.get(version)
         if name is not None:
-            self._loaded.move_to_end(file)
+            self._loaded.move_to_end(version)
             return name
-        while len(self._loaded) >= MAX_LOADED:
-            _, old = self._loaded.popitem(last=False)
-            self.pipe.delete_adapters(old)
-        name = f"omnicore_{self._counter}"
-        self._counter += 1
-        self.pipe.load_lora_weights(str(file.parent), weight_name=file.name, adapter_name=name)
-        self._loaded[file] = name
+        with self._tree:
+            for stale in [v for v in self._loaded if v[0] == file]:  # the file was rewritten: drop what it held
+                self.pipe.delete_adapters(self._loaded.pop(stale))
+            while len(self._loaded) >= MAX_LOADED:
+                _, old = self._loaded.popitem(last=False)
+                self.pipe.delete_adapters(old)
+            name = f"omnicore_{self._counter}"
+            self._counter += 1
+            self.pipe.load_lora_weights(str(file.parent), weight_name=file.name, adapter_name=name)
+        self._loaded[version] = name
         self.loads += 1
         return name
 

@@ -173,7 +173,9 @@ class DiffusersPipeline(BasePipeline):
         extra = tuple(sorted((k, _frozen(v, k)) for k, v in request.extra.items()))
         # conditioned requests share a call only where diffusers reads an image list as one image per prompt
         alone = request.request_id if request.inputs and not self._card().batches_media else None
-        return (request.batch_key(), extra, request.negative_prompt is not None, alone, self.adapters.key(request))
+        fps = request.params.fps if self._card().fps_keyword is not None else None  # one frame rate per call
+        return (request.batch_key(), extra, request.negative_prompt is not None, alone, self.adapters.key(request),
+                fps)
 
     def check_loras(self, loras: Sequence[LoRA], registry: Any) -> None:
         """The engine's seam for a pipeline that applies adapters itself: read and check ``loras`` (at submit, and
@@ -215,7 +217,21 @@ class DiffusersPipeline(BasePipeline):
                 per_row = [loaded[r.request_id] for r, _ in rows]
                 kw[keyword] = per_row[0] if len(per_row) == 1 else per_row
         kw.update(requests[0].extra)
+        if card.fps_keyword is not None and card.fps_keyword not in kw and p.fps is not None:
+            kw[card.fps_keyword] = self._frame_rate(card.fps_keyword, p.fps)
         return kw
+
+    def _frame_rate(self, keyword: str, fps: float) -> float | int:
+        """``fps`` in the type of the pipeline's own default (LTX's ``frame_rate`` is an int)."""
+        default = describe_params(self.pipe)[keyword].default
+        return int(fps) if isinstance(default, int) and float(fps).is_integer() else fps
+
+    def output_fps(self, request: GenerationRequest) -> float | None:
+        """The frame rate a video is written at: what the pipeline was told (``extra`` ``frame_rate`` / ``fps``, or
+        the request's fps passed there), else the request's fps."""
+        keyword = self._card().fps_keyword
+        told = request.extra.get(keyword) if keyword is not None else None
+        return float(told) if isinstance(told, (int, float)) and not isinstance(told, bool) else request.params.fps
 
     def _tokenizer_limit(self, card: PipelineCard) -> int | None:
         """``max_sequence_length`` capped at the longest tokenizer's ``model_max_length`` (the signature's default
@@ -302,7 +318,7 @@ class DiffusersPipeline(BasePipeline):
         stepped: ModularRun | SteppedCall = state.extras["run"] if "run" in state.extras else state.extras["call"]
         result = stepped.finish()
         self._active = None
-        card, p = self._card(), state.requests[0].params
+        card = self._card()
         metrics = {"step_times_s": list(stepped.step_times), "diffusers_pipeline": card.class_name}
         if self.modular:  # the decode block's output itself (output_type "np")
             result = attrs.evolve(_Frames(result), video=card.video)
@@ -316,7 +332,8 @@ class DiffusersPipeline(BasePipeline):
                 warnings.warn(f"{card.class_name} returned audio but no sample rate omnicore knows where to find "
                               f"(omni_diffusers.audio.RATE_ATTRIBUTES); the videos are written without sound",
                               stacklevel=1)
-            return [Output(kind="video", frames=f, fps=p.fps, metrics=dict(metrics),
+            fps = self.output_fps(state.requests[0])
+            return [Output(kind="video", frames=f, fps=fps, metrics=dict(metrics),
                            audio=a if rate else None, sample_rate=rate if a is not None else None)
                     for f, a in zip(rows, sounds, strict=True)]
         images = to_uint8(np.asarray(result.images))

@@ -33,6 +33,8 @@ CONDITIONED = re.compile(r"Img2Img|Inpaint|ImageToVideo|VideoToVideo|Image2Video
 #: pipelines whose ``image`` / ``mask_image`` lists mean one image per prompt (so rows of a batch can differ);
 #: elsewhere a list may mean several references for one prompt (Kontext, Edit Plus ...), so those run alone
 ONE_IMAGE_PER_PROMPT = re.compile(r"Img2Img|Inpaint")
+#: keywords through which a video pipeline is told its frame rate (LTX: ``frame_rate``); the output's fps follows
+FPS_KEYWORDS = ("frame_rate", "fps")
 
 
 @attrs.frozen
@@ -50,6 +52,7 @@ class PipelineCard:
     defaults: RequestDefaults
     frame_multiple: int | None  # num_frames must be n * frame_multiple + 1 (temporal VAE compression)
     request_fields: tuple[ModelOption, ...] = ()  # the extra keys, typed, for /v1/models' model_params
+    fps_keyword: str | None = None  # the __call__ keyword that takes the frame rate (the request's fps goes there)
 
 
 def _field(name: str, param: inspect.Parameter) -> ModelOption:
@@ -145,9 +148,12 @@ def describe(pipe: Any, base: ModelCapabilities, defaults: RequestDefaults) -> P
                "num_frames": _default(params, "num_frames") if video else 1,
                "num_inference_steps": _default(params, "num_inference_steps"),
                "guidance_scale": _default(params, "guidance_scale")}
+    fps_keyword = next((k for k in FPS_KEYWORDS if k in params), None) if video else None
+    if fps_keyword is not None:  # the pipeline's own frame rate is the request's default fps
+        derived["fps"] = _default(params, fps_keyword)
     derived = {k: v for k, v in derived.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return PipelineCard(class_name=name, parameters=tuple(params), extra_keys=extra, video=video, roles=roles,
                         conditioned=conditioned and bool(roles), capabilities=caps,
                         batches_media=bool(ONE_IMAGE_PER_PROMPT.search(name)) and "video" not in roles.values(),
                         defaults=attrs.evolve(defaults, **derived), frame_multiple=temporal,
-                        request_fields=tuple(_field(k, params[k]) for k in extra))
+                        request_fields=tuple(_field(k, params[k]) for k in extra), fps_keyword=fps_keyword)

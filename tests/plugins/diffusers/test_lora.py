@@ -140,3 +140,29 @@ def test_bad_files_are_refused_naming_the_key(engine: Any, lora_dir: Path) -> No
         engine.submit(make_request(PROMPT, seed=1, loras=[LoRA("pickle.bin")], **TINY))
     [ok] = engine.generate(PROMPT, seed=7, **TINY)  # the engine still serves
     assert ok.frames.shape == (1, 32, 32, 3)
+
+
+@pytest.mark.slow
+def test_a_rewritten_adapter_file_is_read_again(lora_dir: Path, settings: Any, tmp_path: Path) -> None:
+    """The loaded-adapter cache is keyed by path, modification time and size: an adapter file rewritten in place
+    (other weights, same path) is loaded again, and the output follows the new file (equal to diffusers loading
+    it); the old one is deleted from the pipeline."""
+    import os
+    import shutil
+
+    from _diffusers_helpers import make_engine
+    from omnicore.lora import AdapterRegistry
+    from omnicore.plugin import LoRA
+
+    shutil.copytree(lora_dir / "a", tmp_path / "live")
+    with make_engine("tiny:diffusers-flux", settings, lora_registry=AdapterRegistry(lora_dirs=[tmp_path])) as eng:
+        [first] = eng.generate(PROMPT, seed=7, loras=[LoRA(str(tmp_path / "live"))], **TINY)
+        shutil.rmtree(tmp_path / "live")
+        shutil.copytree(lora_dir / "b", tmp_path / "live")  # same path, another adapter (other targets, size)
+        file = tmp_path / "live" / "pytorch_lora_weights.safetensors"
+        os.utime(file, ns=(file.stat().st_atime_ns, file.stat().st_mtime_ns + 10**9))  # a later mtime for sure
+        [second] = eng.generate(PROMPT, seed=7, loras=[LoRA(str(tmp_path / "live"))], **TINY)
+        assert eng.pipeline.adapters.loads == 2 and len(eng.pipeline.adapters._loaded) == 1
+        assert len(eng.pipeline.pipe.get_list_adapters()["transformer"]) == 1  # the stale adapter was deleted
+    assert np.array_equal(first.frames, _stock(eng, [(lora_dir / "a", 1.0)]))
+    assert np.array_equal(second.frames, _stock(eng, [(lora_dir / "b", 1.0)]))
