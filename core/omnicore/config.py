@@ -296,6 +296,11 @@ OPTIONS: tuple[Option, ...] = (
            "third of it); a replica that dies or hangs longer gives its jobs back to the queue.", flag="--lease"),
     Option("claim_slots", "OMNICORE_CLAIM_SLOTS", 2, _positive_int,
            "Server with a shared store: jobs one replica holds at once (running plus waiting in its engine)."),
+    Option("checkpoint_every", "OMNICORE_CHECKPOINT_EVERY", 0, _non_negative_int,
+           "Server with a shared store: every K completed denoise steps, write the job's step state (safetensors + "
+           "JSON under the storage URL, fenced by the lease) so a replica that re-claims the job resumes there; 0 = "
+           "off. Only models that declare checkpointable state (`omnicore models`); step caches restart cold.",
+           metavar="K"),
 )
 
 

@@ -7,7 +7,7 @@ install` installs Debian's `postgresql` when it runs as root with apt-get (CI do
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +66,39 @@ def open_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) 
 @pytest.fixture
 def store(open_store: Any) -> Any:
     return open_store()
+
+
+@pytest.fixture(scope="module")
+def toy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("toy-cache-replicas")
+
+
+@pytest.fixture
+def replicas(toy_cache: Path, tmp_path: Path, pg_url: str) -> Iterator[Callable[..., list[Any]]]:
+    """``replicas(n, step_delay_s=..., **ServerSettings)`` -> n started servers (``_server_helpers.LiveServer``, real
+    uvicorn around toy engines, in this process) on one database and directory."""
+    from _server_helpers import LiveServer, SlowSteps
+    from omnicore.config import Settings
+    from omnicore.server import ServerSettings, create_app
+    from toy import toy_engine, toy_host
+
+    started: list[LiveServer] = []
+
+    def make(n: int, *, step_delay_s: float = 0.0, **server_settings: Any) -> list[LiveServer]:
+        out = []
+        for i in range(n):
+            host = toy_host(Settings(cache_dir=str(toy_cache)))
+            if step_delay_s:
+                host.add_plugin(SlowSteps(step_delay_s), "slow-steps")
+            engine = toy_engine(toy_cache, host=host)
+            ss = ServerSettings(state_dir=tmp_path / f"state{i}", store=pg_url, storage_url=str(tmp_path / "shared"),
+                                **server_settings)
+            srv = LiveServer(create_app(engine, ss)).start()
+            started.append(srv)
+            out.append(srv)
+        return out
+
+    yield make
+    for srv in started:
+        if srv.thread.is_alive():
+            srv.stop()

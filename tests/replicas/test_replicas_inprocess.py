@@ -4,47 +4,10 @@ directory: any replica answers for any job, work is claimed once, cancel and eve
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from _server_helpers import LiveServer, SlowSteps, read_events
-
-
-@pytest.fixture(scope="module")
-def toy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("toy-cache-replicas")
-
-
-@pytest.fixture
-def replicas(toy_cache: Path, tmp_path: Path, pg_url: str) -> Iterator[Callable[..., list[LiveServer]]]:
-    """``replicas(n, step_delay_s=..., **ServerSettings)`` -> n started servers on one database and directory."""
-    from omnicore.config import Settings
-    from omnicore.server import ServerSettings, create_app
-    from toy import toy_engine, toy_host
-
-    started: list[LiveServer] = []
-
-    def make(n: int, *, step_delay_s: float = 0.0, **server_settings: Any) -> list[LiveServer]:
-        out = []
-        for i in range(n):
-            host = toy_host(Settings(cache_dir=str(toy_cache)))
-            if step_delay_s:
-                host.add_plugin(SlowSteps(step_delay_s), "slow-steps")
-            engine = toy_engine(toy_cache, host=host)
-            ss = ServerSettings(state_dir=tmp_path / f"state{i}", store=pg_url, storage_url=str(tmp_path / "shared"),
-                                **server_settings)
-            srv = LiveServer(create_app(engine, ss)).start()
-            started.append(srv)
-            out.append(srv)
-        return out
-
-    yield make
-    for srv in started:
-        if srv.thread.is_alive():
-            srv.stop()
+from _server_helpers import read_events
 
 
 def _wait(c: httpx.Client, vid: str, statuses: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:

@@ -98,6 +98,33 @@ def test_an_expired_lease_is_reclaimed_and_the_stale_holder_is_fenced(store: Any
     assert store.claim("r3", ["m"], 0.01) is None  # terminal jobs are never claimed
 
 
+def test_step_checkpoints_are_recorded_under_the_lease_and_removed_with_the_job(store: Any) -> None:
+    _insert(store, "a")
+    assert store.get_checkpoint("a") is None
+    old = store.claim("r1", ["m"], 0.3)
+    stem = store.checkpoint_stem("a", old.token, 2)
+    assert stem.name == f"a.{old.token}.2"
+    for suffix in (".json", ".safetensors"):
+        stem.with_name(stem.name + suffix).write_text("x")
+    store.set_checkpoint("a", old.token, stem.with_name(stem.name + ".json"), 2)
+    assert store.get_checkpoint("a") == (stem.with_name(stem.name + ".json"), 2)
+    time.sleep(0.5)
+    new = store.claim("r2", ["m"], 30)
+    with pytest.raises(LeaseLost):  # the stale holder cannot move the job's checkpoint
+        store.set_checkpoint("a", old.token, stem.with_name("other.json"), 3)
+    assert store.get_checkpoint("a") == (stem.with_name(stem.name + ".json"), 2)  # the new holder reads it
+    later = store.checkpoint_stem("a", new.token, 4)
+    later.with_name(later.name + ".json").write_text("y")
+    store.set_checkpoint("a", new.token, later.with_name(later.name + ".json"), 4)
+    store.remove_checkpoints("a", token=new.token, keep=later.with_name(later.name + ".json"))
+    assert stem.with_name(stem.name + ".json").exists()  # another claim's files are not this claim's to remove
+    assert store.update("a", fence=new.token, status="completed")["status"] == "completed"
+    with pytest.raises(LeaseLost):  # a finished job takes no more checkpoints
+        store.set_checkpoint("a", new.token, later.with_name(later.name + ".json"), 5)
+    assert store.delete("a")
+    assert not list(stem.parent.glob("a.*"))
+
+
 def test_renewal_reports_a_cancel_asked_through_another_replica(store: Any) -> None:
     _insert(store, "a")
     held = store.claim("r1", ["m"], 30)

@@ -236,6 +236,15 @@ class ToyPipeline(BasePipeline):
         state.extras["owners"] = [remap[owners[i]] for i in rows]
         return state
 
+    def export_step_state(self, state: DenoiseState, row: int) -> dict[str, Any]:
+        """Step checkpoints: Euler keeps nothing but the latents (request ``row``'s output rows)."""
+        rows = [i for i, o in enumerate(state.extras["owners"]) if o == row]
+        return {"latents": state.latents[torch.tensor(rows, dtype=torch.long)]}
+
+    def import_step_state(self, state: DenoiseState, saved: dict[str, Any]) -> DenoiseState:
+        state.latents = saved["latents"].to(state.latents.device, state.latents.dtype)
+        return state
+
     @torch.no_grad()
     def decode(self, state: DenoiseState) -> list[Output]:
         for r in state.requests:

@@ -17,6 +17,7 @@ TOY_SPEC = ModelSpec(
         modes=("t2i", "t2v"), outputs=("image", "video"), supports_batching=True, max_outputs_per_request=4,
         cache_methods=("teacache",), size_multiple_of=8, max_pixels=1024 * 1024, max_frames=64,
         honours_attention_backend=False,  # a conv net: no attention to route
+        checkpointable=True,  # Euler: the latents are the whole step state
     ),
     defaults=RequestDefaults(height=32, width=32, num_frames=1, fps=8.0, num_inference_steps=4,
                              guidance_scale=1.0, flow_shift=None),

@@ -38,6 +38,7 @@ def model_card(spec: Any) -> dict[str, Any]:
         "max_outputs_per_request": caps.max_outputs_per_request,
         "supports_batching": caps.supports_batching,
         "cache_methods": list(caps.cache_methods),
+        "step_checkpoints": bool(getattr(caps, "checkpointable", False)),  # --checkpoint-every applies to it
         "limits": {"size_multiple_of": caps.size_multiple_of, "max_pixels": caps.max_pixels,
                    "max_frames": caps.max_frames, "frame_rule": caps.frame_rule,
                    "fps_range": None if caps.fps_range is None else list(caps.fps_range)},
@@ -77,7 +78,8 @@ def render(cards: list[dict[str, Any]]) -> str:
     for c in cards:
         lines.append(f"{c['name']}  ({c['provider'] or '-'})  {c['description']}")
         lines.append(f"  modes: {', '.join(c['modes'])}; outputs: {', '.join(c['outputs'])}; "
-                     f"up to {c['max_outputs_per_request']} per request")
+                     f"up to {c['max_outputs_per_request']} per request"
+                     + ("; step checkpoints" if c.get("step_checkpoints") else ""))
         if c["inputs"]:
             roles = "; ".join(f"{r['role']} ({'/'.join(r['kinds'])}, max {r['max_count']})" for r in c["inputs"])
             total = f" (at most {c['max_inputs']} in total)" if c["max_inputs"] is not None else ""

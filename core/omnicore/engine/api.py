@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ..plugin_host.host import PluginHost
     from ..quantization import QuantReport
     from ..specs import AttentionRequirement, CacheMethodSpec, ModelSpec
+    from .step_checkpoint import CheckpointPlan
 
 logger = logging.getLogger("omnicore.engine")
 
@@ -306,14 +307,15 @@ class Engine:
 
     # ------------------------------------------------------------------ admission
     def submit(self, request: GenerationRequest | CheckedRequest, *, on_event: Listener | None = None,
-               limits: WorkLimits | None = None) -> Job:
+               limits: WorkLimits | None = None, checkpoint: CheckpointPlan | None = None) -> Job:
         """Preprocess ``request`` (here, once) and queue it. Raises ``InvalidRequest``, ``QueueFull``,
         ``EngineClosed``; a request without a seed gets a random one first (recorded in the outputs).
 
         The resolved request is checked against the model's declared limits and the caller's ``limits``
         (e.g. the server's budget) before it is queued (:class:`~.limits.LimitExceeded`). A
         :class:`~.inputs.CheckedRequest` for this engine's spec (the CLI checked it before loading) is not
-        checked against the spec again."""
+        checked against the spec again. ``checkpoint`` asks for step checkpoints of this job and/or a resume from one
+        (:mod:`.step_checkpoint`); a job that resumes runs in a batch of its own."""
         checked = isinstance(request, CheckedRequest) and request.spec == self.spec
         if isinstance(request, CheckedRequest):
             request = request.request
@@ -333,6 +335,7 @@ class Engine:
                                 f"model {self.spec.name!r} does not support LoRA adapters")
         request = request.seeded(self.spec.defaults.seed)
         job = Job(request, canceller=self._cancel)
+        job.checkpoint = checkpoint
         if on_event is not None:
             job.add_listener(on_event)
         job.emit("preprocess")
@@ -346,6 +349,8 @@ class Engine:
             if self.memory_guard is not None:  # the placement's weights + this request's peak vs the limit
                 self.memory_guard.check(request)
             key = self.pipeline.batch_key(prepared)
+            if checkpoint is not None and checkpoint.resume is not None:
+                key = ("resume", job.id, key)  # its rows' state comes from the snapshot: a batch of its own
         except BaseException as exc:
             err = _as_requested(exc, request)
             job.finish("failed", error=err)

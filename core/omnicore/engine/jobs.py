@@ -19,6 +19,7 @@ from .progress import TERMINAL_PHASES, ProgressEvent, phase_progress
 if TYPE_CHECKING:
     from ..outputs.output import Output
     from .request import GenerationRequest
+    from .step_checkpoint import CheckpointPlan
 
 logger = logging.getLogger("omnicore.engine")
 
@@ -46,6 +47,8 @@ class Job:
         self._listeners: list[Listener] = []
         self._cancel_requested = False
         self._canceller = canceller
+        # step checkpoints of this job (engine.step_checkpoint): set by the engine at admission, read by the runner
+        self.checkpoint: CheckpointPlan | None = None
 
     # ------------------------------------------------------------------ caller side
     @property

@@ -21,6 +21,7 @@ from ..vae_fast_paths import request_fast_paths
 from .cancellation import cancel_scope
 from .jobs import Job
 from .stage_progress import stage_progress_scope
+from .step_checkpoint import resume_point, save_due
 
 if TYPE_CHECKING:
     from ..lora.registry import AdapterRef
@@ -164,8 +165,10 @@ class BatchRunner:
         platform.synchronize()
         timings["encode_s"] = time.perf_counter() - t
         total = int(state.num_steps)
+        # a re-claimed job with a step checkpoint (engine.step_checkpoint) starts where that one ended
+        state, start = resume_point(pipeline, state, members) if self.group is None else (state, 0)
         t = denoise_start = time.perf_counter()
-        for step in range(total):
+        for step in range(start, total):
             state, members = self._drop_cancelled(state, members)
             if all(j.done for j in members):
                 return
@@ -178,9 +181,11 @@ class BatchRunner:
             self._count("steps_executed")
             platform.synchronize()
             done = step + 1
-            per_step = (time.perf_counter() - denoise_start) / done
+            per_step = (time.perf_counter() - denoise_start) / (done - start)
             for job in members:
                 job.emit("denoise", step=done, total_steps=total, eta_s=per_step * (total - done))
+            if self.group is None:
+                save_due(pipeline, state, members, done)
         timings["denoise_s"] = time.perf_counter() - t
         state, members = self._drop_cancelled(state, members)
         if all(j.done for j in members):

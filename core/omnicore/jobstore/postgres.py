@@ -89,6 +89,12 @@ class PostgresJobStore:
     def write_result(self, job_id: str, ext: str, write: Callable[[Path], Any]) -> Path:
         return self.storage.write_result(job_id, ext, write)
 
+    def checkpoint_stem(self, job_id: str, token: int, step: int) -> Path:
+        return self.storage.checkpoint_stem(job_id, token, step)
+
+    def remove_checkpoints(self, job_id: str, token: int | None = None, keep: Path | None = None) -> None:
+        self.storage.remove_checkpoints(job_id, token, keep)
+
     # ------------------------------------------------------------------ records
     def insert(self, record: dict[str, Any], request: dict[str, Any], *, kind: str = "video",
                idempotency_key: str | None = None, body_hash: str | None = None, owner: str | None = None) -> None:
@@ -146,6 +152,20 @@ class PostgresJobStore:
             raise LeaseLost(job_id, fence, int(now[1]))
         return dict(now[0])  # terminal already: unchanged
 
+    def set_checkpoint(self, job_id: str, token: int, path: Path, step: int) -> None:
+        """Record the job's latest step checkpoint, fenced: only the holder of lease ``token`` of an unfinished job
+        may (else :class:`LeaseLost`, and the caller removes the files it wrote)."""
+        row = self._one("UPDATE jobs SET checkpoint_path = %s, checkpoint_step = %s WHERE id = %s AND lease_token = %s"
+                        " AND status <> ALL(%s) RETURNING id", (str(path), int(step), job_id, token, _T))
+        if row is None:
+            now = self._one("SELECT lease_token FROM jobs WHERE id = %s", (job_id,))
+            raise LeaseLost(job_id, token, int(now[0]) if now else None)
+
+    def get_checkpoint(self, job_id: str) -> tuple[Path, int] | None:
+        """``(path of its JSON, step)`` of the job's latest step checkpoint, or ``None``."""
+        row = self._one("SELECT checkpoint_path, checkpoint_step FROM jobs WHERE id = %s", (job_id,))
+        return (Path(row[0]), int(row[1])) if row and row[0] and row[1] is not None else None
+
     def mark_delete_pending(self, job_id: str) -> None:
         self._one("UPDATE jobs SET delete_pending = TRUE WHERE id = %s RETURNING id", (job_id,))
 
@@ -159,6 +179,7 @@ class PostgresJobStore:
             return False
         self.storage.remove_results(job_id)
         self.storage.remove_inputs(job_id)
+        self.storage.remove_checkpoints(job_id)
         return True
 
     def find_idempotent(self, key: str) -> tuple[str, str | None] | None:

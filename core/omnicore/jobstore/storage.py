@@ -32,8 +32,27 @@ def resolve_local(url: str) -> Path:
     return Path(path)
 
 
+def checkpoint_stem(root: Path, job_id: str, token: int, step: int) -> Path:
+    """Where a step checkpoint of ``job_id`` goes: ``<root>/checkpoints/<job id>.<token>.<step>`` (+ ``.json`` and
+    ``.safetensors``). The lease token in the name keeps a stale holder from overwriting the current one's files."""
+    path = root / "checkpoints"
+    path.mkdir(parents=True, exist_ok=True)
+    return path / f"{job_id}.{int(token)}.{int(step)}"
+
+
+def remove_checkpoints(root: Path, job_id: str, token: int | None = None, keep: Path | None = None) -> None:
+    """Delete ``job_id``'s checkpoint files (only those of lease ``token`` when given), except ``keep``'s."""
+    kept = keep.name[: -len(".json")] if keep is not None and keep.name.endswith(".json") else None
+    pattern = f"{job_id}.{int(token)}.*" if token is not None else f"{job_id}.*"
+    for path in (root / "checkpoints").glob(pattern):
+        stem = path.name.rsplit(".", 1)[0]
+        if stem != kept:
+            path.unlink(missing_ok=True)
+
+
 class SharedStorage:
-    """Inputs under ``<root>/inputs/<job id>/``, results as ``<root>/results/<job id>[.<token>].<ext>``."""
+    """Inputs under ``<root>/inputs/<job id>/``, results as ``<root>/results/<job id>[.<token>].<ext>``, step
+    checkpoints under ``<root>/checkpoints/`` (:func:`checkpoint_stem`)."""
 
     def __init__(self, url: str | Path) -> None:
         self.url = str(url)
@@ -67,3 +86,9 @@ class SharedStorage:
         """Every result file of ``job_id`` (one per claim that got as far as writing, at most one recorded)."""
         for path in (self.root / "results").glob(f"{job_id}.*"):
             path.unlink(missing_ok=True)
+
+    def checkpoint_stem(self, job_id: str, token: int, step: int) -> Path:
+        return checkpoint_stem(self.root, job_id, token, step)
+
+    def remove_checkpoints(self, job_id: str, token: int | None = None, keep: Path | None = None) -> None:
+        remove_checkpoints(self.root, job_id, token, keep)

@@ -73,6 +73,7 @@ class LiveJob:
     fence: int | None = None  # lease token of a job claimed from a shared store: every write of it carries it
     lease_lost: bool = False  # a fenced write was rejected: another replica holds the job now; write nothing more
     model: str | None = None  # the model it is for, when the server serves several (a model pool); else None
+    checkpoint_step: int | None = None  # the step of the last step checkpoint this replica wrote for it
 
 
 @attrs.define
@@ -176,7 +177,10 @@ class JobManager:
                                "retry later", headers={"Retry-After": str(self.retry_after_s())})
             self._live[live.id] = live
         try:
-            routed = {"model": live.model} if live.model is not None else {}  # a model pool routes by it
+            routed: dict[str, Any] = {"model": live.model} if live.model is not None else {}  # a pool routes by it
+            plan = self._checkpoint_plan(live)
+            if plan is not None:
+                routed["checkpoint"] = plan
             job = self.engine.submit(request, on_event=lambda ev: self._on_event(live, ev), limits=self.limits,
                                      **routed)
         except BaseException as exc:
@@ -195,6 +199,54 @@ class JobManager:
         # Terminal events arrive on the engine worker; finishing (writing an MP4) runs on our own pool.
         job.add_listener(lambda ev: self._on_terminal(live, ev), replay=True)
         return live
+
+    # ------------------------------------------------------------------ step checkpoints (shared store)
+    def _checkpoint_plan(self, live: LiveJob) -> Any:
+        """Step checkpoints of a job claimed from a shared store with ``--checkpoint-every K`` (not through a model
+        pool): save every K steps, and resume from the job's last checkpoint when an earlier holder left one."""
+        every = int(getattr(self.settings, "checkpoint_every", 0) or 0)
+        if live.fence is None or live.model is not None or every < 1:
+            return None
+        from ..engine.step_checkpoint import CheckpointPlan, StepStateError, read_snapshot
+
+        resume = None
+        found = self.store.get_checkpoint(live.id)
+        if found is not None:
+            try:
+                resume = read_snapshot(found[0])
+            except StepStateError as exc:  # a partial or foreign file: run from step 0 rather than fail
+                logger.warning("job %s: %s; starting at step 0", live.id, exc)
+        return CheckpointPlan(every=every, save=lambda snap: self._save_checkpoint(live, snap), resume=resume)
+
+    def _save_checkpoint(self, live: LiveJob, snapshot: Any) -> None:
+        """Write ``snapshot`` under this claim's token and record it, fenced: a holder whose lease is gone leaves
+        neither the files nor the record (and stops the job here)."""
+        from ..engine.step_checkpoint import snapshot_files, write_snapshot
+
+        if live.lease_lost or live.fence is None:
+            return
+        index = write_snapshot(snapshot, self.store.checkpoint_stem(live.id, live.fence, snapshot.step))
+        try:
+            self.store.set_checkpoint(live.id, live.fence, index, snapshot.step)
+        except LeaseLost as exc:
+            for path in snapshot_files(index):
+                path.unlink(missing_ok=True)
+            logger.warning("job %s: %s; stopping it on this replica", live.id, exc)
+            self.lose_lease(live)
+            return
+        self.store.remove_checkpoints(live.id, token=live.fence, keep=index)  # this claim's earlier steps
+        live.checkpoint_step = snapshot.step
+
+    def _drop_checkpoints(self, live: LiveJob) -> None:
+        """The job ended here: its checkpoints go. A job that went back to the queue or to another replica (lease
+        lost) keeps them: its next holder resumes from the recorded one, and removes them all when it ends."""
+        if live.fence is None or live.status == "queued" or live.lease_lost \
+                or not getattr(self.settings, "checkpoint_every", 0):
+            return
+        try:
+            self.store.remove_checkpoints(live.id)
+        except Exception:
+            logger.exception("job %s: removing its step checkpoints failed", live.id)
 
     # ------------------------------------------------------------------ progress (engine threads)
     def _on_event(self, live: LiveJob, ev: Any) -> None:
@@ -344,6 +396,7 @@ class JobManager:
             except Exception:  # pragma: no cover - the job still ends below
                 logger.exception("recording the failure of job %s failed", live.id)
         finally:
+            self._drop_checkpoints(live)
             self._release(live)
 
     def _finish(self, live: LiveJob, job: Any) -> None:
@@ -446,6 +499,7 @@ class JobManager:
         # the length of the video written, which the model's frame rule may make longer than the request asked
         # (H3 at 4 s writes 107 frames at 24 fps: 4.46 s); the request's own value is kept in the stored body
         seconds = f"{out.num_frames / fps:.3g}" if out.num_frames and fps else None
+        resumed = int(out.metrics.get("resumed_from_step", 0) or 0)  # a step checkpoint's step, when it resumed
         try:
             record = self._write(
                 live, result_path=path, status="completed", phase=None, phase_progress=None, progress=100,
@@ -454,7 +508,8 @@ class JobManager:
             seed=out.seed if out.seed is not None else params.seed, num_frames=out.num_frames,
             fps=fps, size=f"{out.width}x{out.height}", **({"seconds": seconds} if seconds else {}),
             step=live.total_steps, total_steps=live.total_steps, timings=self.timings(live, job, completed, save_s),
-            usage={"denoise_steps_computed": live.total_steps or 0,
+            usage={"denoise_steps_computed": (live.total_steps or 0) - resumed,
+                   **({"resumed_from_step": resumed} if resumed else {}),
                    "denoise_steps_cached": int(out.metrics.get("denoise_steps_cached", 0) or 0),
                    "peak_device_memory_bytes": out.metrics.get("peak_memory_bytes")},
             )

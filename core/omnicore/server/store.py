@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..jobstore.base import Claim, DuplicateKey, LeaseLost, Renewal
+from ..jobstore.storage import checkpoint_stem, remove_checkpoints
 
 TERMINAL = ("completed", "failed", "cancelled")
 ACTIVE = ("queued", "in_progress")
@@ -200,6 +201,12 @@ class JobStore:
         os.replace(tmp, final)
         return final
 
+    def checkpoint_stem(self, job_id: str, token: int, step: int) -> Path:
+        return checkpoint_stem(self.root, job_id, token, step)
+
+    def remove_checkpoints(self, job_id: str, token: int | None = None, keep: Path | None = None) -> None:
+        remove_checkpoints(self.root, job_id, token, keep)
+
     # ------------------------------------------------------------------ records
     def insert(self, record: dict[str, Any], request: dict[str, Any], *, kind: str = "video",
                idempotency_key: str | None = None, body_hash: str | None = None, owner: str | None = None) -> None:
@@ -260,6 +267,22 @@ class JobStore:
             )
             return record
 
+    def set_checkpoint(self, job_id: str, token: int, path: Path, step: int) -> None:
+        """Record the job's latest step checkpoint, fenced by lease ``token`` (else :class:`LeaseLost`)."""
+        with self._tx() as db:
+            row = db.execute("SELECT lease_token, status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or int(row[0]) != token or row[1] in TERMINAL:
+                raise LeaseLost(job_id, token, int(row[0]) if row else None)
+            db.execute("UPDATE jobs SET checkpoint_path = ?, checkpoint_step = ? WHERE id = ?",
+                       (str(path), int(step), job_id))
+
+    def get_checkpoint(self, job_id: str) -> tuple[Path, int] | None:
+        """``(path of its JSON, step)`` of the job's latest step checkpoint, or ``None``."""
+        with self._lock:
+            row = self._db.execute("SELECT checkpoint_path, checkpoint_step FROM jobs WHERE id = ?",
+                                   (job_id,)).fetchone()
+        return (Path(row[0]), int(row[1])) if row and row[0] and row[1] is not None else None
+
     def mark_delete_pending(self, job_id: str) -> None:
         with self._tx() as db:
             db.execute("UPDATE jobs SET delete_pending = 1 WHERE id = ?", (job_id,))
@@ -281,6 +304,7 @@ class JobStore:
         for path in (self.root / "results").glob(f"{job_id}.*"):  # results of earlier claims (fenced names)
             path.unlink(missing_ok=True)
         shutil.rmtree(self.root / "inputs" / job_id, ignore_errors=True)
+        remove_checkpoints(self.root, job_id)
         return True
 
     def find_idempotent(self, key: str) -> tuple[str, str | None] | None:

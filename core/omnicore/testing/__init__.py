@@ -19,6 +19,7 @@ _LAZY = {
     "PlatformOpConformance": "omnicore.testing.ops:PlatformOpConformance",
     "isolated_host": "omnicore.testing.plugin:isolated_host",
     "add_loaded": "omnicore.testing.plugin:add_loaded",
+    "check_step_checkpoints": "omnicore.testing.step_checkpoint:check_step_checkpoints",
 }
 
 

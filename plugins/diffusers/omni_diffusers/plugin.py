@@ -41,7 +41,10 @@ MODEL_SPEC = ModelSpec(
         # narrowed per loaded pipeline (omni_diffusers.attention): True where every attention module of its
         # denoisers runs omnicore's selected backend (FLUX, Wan, QwenImage ... through diffusers' dispatcher; plain
         # AttnProcessor2_0 UNets), False otherwise (SD3's joint processor calls SDPA itself)
-        honours_attention_backend=True),
+        honours_attention_backend=True,
+        # no step checkpoints: the stock pipeline's __call__ runs its own loop on a thread (omni_diffusers.stepper)
+        # and keeps its sampler and latents in that call's locals, so a step's state cannot be exported or put back
+        checkpointable=False),
     defaults=RequestDefaults(height=1024, width=1024, num_inference_steps=28, guidance_scale=3.5),
     presets=(
         _preset("flux", "build_flux", "random-weight FluxPipeline (1+1 layers) written by save_pretrained"),

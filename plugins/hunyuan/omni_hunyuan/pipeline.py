@@ -445,6 +445,34 @@ class HunyuanImage3Pipeline(BasePipeline):
         state.latents = state.latents[torch.tensor(idx, device=state.latents.device)]
         return state
 
+    # ------------------------------------------------------------------------------------------ step checkpoints
+    def export_step_state(self, state: DenoiseState, row: int) -> dict[str, Any]:
+        """Request ``row``'s step state: its latents (Euler: no history, no noise after ``encode``) and the prompt
+        K/V the steps keep (``kv_reuse``): a resumed step that recomputed it would take another attention path
+        and differ in the last bits. Only the cached prefix is saved; the scratch space is reallocated."""
+        past = state.extras["items"][row]["past"]
+        kv = None if past is None else {
+            "length": past.length, "capacity": int(past.layers[0][0].shape[1]) if past.layers else 0,
+            "k": [k[:, :past.length] for k, _ in past.layers], "v": [v[:, :past.length] for _, v in past.layers]}
+        return {"latents": state.latents[row:row + 1], "past": kv}
+
+    def import_step_state(self, state: DenoiseState, saved: dict[str, Any]) -> DenoiseState:
+        """Put an exported step state into a fresh ``encode`` of its request (alone)."""
+        state.latents = saved["latents"].to(state.latents.device, state.latents.dtype)
+        kv = saved["past"]
+        past = None
+        if kv is not None:
+            layers = []
+            for k, v in zip(kv["k"], kv["v"]):
+                full_k = k.new_zeros((k.shape[0], kv["capacity"], *k.shape[2:]), device=self.device)
+                full_v = v.new_zeros((v.shape[0], kv["capacity"], *v.shape[2:]), device=self.device)
+                full_k[:, :kv["length"]] = k
+                full_v[:, :kv["length"]] = v
+                layers.append((full_k, full_v))
+            past = PrefixKV(layers, int(kv["length"]))
+        state.extras["items"][0]["past"] = past
+        return state
+
     # ------------------------------------------------------------------------------------------ denoise
     def _ensure_cond(self, item: dict[str, Any]) -> CondFeatures | None:
         if not item["cond_ready"]:

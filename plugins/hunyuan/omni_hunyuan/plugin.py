@@ -37,6 +37,8 @@ CAPABILITIES = ModelCapabilities(
     # rows (conditional, unconditional) on two ranks, each keeping the prompt K/V of its row; ep=N partitions the
     # routed experts
     parallel=("tp", "cfg", "ep"),
+    # step checkpoints: the request's latents (Euler); the prompt K/V kept between steps is recomputed on resume
+    checkpointable=True,
 )
 
 DEFAULTS = RequestDefaults(

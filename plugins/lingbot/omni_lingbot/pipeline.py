@@ -48,7 +48,15 @@ from .plugin import MODEL_SPEC
 from .prompts import PromptTexts, load_prompt_texts
 from .refiner import refiner_sigmas, refiner_stage, start_latents
 from .request_rules import resolve_request
-from .sampler import base_sigmas, low_noise_sigmas, make_scheduler, model_timestep, read_scheduler_config
+from .sampler import (
+    base_sigmas,
+    low_noise_sigmas,
+    make_scheduler,
+    model_timestep,
+    read_scheduler_config,
+    restore_scheduler_state,
+    scheduler_state,
+)
 from .text_encoder import LingBotTextEncoder
 from .vae import LingBotVAE
 
@@ -397,12 +405,18 @@ class LingBotPipeline(BasePipeline):
 
     def _enter_refiner(self, state: DenoiseState) -> None:
         """Switch a finished base batch to the refiner stage: start latents, clean prefix, scheduler, text, CFG."""
-        ex = state.extras
-        first = state.requests[0]
-        options = plan_of(first).refiner
+        options = plan_of(state.requests[0]).refiner
         if options is None:
             raise ValueError("the refiner stage was entered for a request without refiner options")
-        state.latents, ex["clean"] = start_latents(self.vae, state.latents, state.requests, options, self.device)
+        state.latents, state.extras["clean"] = start_latents(self.vae, state.latents, state.requests, options,
+                                                             self.device)
+        self._refiner_stage(state)
+
+    def _refiner_stage(self, state: DenoiseState) -> None:
+        """The refiner stage's scheduler, guidance and text (its start latents are set by the caller)."""
+        ex = state.extras
+        options = plan_of(state.requests[0]).refiner
+        assert options is not None
         ex["phase"] = "refiner"
         ex["scheduler"] = ex.pop("refiner_scheduler")
         ex["guidance"] = float(options.guidance_scale)
@@ -413,6 +427,25 @@ class LingBotPipeline(BasePipeline):
             uncond = ([torch.zeros_like(row) for row in ex["cond_rows"]] if options.null_cond_clone_zero
                       else ex.pop("refiner_uncond_rows"))
         self._set_text(ex, ex["cond_rows"], uncond)
+
+    # ------------------------------------------------------------------------------------------ step checkpoints
+    def export_step_state(self, state: DenoiseState, row: int) -> dict[str, Any]:
+        """Request ``row``'s step state: latents, TI2V clean prefix, stage, and the UniPC sampler's history rows
+        and counters. The sampler draws no noise after ``encode`` (the refiner's start noise is already in the
+        latents), so there is no generator state to keep."""
+        ex = state.extras
+        clean = ex["clean"]
+        return {"latents": state.latents[row:row + 1], "clean": None if clean is None else clean[row:row + 1],
+                "phase": ex.get("phase", "base"), "scheduler": scheduler_state(ex["scheduler"], row)}
+
+    def import_step_state(self, state: DenoiseState, saved: dict[str, Any]) -> DenoiseState:
+        """Put an exported step state into a fresh ``encode`` of its request (alone)."""
+        if saved["phase"] == "refiner":
+            self._refiner_stage(state)
+        state.latents = saved["latents"].to(self.device)
+        state.extras["clean"] = None if saved["clean"] is None else saved["clean"].to(self.device)
+        restore_scheduler_state(state.extras["scheduler"], saved["scheduler"], self.device)
+        return state
 
     # ------------------------------------------------------------------------------------------ decode
     @torch.no_grad()

@@ -42,6 +42,8 @@ CAPABILITIES = ModelCapabilities(
     needs_packed_varlen=True,  # the DiT's attention takes cu_seqlens documents (batch CFG, batched requests)
     # --parallel: branches on CFG ranks; packed rows sharded over Ulysses ranks; MoE experts over EP ranks
     parallel=("cfg", "ulysses", "ep"),
+    # step checkpoints: latents, clean prefix, stage and the UniPC history per request (pipeline.export_step_state)
+    checkpointable=True,
 )
 
 DEFAULTS = RequestDefaults(

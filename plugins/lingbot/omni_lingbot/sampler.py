@@ -132,3 +132,35 @@ def model_timestep(timestep: Any, dtype: Any = None) -> Any:
     if dtype in (torch.bfloat16, torch.float16):
         sigma = sigma.to(dtype)
     return (sigma * float(NUM_TRAIN_TIMESTEPS)).float()
+
+
+#: What ``UniPCMultistepScheduler.step`` changes between steps: per-sample history (batch-first rows) and counters.
+_ROW_LISTS = ("model_outputs",)
+_ROW_TENSORS = ("last_sample",)
+_COUNTERS = ("timestep_list", "lower_order_nums", "this_order", "_step_index")
+
+
+def scheduler_state(scheduler: Any, row: int) -> dict[str, Any]:
+    """The multistep history of sample ``row`` and the sampler's counters (a step checkpoint's sampler part)."""
+    out: dict[str, Any] = {}
+    for name in _ROW_LISTS:
+        out[name] = [None if m is None else m[row:row + 1] for m in getattr(scheduler, name)]
+    for name in _ROW_TENSORS:
+        value = getattr(scheduler, name)
+        out[name] = None if value is None else value[row:row + 1]
+    for name in _COUNTERS:
+        if hasattr(scheduler, name):  # ``this_order`` exists only after the first step
+            out[name] = getattr(scheduler, name)
+    return out
+
+
+def restore_scheduler_state(scheduler: Any, saved: dict[str, Any], device: Any) -> None:
+    """Put :func:`scheduler_state`'s values back into a fresh scheduler of the same schedule."""
+    for name, value in saved.items():
+        if name in _ROW_LISTS:
+            value = [None if m is None else m.to(device) for m in value]
+        elif name in _ROW_TENSORS and value is not None:
+            value = value.to(device)
+        elif name not in _COUNTERS:
+            raise ValueError(f"unknown sampler field {name!r} in a step checkpoint")
+        setattr(scheduler, name, value)

@@ -483,6 +483,26 @@ class MiniMaxH3Pipeline(BasePipeline):
         self._set_batch(ex, self.transformers[ex["partition"]], plans)
         return state
 
+    # ------------------------------------------------------------------------------------------ step checkpoints
+    def export_step_state(self, state: DenoiseState, row: int) -> dict[str, Any]:
+        """Request ``row``'s step state: the packed video and audio rows of its outputs (anchors included). Euler
+        with eta 0 keeps no history and draws no noise after ``encode``; TeaCache's kept residual is a cache's
+        memory and restarts cold."""
+        items: list[Item] = state.extras["items"]
+        video_parts = state.latents[0].split([it.video_rows for it in items])
+        audio_parts = state.latents[1].split([it.audio_rows for it in items])
+        mine = [i for i, it in enumerate(items) if it.request_index == row]
+        return {"video": torch.cat([video_parts[i] for i in mine]), "audio": torch.cat([audio_parts[i] for i in mine])}
+
+    def import_step_state(self, state: DenoiseState, saved: dict[str, Any]) -> DenoiseState:
+        """Put an exported step state into a fresh ``encode`` of its request (alone: the same rows, in order)."""
+        video, audio = state.latents
+        if saved["video"].shape != video.shape or saved["audio"].shape != audio.shape:
+            raise ValueError(f"step checkpoint rows {tuple(saved['video'].shape)}/{tuple(saved['audio'].shape)} do "
+                             f"not match the request's {tuple(video.shape)}/{tuple(audio.shape)}")
+        state.latents = (saved["video"].to(video.device, video.dtype), saved["audio"].to(audio.device, audio.dtype))
+        return state
+
     # ------------------------------------------------------------------------------------------ denoise
     def dit_for(self, state: DenoiseState) -> Any:
         return self.transformers[state.extras["partition"]]

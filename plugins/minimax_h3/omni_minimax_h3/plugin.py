@@ -49,6 +49,8 @@ CAPABILITIES = ModelCapabilities(
     supports_batching=True,  # requests of any size pack into one DiT forward per step
     max_outputs_per_request=10,
     cache_methods=("teacache", "adaln_schedule"),
+    # step checkpoints: the request's packed video/audio rows (Euler, eta 0: no history, no noise after encode)
+    checkpointable=True,
     needs_packed_varlen=True,
     inputs=INPUT_ROLES,
     max_inputs=12,

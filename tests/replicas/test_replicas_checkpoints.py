@@ -1,0 +1,75 @@
+"""Step checkpoints across replicas (issue 25, ``--checkpoint-every``): two replicas (real uvicorn servers around
+toy engines, in this process) on one real PostgreSQL and one directory. The replica running a job writes a
+checkpoint every step; its lease is then expired in the database (as if it froze), the other replica claims the
+job and resumes at the checkpoint's step, the first one's next write is fenced off, and the video's bytes equal an
+uninterrupted run's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_replicas_inprocess import _wait
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+
+
+def _expire_lease(pg_url: str, job_id: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE jobs SET lease_expires = now() - interval '1 second' WHERE id = %s", (job_id,))
+
+
+def _checkpoint(pg_url: str, job_id: str) -> tuple[str | None, int | None]:
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT checkpoint_path, checkpoint_step FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    return (row[0], row[1]) if row else (None, None)
+
+
+def test_a_job_whose_lease_is_lost_resumes_on_another_replica_from_its_checkpoint(
+        replicas: Any, pg_url: str, tmp_path: Path) -> None:
+    # one job per replica at a time, so the replica that loses the lease cannot take the job straight back
+    a, b = replicas(2, step_delay_s=0.15, claim_slots=1, checkpoint_every=1, lease_s=30)
+    ca = httpx.Client(base_url=a.url, timeout=60)
+    body = {"prompt": "resume me", "num_frames": 2, "num_inference_steps": STEPS, "seed": 77}
+    vid = ca.post("/v1/videos", json=body).json()["id"]
+    _wait(ca, vid, ("in_progress",))
+    first, second = (a, b) if a.ctx.jobs.get_live(vid) is not None else (b, a)
+    deadline = time.monotonic() + 60
+    while (_checkpoint(pg_url, vid)[1] or 0) < 3:
+        assert time.monotonic() < deadline, ca.get(f"/v1/videos/{vid}").json()
+        time.sleep(0.02)
+    path, step = _checkpoint(pg_url, vid)
+    assert path is not None and Path(path).is_file() and f"{vid}.1." in Path(path).name  # under claim 1's token
+    steps_before = second.ctx.engine.stats()["steps_executed"]
+    _expire_lease(pg_url, vid)  # the first replica "froze": its lease ran out
+    done = _wait(ca, vid, ("completed", "failed", "cancelled"), timeout=120)
+    assert done["status"] == "completed", done
+    resumed = done["usage"]["resumed_from_step"]
+    assert 3 <= resumed < STEPS  # the second replica started at a checkpoint's step, not at 0
+    assert second.ctx.engine.stats()["steps_executed"] - steps_before == STEPS - resumed
+    assert done["usage"]["denoise_steps_computed"] == STEPS - resumed
+    store = first.ctx.store
+    assert store.lease_of(vid)[1:] == (2, 2)  # token 2, claimed twice
+    # the first replica's late writes were fenced off and it stopped the job (no result of claim 1)
+    deadline = time.monotonic() + 30
+    while first.ctx.jobs.get_live(vid) is not None and not first.ctx.jobs.get_live(vid).done.is_set():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    shared = tmp_path / "shared"
+    assert not (shared / "results" / f"{vid}.1.mp4").exists()
+    assert not list((shared / "checkpoints").glob(f"{vid}.*"))  # the finished job's checkpoints are gone
+    content = ca.get(f"/v1/videos/{vid}/content").content
+    # an uninterrupted run of the same request gives the same bytes
+    again = ca.post("/v1/videos", json=body).json()["id"]
+    assert _wait(ca, again, ("completed", "failed"), timeout=120)["status"] == "completed"
+    assert "resumed_from_step" not in ca.get(f"/v1/videos/{again}").json()["usage"]
+    assert ca.get(f"/v1/videos/{again}/content").content == content and content[4:8] == b"ftyp"
