@@ -9,7 +9,8 @@ up only at the few record modules in :data:`TYPE_ONLY_TARGETS`, and they take no
 Layers of the core, lowest first (a module may import its own layer and every layer below; the most specific
 prefix names a module's layer):
 
-0. **base** — errors, ids, phases, versions, the lazy-import helper, the op vocabulary (``ops.names``): no
+0. **base** — errors, ids, phases, versions, the lazy-import helper, the op vocabulary (``ops.names``), the JSON
+   value types (``json_types``): no
    dependency on anything else of omnicore.
 1. **records** — settings (``config``), registry, the spec records, hook specifications, the LoRA records the
    model spec carries, checkpoints and tiny-checkpoint helpers, the package root, the core's own plugin
@@ -51,7 +52,7 @@ PLUGINS = ROOT / "plugins"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("omnicore._version", "omnicore._lazy", "omnicore.errors", "omnicore.ids", "omnicore.phases",
-              "omnicore.ops.names")),
+              "omnicore.ops.names", "omnicore.json_types")),
     ("records", ("omnicore", "omnicore.config", "omnicore.registry", "omnicore.specs", "omnicore.hookspecs",
                  "omnicore.lora.records", "omnicore.lora.errors", "omnicore.blocks", "omnicore.checkpoint",
                  "omnicore.tiny_checkpoints", "omnicore._builtin")),

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import attrs
@@ -32,6 +32,11 @@ from .sse import EventHub
 from .store import JobStore
 from .translate import ServedModel
 
+if TYPE_CHECKING:
+    from ..engine.api import Engine
+    from ..pool.pool import ModelPool
+    from .replica import Claimer
+
 logger = logging.getLogger("omnicore.server")
 
 
@@ -45,13 +50,13 @@ class ServerContext:
     hub: EventHub
     readiness: Readiness
     auth: BearerAuth
-    engine: Any = None
+    engine: Engine | ModelPool | None = None
     jobs: JobManager | None = None
     served: ServedModel | None = None
     model_arg: str | None = None
     started_at: float = attrs.Factory(time.time)
-    claimer: Any = None  # with a shared store: this replica's Claimer (server/replica.py)
-    pool: Any = None  # the ModelPool when the server serves several models (server/models.py)
+    claimer: Claimer | None = None  # with a shared store: this replica's Claimer (server/replica.py)
+    pool: ModelPool | None = None  # the ModelPool when the server serves several models (server/models.py)
     models: dict[str, ServedModel] = attrs.Factory(dict)  # with a pool: name -> served model
 
     def require(self) -> tuple[JobManager, ServedModel]:
@@ -73,7 +78,7 @@ class ServerContext:
         """What the job manager passes the engine as ``model=`` (``None`` for a one-model server)."""
         return served.id if self.pool is not None else None
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: Engine | ModelPool) -> None:
         """Adopt a loaded engine (or model pool): recover the store (restart table), re-enqueue queued jobs,
         become ready."""
         self.engine = engine
@@ -256,8 +261,9 @@ class EdgeMiddleware:
         await JSONResponse(err.body(), status_code=err.status_code, headers=headers)(scope, receive, send)
 
 
-def create_app(engine: Any = None, settings: ServerSettings | None = None, store: JobStore | None = None, *,
-               loader: Callable[[], Any] | None = None, owns_engine: bool = True,
+def create_app(engine: Engine | ModelPool | None = None, settings: ServerSettings | None = None,
+               store: JobStore | None = None, *,
+               loader: Callable[[], Engine | ModelPool] | None = None, owns_engine: bool = True,
                model_arg: str | None = None) -> FastAPI:
     """Build the app around ``engine`` (already loaded) or ``loader`` (called in a thread at startup).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +17,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import errors as core_errors
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 logger = logging.getLogger("omnicore.server")
 
@@ -80,7 +83,7 @@ class ApiError(StarletteHTTPException):
     def type(self) -> str:
         return _TYPES.get(self.status_code, "invalid_request_error" if self.status_code < 500 else "server_error")
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
@@ -200,7 +203,7 @@ def _validation_to_api(exc: RequestValidationError) -> ApiError:
     return ApiError(400, "invalid_value", f"{param or 'body'}: {msg}", param=param)
 
 
-def pydantic_to_api(exc: Any) -> ApiError:
+def pydantic_to_api(exc: ValidationError) -> ApiError:
     """A ``pydantic.ValidationError`` raised by our own parsing (multipart bodies) as a 400."""
     return _validation_to_api(RequestValidationError(exc.errors(include_url=False)))
 

@@ -15,6 +15,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
+from ..json_types import JSON
 from .errors import ApiError
 
 _BRACKET = re.compile(r"^([A-Za-z_][\w]*)((?:\[[^\[\]]*\])*)$")
@@ -32,7 +33,7 @@ def _too_deep(param: str | None) -> ApiError:
     return ApiError(400, "invalid_value", f"the JSON is nested more than {MAX_JSON_DEPTH} levels deep", param=param)
 
 
-def _depth_ok(data: Any) -> bool:
+def _depth_ok(data: object) -> bool:
     """Whether ``data`` nests at most :data:`MAX_JSON_DEPTH` levels (iterative: no recursion to exhaust)."""
     stack = [(data, 1)]
     while stack:
@@ -44,7 +45,7 @@ def _depth_ok(data: Any) -> bool:
     return True
 
 
-def _json_value(text: str, param: str | None = None) -> Any:
+def _json_value(text: str, param: str | None = None) -> JSON:
     try:
         value = json.loads(text)
     except RecursionError:
@@ -56,7 +57,7 @@ def _json_value(text: str, param: str | None = None) -> Any:
     return value
 
 
-def _add_to_object_list(items: list[dict[str, Any]], key: str, value: Any, heads: tuple[str, ...]) -> None:
+def _add_to_object_list(items: list[dict[str, object]], key: str, value: object, heads: tuple[str, ...]) -> None:
     """``key=value`` joins the last object, or starts a new one when the last already has ``key`` or a head key
     arrives for an object that has one."""
     last = items[-1] if items else None

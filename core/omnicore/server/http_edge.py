@@ -13,16 +13,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
-from typing import Any
 from urllib.parse import unquote_plus
 
 import h11
 import uvicorn
 from fastapi.responses import FileResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _RANGE_SPEC = re.compile(r"^\s*(\d+-\d*|-\d+)\s*$")
@@ -57,9 +57,9 @@ class TimedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 30.0
 
-    def connection_made(self, transport: Any) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
-        self._header_timer: Any = None
+        self._header_timer: asyncio.TimerHandle | None = None
         self._arm_header_timer()
 
     def _arm_header_timer(self) -> None:
@@ -100,8 +100,9 @@ class TimedH11Protocol(H11Protocol):
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if getattr(self, "_header_timer", None) is not None:
-            self._header_timer.cancel()
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
             self._header_timer = None
         super().connection_lost(exc)
 
@@ -138,7 +139,7 @@ class HealthLogFilter(logging.Filter):
         return True
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, read_timeout_s: float, log_level: str = "info",
+def uvicorn_config(app: ASGIApp, *, host: str, port: int, read_timeout_s: float, log_level: str = "info",
                    shutdown_grace_s: float = 60.0) -> uvicorn.Config:
     """The server's uvicorn configuration: header read timeout, quiet health polls, graceful shutdown."""
     protocol = type("OmnicoreH11Protocol", (TimedH11Protocol,), {"header_timeout_s": float(read_timeout_s)})

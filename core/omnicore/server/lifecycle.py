@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from .errors import ApiError
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from .app import ServerContext
 
 STATES = ("loading", "warming_up", "ok", "draining", "unhealthy")
@@ -81,7 +83,7 @@ class DrainingServer(uvicorn.Server):
         self.ctx = ctx
         self._drain_thread: threading.Thread | None = None
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain_thread is not None:  # a second signal: stop waiting
             super().handle_exit(sig, frame)
             return
@@ -89,7 +91,7 @@ class DrainingServer(uvicorn.Server):
                                               daemon=True)
         self._drain_thread.start()
 
-    def _drain_then_exit(self, sig: int, frame: Any) -> None:
+    def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
         try:
             self.ctx.begin_drain()
             jobs = getattr(self.ctx, "jobs", None)

@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING, Any
 from .errors import ApiError
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ..lora.records import LoRA
+    from ..lora.registry import AdapterRegistry
     from .app import ServerContext
 
 
-def request_loras(refs: Sequence[Any] | None) -> tuple[Any, ...]:
+def request_loras(refs: Sequence[Any] | None) -> tuple[LoRA, ...]:  # LoraRef items (name or path)
     """The ``lora`` DTO items as :class:`~omnicore.lora.LoRA` records (in order: adapters compose)."""
     from ..errors import InvalidRequest
     from ..lora.records import LoRA
@@ -34,12 +38,12 @@ def request_loras(refs: Sequence[Any] | None) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def registry_of(engine: Any) -> Any:
+def registry_of(engine: object) -> AdapterRegistry | None:
     """The adapter registry of a loaded engine (``None`` for engines without one, e.g. test doubles)."""
     return getattr(engine, "lora_registry", None)
 
 
-def adapter_cards(registry: Any) -> list[dict[str, Any]]:
+def adapter_cards(registry: AdapterRegistry | None) -> list[dict[str, object]]:
     """The ``/v1/models`` entries of a registry's preloaded adapters: name, layout, rank, adapted modules and the
     base model an adapter config names (read from file headers; server paths are not shown)."""
     if registry is None:
@@ -54,7 +58,7 @@ def adapter_cards(registry: Any) -> list[dict[str, Any]]:
     return cards
 
 
-def engines(ctx: ServerContext) -> Iterator[tuple[str, Any]]:
+def engines(ctx: ServerContext) -> Iterator[tuple[str, object]]:
     """``(model id, engine)`` for every loaded engine of the server (one, or each loaded model of a pool)."""
     pool = getattr(ctx, "pool", None)
     if pool is not None:
@@ -84,10 +88,10 @@ class LoraCollector:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
 
-    def describe(self) -> Iterable[Any]:
+    def describe(self) -> Iterable[Metric]:
         return self._families({})
 
-    def collect(self) -> Iterable[Any]:
+    def collect(self) -> Iterable[Metric]:
         stats = {}
         for model, engine in engines(self.ctx):
             registry = registry_of(engine)
@@ -96,10 +100,10 @@ class LoraCollector:
         return self._families(stats)
 
     @staticmethod
-    def _families(stats: dict[str, dict[str, int]]) -> list[Any]:
+    def _families(stats: dict[str, dict[str, int]]) -> list[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        families: list[Any] = []
+        families: list[Metric] = []
         for key, text in _COUNTERS.items():
             fam = CounterMetricFamily(f"omnicore_lora_{key}", f"LoRA: {text}", labels=("model",))
             for model, values in stats.items():

@@ -10,9 +10,15 @@ import base64
 import binascii
 import threading
 import weakref
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from .settings import ServerSettings
 
 #: the image formats the HTTP API accepts in uploads; the core's one magic-byte table (``omnicore.media``) knows GIF
 #: and BMP as well, which the CLI reads but the API refuses (415)
@@ -27,7 +33,7 @@ def sniff(data: bytes) -> str | None:
     return found if found in ACCEPTED_IMAGE_FORMATS else None
 
 
-def decode_image(data: bytes, *, param: str, max_pixels: int) -> Any:
+def decode_image(data: bytes, *, param: str, max_pixels: int) -> Image.Image:
     """Bytes -> RGB ``PIL.Image``; 415 for an unaccepted format, 400 ``image_too_large`` when the header's size is
     over ``max_pixels`` (read before any pixel is decoded, and the only cap: Pillow's own decompression-bomb limit
     plays no part), 400 ``invalid_media`` for broken images."""
@@ -99,7 +105,7 @@ class DecodeBudget:
             with self._lock:
                 self.used = max(0, self.used - nbytes)
 
-    def hold(self, objects: list[Any], nbytes: int) -> None:
+    def hold(self, objects: Sequence[object], nbytes: int) -> None:
         """Keep ``nbytes`` reserved until every one of ``objects`` is garbage-collected."""
         if not nbytes:
             return
@@ -121,11 +127,11 @@ class DecodeBudget:
             weakref.finalize(o, gone)
 
 
-_BUDGETS: dict[int, tuple[Any, DecodeBudget]] = {}
+_BUDGETS: dict[int, tuple[object, DecodeBudget]] = {}
 _BUDGETS_LOCK = threading.Lock()
 
 
-def budget_for(settings: Any) -> DecodeBudget:
+def budget_for(settings: ServerSettings) -> DecodeBudget:
     """The one :class:`DecodeBudget` of a server (keyed by its settings object, which lives as long as it)."""
     with _BUDGETS_LOCK:
         entry = _BUDGETS.get(id(settings))
@@ -135,7 +141,7 @@ def budget_for(settings: Any) -> DecodeBudget:
         return entry[1]
 
 
-def decode_images(raw: list[bytes], *, param: str, settings: Any) -> list[Any]:
+def decode_images(raw: list[bytes], *, param: str, settings: ServerSettings) -> list[Image.Image]:
     """Several uploaded images (``/v1/images/edits``): every header checked first (415 / ``image_too_large``),
     their RGB size reserved in the server's ``--max-decode-bytes`` budget (400/429), then decoded (CPU work:
     call from a thread); the share is returned when the decoded images are garbage-collected."""
@@ -164,7 +170,7 @@ def decode_images(raw: list[bytes], *, param: str, settings: Any) -> list[Any]:
     return images
 
 
-def _weakrefable(o: Any) -> bool:
+def _weakrefable(o: object) -> bool:
     try:
         weakref.ref(o)
     except TypeError:

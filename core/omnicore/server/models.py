@@ -16,10 +16,14 @@ from .errors import ApiError
 from .translate import ServedModel
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ..pool.pool import ModelPool
     from .app import ServerContext
+    from .metrics import Metrics
 
 
-def served_models(pool: Any, created: int) -> dict[str, ServedModel]:
+def served_models(pool: ModelPool, created: int) -> dict[str, ServedModel]:
     """``{name: ServedModel}`` for every model of ``pool``, each answering to the names the pool gives it."""
     out: dict[str, ServedModel] = {}
     for name in pool.models:
@@ -44,6 +48,7 @@ def route(models: dict[str, ServedModel], model: str | None) -> ServedModel:
 def model_card(ctx: ServerContext, served: ServedModel) -> dict[str, Any]:
     """``served.card()`` plus the pool's view of the model: ``state``, resident bytes, queue, counters."""
     pool = ctx.pool
+    assert pool is not None  # (a pool server: ServerContext.served_for routed the request here)
     card = served.card(getattr(pool.platform, "name", None))
     status = pool.status()[served.id]
     c = status.counters
@@ -58,7 +63,7 @@ def model_card(ctx: ServerContext, served: ServedModel) -> dict[str, Any]:
     return card
 
 
-def install_metrics(metrics: Any, pool: Any) -> None:
+def install_metrics(metrics: Metrics, pool: ModelPool) -> None:
     """Register the per-model series on the app's registry (read from the pool at each scrape)."""
     metrics.registry.register(_PoolCollector(pool))
 
@@ -66,13 +71,13 @@ def install_metrics(metrics: Any, pool: Any) -> None:
 class _PoolCollector:
     """``omnicore_model_*``: queue length, running jobs, resident bytes, state, swap counts and seconds."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: ModelPool) -> None:
         self.pool = pool
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []  # (the series depend on the pool's models; nothing to check at registration)
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         from ..pool.pool import STATES

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from ..ids import new_id
@@ -27,12 +28,18 @@ from .schemas import ErrorResponse, ImageEditFields, ImageGenerationRequest, Ima
 from .sse import encode_event
 from .translate import image_request
 
+if TYPE_CHECKING:
+    from ..engine.progress import ProgressEvent
+    from ..engine.request import GenerationRequest
+    from ..outputs.output import Output
+    from .jobs import JobManager
+
 router = APIRouter(tags=["images"])
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413,
-                                                                                         415, 429, 500, 503, 504)}
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413, 415, 429, 500, 503, 504)}
 
 
-def encode_images(outputs: list[Any], fmt: str, compression: int | None) -> list[str]:
+def encode_images(outputs: list[Output], fmt: str, compression: int | None) -> list[str]:
     """Encode outputs as base64 ``fmt`` (CPU work: call from a thread)."""
     from ..outputs.writers import encode_output
 
@@ -40,7 +47,7 @@ def encode_images(outputs: list[Any], fmt: str, compression: int | None) -> list
     return [base64.b64encode(encode_output(out, fmt, options)).decode("ascii") for out in outputs]
 
 
-async def wait_or_disconnect(request: Request, jobs: Any, live: LiveJob, poll_s: float = 0.25) -> bool:
+async def wait_or_disconnect(request: Request, jobs: JobManager, live: LiveJob, poll_s: float = 0.25) -> bool:
     """Await the job; if the client goes away first, cancel it and return ``False``."""
     waiter = asyncio.ensure_future(jobs.wait(live))
     try:
@@ -71,7 +78,8 @@ def job_failure(live: LiveJob, request_id: str) -> ApiError:
     return ApiError(500, live.error_code or "internal_error", f"generation failed ({detail}); request id {request_id}")
 
 
-async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any, ...], task: str) -> Any:
+async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[object, ...],
+               task: str) -> Response | dict[str, object]:
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     served = ctx.served_for(dto.model)  # (several models: the one `model` names)
@@ -102,21 +110,22 @@ async def _run(request: Request, dto: ImageGenerationRequest, images: tuple[Any,
     }
 
 
-async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, greq: Any, task: str) -> Any:
+async def _stream(request: Request, dto: ImageGenerationRequest, live: LiveJob, greq: GenerationRequest,
+                  task: str) -> StreamingResponse:
     """``stream: true``: progress events, then one ``completed`` event per image."""
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
     prefix = "image_edit" if task == "image.edit" else "image_generation"
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    queue: asyncio.Queue[ProgressEvent] = asyncio.Queue()
 
-    def on_event(ev: Any) -> None:
+    def on_event(ev: ProgressEvent) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, ev)
 
     live.on_event = on_event  # registered before submission: a fast job cannot finish before we listen
     await anyio.to_thread.run_sync(jobs.submit, live, greq)
 
-    async def events() -> Any:
+    async def events() -> AsyncIterator[bytes]:
         n = progress = 0
         try:
             while True:
@@ -157,7 +166,7 @@ _GENERATIONS_BODY = {"requestBody": {"required": True, "content": {
 
 @router.post("/v1/images/generations", response_model=ImagesResponse, responses=_ERRORS,
              openapi_extra=_GENERATIONS_BODY)
-async def generations(request: Request) -> Any:
+async def generations(request: Request) -> Response | dict[str, object]:  # (response_model: ImagesResponse)
     """Generate images from a prompt (OpenAI Images API shape). JSON only: another body type is a 415."""
     if not is_json(request):
         raise ApiError(415, "unsupported_media_type", "images/generations takes an application/json body")
@@ -190,7 +199,7 @@ _EDIT_SCHEMA = {
 
 
 @router.post("/v1/images/edits", response_model=ImagesResponse, responses=_ERRORS, openapi_extra=_EDIT_SCHEMA)
-async def edits(request: Request) -> Any:
+async def edits(request: Request) -> Response | dict[str, object]:  # (response_model: ImagesResponse)
     """Edit or condition on input images (multipart; ``image``/``image[]`` files or ``image_url`` data URLs)."""
     ctx = request.app.state.ctx
     ctx.readiness.require_ready()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -11,7 +9,7 @@ from .errors import ApiError
 from .schemas import ErrorResponse, ModelCard, ModelList
 
 router = APIRouter()
-_ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse}}
+_ERRORS: dict[int | str, dict[str, object]] = {404: {"model": ErrorResponse}}
 
 
 @router.get("/health/live", tags=["system"])

@@ -6,6 +6,7 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -38,11 +39,13 @@ from .store import TERMINAL
 from .translate import video_request
 
 if TYPE_CHECKING:
+    from ..engine.request import GenerationRequest, SamplingParams
     from .app import ServerContext
+    from .translate import ServedModel
 
 router = APIRouter(tags=["videos"])
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413,
-                                                                                         415, 429, 500, 503, 504, 507)}
+_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 408, 409, 413, 415, 429, 500, 503, 504, 507)}
 _BODY = video_body_openapi()
 
 
@@ -69,7 +72,7 @@ async def _parse(request: Request) -> tuple[VideoCreateRequest, list[tuple[str, 
     return dto, video_media.collect(dto, files), hashlib.sha256(digest_src).hexdigest()
 
 
-def _seconds_text(params: Any, dto_seconds: Any) -> str:
+def _seconds_text(params: SamplingParams, dto_seconds: int | str | None) -> str:
     if dto_seconds is not None:
         return str(int(dto_seconds))
     if params.duration:
@@ -79,13 +82,13 @@ def _seconds_text(params: Any, dto_seconds: Any) -> str:
     return "0"
 
 
-def _effective(params: Any, dto: VideoCreateRequest) -> dict[str, Any]:
+def _effective(params: SamplingParams, dto: VideoCreateRequest) -> dict[str, Any]:
     return {"size": f"{params.width}x{params.height}" if params.width else (dto.size or "auto"),
             "fps": params.fps, "num_frames": params.num_frames, "seconds": _seconds_text(params, dto.seconds),
             "seed": params.seed, "total_steps": params.num_inference_steps}
 
 
-def _new_record(job_id: str, dto: VideoCreateRequest, greq: Any, model: str) -> dict[str, Any]:
+def _new_record(job_id: str, dto: VideoCreateRequest, greq: GenerationRequest, model: str) -> dict[str, object]:
     now = int(time.time())
     return {"id": job_id, "object": "video", "model": model, "prompt": dto.prompt, "status": "queued",
             "progress": 0, "phase": "queued", "phase_progress": None, "step": None, "queue_position": None,
@@ -94,13 +97,14 @@ def _new_record(job_id: str, dto: VideoCreateRequest, greq: Any, model: str) -> 
             "usage": {}, **_effective(greq.params, dto)}
 
 
-def rebuild_request(ctx: ServerContext, job_id: str, served: Any = None) -> Any:
+def rebuild_request(ctx: ServerContext, job_id: str, served: ServedModel | None = None) -> GenerationRequest:
     """The ``GenerationRequest`` of a persisted queued job (restart re-enqueue), from its stored body and inputs;
     ``served``: the model it was queued for (default: the server's model)."""
     doc = ctx.store.get_request(job_id)
     if doc is None:
         raise KeyError(job_id)
     served = served if served is not None else ctx.served
+    assert served is not None  # (a server re-enqueues only once it serves a model)
     dto = VideoCreateRequest.model_validate(doc["body"])
     media = video_media.decode(video_media.load_persisted(doc.get("inputs", [])), served, ctx.settings,
                                admitted=True)  # accepted before the restart: counted, never refused by the budget
@@ -156,7 +160,7 @@ def _get_record(ctx: ServerContext, job_id: str, request: Request) -> dict[str, 
 
 # ---------------------------------------------------------------------------------------------- routes
 @router.post("/v1/videos", response_model=VideoJob, responses=_ERRORS, openapi_extra=_BODY)
-async def create_video(request: Request) -> Any:
+async def create_video(request: Request) -> JSONResponse | dict[str, object]:  # (response_model: VideoJob)
     """Create an asynchronous video job (status ``queued``); poll it, stream its events or cancel it."""
     ctx = request.app.state.ctx
     jobs, served = ctx.require()
@@ -231,7 +235,7 @@ async def list_videos(
     limit: int = Query(default=20, ge=1, le=100),
     order: Literal["asc", "desc"] = "desc",
     status: Literal["queued", "in_progress", "completed", "failed", "cancelled"] | None = None,
-) -> Any:
+) -> dict[str, object]:  # (response_model: VideoList)
     ctx = request.app.state.ctx
     all_owners, owner = _scope(ctx, request)
     records, more = ctx.store.list(after=after, limit=limit, order=order, status=status, owner=owner,
@@ -242,7 +246,7 @@ async def list_videos(
 
 
 @router.get("/v1/videos/{video_id}", response_model=VideoJob, responses=_ERRORS)
-async def retrieve_video(video_id: str, request: Request) -> Any:
+async def retrieve_video(video_id: str, request: Request) -> dict[str, object]:  # (response_model: VideoJob)
     ctx = request.app.state.ctx
     return _with_position(ctx, _get_record(ctx, video_id, request))
 
@@ -292,7 +296,7 @@ async def video_events(video_id: str, request: Request) -> Any:
     def held_by_drain() -> bool:  # a queued job that a draining server will not run: end the stream
         return ctx.readiness.state == "draining" and (ctx.jobs is None or ctx.jobs.get_live(video_id) is None)
 
-    async def stream() -> Any:
+    async def stream() -> AsyncIterator[bytes]:
         try:
             snap = _with_position(ctx, record)
             if snap["status"] in TERMINAL:
@@ -364,7 +368,7 @@ _NOT_YET_STOPPED = "the worker did not acknowledge within --cancel-wait; the job
 
 @router.post("/v1/videos/{video_id}/cancel", response_model=VideoJob,
              responses={**_ERRORS, 202: {"model": VideoJob, "description": _NOT_YET_STOPPED}})
-async def cancel_video(video_id: str, request: Request) -> Any:
+async def cancel_video(video_id: str, request: Request) -> JSONResponse | dict[str, object]:
     """Stop the job at the next step boundary and keep its record (202 if it has not stopped in time)."""
     ctx = request.app.state.ctx
     record = _get_record(ctx, video_id, request)
@@ -379,7 +383,7 @@ async def cancel_video(video_id: str, request: Request) -> Any:
 
 @router.delete("/v1/videos/{video_id}", response_model=VideoDeleted,
                responses={**_ERRORS, 202: {"model": VideoDeletePending, "description": _NOT_YET_STOPPED}})
-async def delete_video(video_id: str, request: Request) -> Any:
+async def delete_video(video_id: str, request: Request) -> JSONResponse | dict[str, object]:
     """Cancel (if active), then delete the record and its files. ``deleted: true`` only after the work stopped."""
     ctx = request.app.state.ctx
     record = _get_record(ctx, video_id, request)

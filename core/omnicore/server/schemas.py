@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..engine.request import MAX_SEED  # the one seed range
+from ..json_types import JSON, JSONObject
 from ..lora.records import MAX_LORA_SCALE
 from ..lora.records import MAX_LORAS_PER_REQUEST as MAX_LORAS  # the engine's bounds of one request's adapters
 
@@ -267,15 +268,15 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+def inline_schema(model: type[BaseModel]) -> JSON:
     """The model's JSON schema with every ``$ref`` inlined (for hand-written OpenAPI request bodies)."""
     schema = model.model_json_schema()
     defs = schema.pop("$defs", {})
 
-    def resolve(node: Any) -> Any:
+    def resolve(node: JSON) -> JSON:
         if isinstance(node, dict):
             if "$ref" in node:
-                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+                return resolve(defs[str(node["$ref"]).rsplit("/", 1)[-1]])  # a JSON-schema $ref is a string
             return {k: resolve(v) for k, v in node.items()}
         if isinstance(node, list):
             return [resolve(v) for v in node]
@@ -284,7 +285,7 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     return resolve(schema)
 
 
-VIDEO_MULTIPART_SCHEMA: dict[str, Any] = {
+VIDEO_MULTIPART_SCHEMA: JSONObject = {
     "type": "object",
     "required": ["prompt"],
     "properties": {
@@ -311,7 +312,7 @@ VIDEO_MULTIPART_SCHEMA: dict[str, Any] = {
 }
 
 
-def video_body_openapi() -> dict[str, Any]:
+def video_body_openapi() -> dict[str, object]:
     return {"requestBody": {"required": True, "content": {
         "application/json": {"schema": inline_schema(VideoCreateRequest)},
         "multipart/form-data": {"schema": VIDEO_MULTIPART_SCHEMA},

@@ -60,7 +60,7 @@ class ServerSettings:
         except KeyError:
             raise AttributeError(f"'ServerSettings' has no setting {name!r}") from None
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise attrs.exceptions.FrozenInstanceError()
 
     def __eq__(self, other: object) -> bool:

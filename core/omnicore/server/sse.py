@@ -12,7 +12,6 @@ import asyncio
 import json
 import threading
 from collections import defaultdict, deque
-from typing import Any
 
 import attrs
 
@@ -21,13 +20,13 @@ import attrs
 class Event:
     id: int
     type: str
-    data: dict[str, Any]
+    data: dict[str, object]
 
     def encode(self) -> bytes:
         return f"id: {self.id}\nevent: {self.type}\ndata: {json.dumps(self.data, separators=(',', ':'))}\n\n".encode()
 
 
-def encode_event(event_id: int, event_type: str, data: dict[str, Any]) -> bytes:
+def encode_event(event_id: int, event_type: str, data: dict[str, object]) -> bytes:
     return Event(event_id, event_type, data).encode()
 
 
@@ -98,7 +97,7 @@ class EventHub:
             if subs is not None and not subs:
                 del self._subs[sub.job_id]
 
-    def publish(self, job_id: str, event_type: str, data: dict[str, Any], *, final: bool = False) -> None:
+    def publish(self, job_id: str, event_type: str, data: dict[str, object], *, final: bool = False) -> None:
         """Deliver to every subscriber of ``job_id`` (callable from any thread); ``final`` ends its buffer."""
         with self._lock:
             subs = list(self._subs.get(job_id, ()))

@@ -17,7 +17,7 @@ from ..engine.inputs import check_input_roles
 from ..engine.request import QUALITIES, GenerationRequest, MediaInput, SamplingParams, random_seed
 from ..errors import InvalidRequest
 from ..sizes import parse_size_wh
-from ..specs import ModelCapabilities
+from ..specs import InputRole, ModelCapabilities, ModelSpec, RequestDefaults
 from .errors import ApiError
 from .schemas import ImageGenerationRequest, SharedFields, VideoCreateRequest
 from .settings import ServerSettings
@@ -46,14 +46,14 @@ class ServedModel:
     max_reference_images: int
     multiple_of: int | None
     audio: bool
-    defaults: Any
+    defaults: RequestDefaults
     created: int = 0
-    spec: Any = None  # the served ModelSpec (roles, limits, options)
+    spec: ModelSpec | None = None  # the served ModelSpec (roles, limits, options)
     model_options: dict[str, Any] = attrs.field(factory=dict)  # the values the engine loaded the model with
-    loras: tuple[dict[str, Any], ...] = ()  # its preloaded LoRA adapters (lora_http.adapter_cards)
+    loras: tuple[dict[str, object], ...] = ()  # its preloaded LoRA adapters (lora_http.adapter_cards)
 
     @classmethod
-    def from_spec(cls, spec: Any, requested: str | None = None, created: int = 0,
+    def from_spec(cls, spec: ModelSpec, requested: str | None = None, created: int = 0,
                   model_options: dict[str, Any] | None = None) -> ServedModel:
         caps = spec.capabilities
         names = [spec.name, f"tiny:{spec.name}", *spec.aliases]
@@ -77,7 +77,7 @@ class ServedModel:
             model_options=dict(model_options or {}),
         )
 
-    def role(self, name: str) -> Any:
+    def role(self, name: str) -> InputRole | None:
         """The model's declared :class:`~omnicore.specs.InputRole` called ``name``, or ``None``."""
         caps = self.spec.capabilities if self.spec is not None else None
         return next((r for r in caps.input_roles() if r.role == name), None) if caps is not None else None
@@ -179,7 +179,7 @@ def parse_quality(value: str | None) -> str:
 
 
 def image_request(dto: ImageGenerationRequest, served: ServedModel, settings: ServerSettings, *, request_id: str,
-                  images: tuple[Any, ...] = (), task: str = "image.generate") -> GenerationRequest:
+                  images: tuple[object, ...] = (), task: str = "image.generate") -> GenerationRequest:
     common = _shared(dto, served, settings, task)
     if dto.response_format not in (None, "b64_json"):
         raise _bad("response_format", f"response_format {dto.response_format!r} is not supported; only 'b64_json'",
@@ -227,7 +227,7 @@ def parse_seconds(value: int | str | None) -> float | None:
     return float(seconds)
 
 
-def video_inputs(served: ServedModel, media: Sequence[tuple[str, Any]]) -> tuple[MediaInput, ...]:
+def video_inputs(served: ServedModel, media: Sequence[tuple[str, object]]) -> tuple[MediaInput, ...]:
     """``(http field, data)`` pairs -> role-tagged inputs, checked by the engine's own rules
     (:func:`omnicore.engine.inputs.check_input_roles`, reading no media) with each error naming the field: a role
     the model lacks is 400 ``unsupported_for_model``, more than a role takes is 400 (``too_many_input_images`` for
@@ -249,7 +249,7 @@ def video_inputs(served: ServedModel, media: Sequence[tuple[str, Any]]) -> tuple
 
 
 def video_request(dto: VideoCreateRequest, served: ServedModel, settings: ServerSettings, *, request_id: str,
-                  images: tuple[Any, ...] = (), media: Sequence[tuple[str, Any]] = ()) -> GenerationRequest:
+                  images: tuple[object, ...] = (), media: Sequence[tuple[str, object]] = ()) -> GenerationRequest:
     """``media`` holds ``(field, data)`` for the conditioning fields (``images`` = ``input_reference`` data)."""
     common = _shared(dto, served, settings, "video.generate")
     inputs = video_inputs(served, [*(("input_reference", im) for im in images), *media])

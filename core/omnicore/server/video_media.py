@@ -10,13 +10,17 @@ cap, a frame-count cap and the duration cap the model's role declares.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest
 from ..media import MAX_AUDIO_CHANNELS
 from .errors import ApiError
 from .media import budget_for, decode_data_url, decode_image, sniff
 from .translate import VIDEO_MEDIA_FIELDS, ServedModel, video_inputs
+
+if TYPE_CHECKING:
+    from .schemas import VideoCreateRequest
+    from .settings import ServerSettings
 
 FILE_FIELDS = tuple(VIDEO_MEDIA_FIELDS)
 _SINGLE = ("input_reference", "last_frame")
@@ -44,7 +48,7 @@ def json_fields_from_multipart(fields: dict[str, Any]) -> None:
             fields[field] = [{key: v} if isinstance(v, str) else v for v in items]
 
 
-def collect(dto: Any, files: dict[str, list[bytes]]) -> list[tuple[str, bytes]]:
+def collect(dto: VideoCreateRequest, files: dict[str, list[bytes]]) -> list[tuple[str, bytes]]:
     """``(field, bytes)`` for every conditioning input, files first then data URLs, in field order."""
     raw: list[tuple[str, bytes]] = []
     for field, (kind, _) in VIDEO_MEDIA_FIELDS.items():
@@ -83,8 +87,8 @@ def _video_scale(served: ServedModel) -> tuple[int | None, float | None]:
     return caps.max_pixels, seconds
 
 
-def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any, *,
-           admitted: bool = False) -> list[tuple[str, Any]]:
+def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: ServerSettings, *,
+           admitted: bool = False) -> list[tuple[str, object]]:
     """Gate by role (400 ``unsupported_for_model`` before any decoding), check every input's header, reserve its
     decoded size in the server's ``--max-decode-bytes`` budget (400/429), then decode (CPU work: call from a
     thread): 415 for an unrecognised format, 400 ``invalid_media`` / ``image_too_large`` for broken or over-cap
@@ -118,7 +122,7 @@ def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any, *,
     video_inputs(served, [(field, None) for field, _ in raw])  # role/kind/count gating, before decoding
     max_px = settings.max_input_image_pixels
     scale_px, use_s = _video_scale(served)
-    planned: list[tuple[str, Any, int]] = []  # (field, lazy clip or None, estimated decoded bytes)
+    planned: list[tuple[str, object, int]] = []  # (field, lazy clip or None, estimated decoded bytes)
     for field, data in raw:  # every header, before anything is decoded
         kind, role = VIDEO_MEDIA_FIELDS[field]
         hi, lo = _duration_caps(served, role)
@@ -146,14 +150,14 @@ def decode(raw: list[tuple[str, bytes]], served: ServedModel, settings: Any, *,
     budget = budget_for(settings)
     total = sum(n for _, _, n in planned)
     reserved = (budget.force(total) if admitted else budget.reserve(total, param=raw[0][0])) if raw else 0
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, object]] = []
     try:
-        for (field, data), (_, clip, _) in zip(raw, planned):
+        for (field, data), (_, lazy, _) in zip(raw, planned):
             kind, role = VIDEO_MEDIA_FIELDS[field]
             if kind == "image":
                 out.append((field, decode_image(data, param=field, max_pixels=max_px)))
             elif kind == "video":
-                out.append((field, clip))
+                out.append((field, lazy))
             else:
                 hi, lo = _duration_caps(served, role)
                 try:
