@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..server.translate import ServedModel
     from ..specs import InputRole, ModelSpec
 
 #: role -> (HTTP field of ``POST /v1/videos``, media kind) for the roles an example can fill with an image
@@ -23,9 +24,9 @@ PROMPTS = {"image": "a red fox in the snow", "video": "a red fox running"}
 SAMPLE_SIDE = 512  # a square sample image: inside every declared reference size and ratio range we ship
 
 
-def _required_fields(spec: ModelSpec, mode: str) -> dict[str, Any]:
+def _required_fields(spec: ModelSpec, mode: str) -> dict[str, object]:
     """The request fields the spec requires in ``mode``, with their example values."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for field in getattr(spec, "request_fields", ()):
         if mode in getattr(field, "required_for", ()):
             value = field.example if field.example is not None else (field.choices or (None,))[0]
@@ -54,11 +55,12 @@ def sample_image(folder: Path) -> Path:
     return path
 
 
-def example_commands(base: str, api_key: bool, served: Any, folder: Path,
+def example_commands(base: str, api_key: bool, served: ServedModel, folder: Path,
                      modes: tuple[str, ...] | None = None) -> str:
     """curl commands for ``served`` (a :class:`~omnicore.server.translate.ServedModel`), one per route it
     serves. ``modes``: what the loaded checkpoint serves (a preset's ``modes``), default all the spec's."""
     spec = served.spec
+    assert spec is not None  # (the served model of a loaded engine)
     served_modes = tuple(modes or spec.capabilities.modes)
     auth = ' -H "Authorization: Bearer $OMNICORE_API_KEY"' if api_key else ""
     lines = []

@@ -12,9 +12,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequest
+from ..json_types import JSONObject
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..lora.records import LoRA
+    from ..specs import ModelSpec
 
 LORA_HELP = ("a LoRA adapter applied to this request without merging (repeatable: adapters compose): a PEFT/diffusers "
              "directory (adapter_config.json + adapter_model.safetensors) or one kohya/A1111/diffusers .safetensors "
@@ -22,12 +28,12 @@ LORA_HELP = ("a LoRA adapter applied to this request without merging (repeatable
              "default: none)")
 
 
-def add_lora_flag(parser: Any) -> None:
+def add_lora_flag(parser: argparse._ActionsContainer) -> None:  # a parser or an argument group
     """``--lora`` on ``generate``."""
     parser.add_argument("--lora", action="append", default=[], metavar="NAME_OR_PATH[:SCALE]", help=LORA_HELP)
 
 
-def parse_lora_flags(values: Sequence[str], flag: str = "--lora") -> tuple[Any, ...]:
+def parse_lora_flags(values: Sequence[str], flag: str = "--lora") -> tuple[LoRA, ...]:
     """``NAME_OR_PATH[:SCALE]`` texts -> :class:`~omnicore.lora.LoRA` records; a bad scale, an empty name or too
     many adapters is an :class:`InvalidRequest` naming ``flag`` and the text given."""
     from ..lora.records import LoRA, as_loras
@@ -49,7 +55,7 @@ def parse_lora_flags(values: Sequence[str], flag: str = "--lora") -> tuple[Any, 
         raise InvalidRequest(flag, exc.rule) from None
 
 
-def generate_lora_modules(loras: Sequence[Any], flag: str = "--lora") -> tuple[tuple[str, str], ...]:
+def generate_lora_modules(loras: Sequence[LoRA], flag: str = "--lora") -> tuple[tuple[str, str], ...]:
     """The adapters ``generate`` preloads: each ``--lora`` path, named by the text given (so the request's
     ``LoRA(name)`` resolves to it). A path that does not exist is refused here, naming the flag."""
     modules: dict[str, str] = {}
@@ -62,7 +68,7 @@ def generate_lora_modules(loras: Sequence[Any], flag: str = "--lora") -> tuple[t
     return tuple(modules.items())
 
 
-def check_adapter_files(loras: Sequence[Any], modules: Sequence[tuple[str, str]], flag: str = "--lora") -> None:
+def check_adapter_files(loras: Sequence[LoRA], modules: Sequence[tuple[str, str]], flag: str = "--lora") -> None:
     """Read each adapter once with the core's reader (layout, safetensors only, config) so a file that can never
     load fails before the model does; what depends on the model (module names, shapes) is checked after the
     load, at admission, and reported under the same flag."""
@@ -77,7 +83,7 @@ def check_adapter_files(loras: Sequence[Any], modules: Sequence[tuple[str, str]]
             raise InvalidRequest(flag, exc.rule) from None
 
 
-def generate_loras(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def generate_loras(args: argparse.Namespace) -> tuple[tuple[LoRA, ...], dict[str, Any]]:
     """``generate``'s adapters and the Engine keywords that serve them: ``(loras, {"lora_registry": ...})``, or
     ``((), {})`` without ``--lora``. Every adapter is parsed, found and read here, before the model loads."""
     loras = parse_lora_flags(getattr(args, "lora", None) or ())
@@ -90,7 +96,7 @@ def generate_loras(args: argparse.Namespace) -> tuple[tuple[Any, ...], dict[str,
     return loras, {"lora_registry": AdapterRegistry(modules=dict(modules))}
 
 
-def check_model_takes_lora(spec: Any, loras: Sequence[Any], flag: str = "--lora") -> None:
+def check_model_takes_lora(spec: ModelSpec | None, loras: Sequence[LoRA], flag: str = "--lora") -> None:
     """A model whose spec declares no adaptable modules refuses ``--lora`` before it loads."""
     if loras and spec is not None and getattr(spec, "lora", None) is None:
         raise InvalidRequest(flag, f"model {spec.name} does not take LoRA adapters")
@@ -103,7 +109,7 @@ def as_cli_lora(exc: InvalidRequest, flag: str = "--lora") -> InvalidRequest:
     return exc
 
 
-def registry_config(settings: Any) -> dict[str, Any]:
+def registry_config(settings: Settings) -> dict[str, Any]:
     """The adapter registry's arguments from resolved settings (``lora_modules``, ``lora_dirs``, ``max_lora_bytes``,
     ``max_lora_host_bytes``), in :class:`~omnicore.lora.AdapterRegistry`'s names."""
     return {"modules": dict(settings.lora_modules or ()), "lora_dirs": tuple(settings.lora_dirs or ()),
@@ -111,7 +117,7 @@ def registry_config(settings: Any) -> dict[str, Any]:
             "max_host_bytes": getattr(settings, "max_lora_host_bytes", None)}
 
 
-def uses_lora(settings: Any) -> bool:
+def uses_lora(settings: Settings) -> bool:
     return bool(settings.lora_modules or settings.lora_dirs)
 
 
@@ -119,7 +125,7 @@ _SERVE_FLAG = {"lora_modules": "--lora-modules", "lora_dir": "--lora-dir", "lora
                "max_lora_bytes": "--max-lora-bytes", "max_lora_host_bytes": "--max-lora-host-bytes"}
 
 
-def serve_lora_kwargs(settings: Any, spec: Any = None) -> dict[str, Any]:
+def serve_lora_kwargs(settings: Settings, spec: ModelSpec | None = None) -> dict[str, Any]:
     """``serve``'s Engine keywords for its adapters (``{"lora_registry": ...}``; ``{}`` without LoRA settings),
     built before the listener binds: a missing adapter path or directory, or a model that takes no adapters, ends
     ``serve`` with one line naming the flag. The adapters themselves are read and checked against the model when
@@ -148,7 +154,7 @@ def add_models_lora_flags(parser: argparse.ArgumentParser) -> None:
                              "modules, base model (env OMNICORE_LORA_MODULES; default: none)")
 
 
-def describe_adapter(name: str, path: str) -> dict[str, Any]:
+def describe_adapter(name: str, path: str) -> dict[str, object]:
     """What an adapter file says about itself, read from the safetensors header and ``adapter_config.json`` only
     (no tensor data, no torch): ``layout``, ``rank``, ``modules`` (adapted linears), ``base_model``; a file that
     cannot be read is listed with its ``error``."""
@@ -156,9 +162,9 @@ def describe_adapter(name: str, path: str) -> dict[str, Any]:
 
     from ..lora.formats import PEFT_CONFIG, PEFT_WEIGHTS
 
-    card: dict[str, Any] = {"name": name, "path": path}
+    card: dict[str, object] = {"name": name, "path": path}
     root = Path(path).expanduser()
-    config: dict[str, Any] = {}
+    config: JSONObject = {}
     try:
         weights = root
         if root.is_dir():
@@ -187,7 +193,7 @@ def describe_adapter(name: str, path: str) -> dict[str, Any]:
             "base_model": config.get("base_model_name_or_path")}
 
 
-def render_adapters(cards: Sequence[dict[str, Any]]) -> str:
+def render_adapters(cards: Sequence[dict[str, object]]) -> str:
     """The ``omnicore models`` lines of the adapters listed with ``--lora-modules``."""
     lines = []
     for c in cards:

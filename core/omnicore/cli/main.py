@@ -8,11 +8,11 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from .._version import PLUGIN_API_VERSION, __version__
 from ..config import add_flags
 from ..errors import OmnicoreError
+from ..json_types import JSONObject
 
 # subcommand -> "module:function" (imported only when that subcommand runs)
 _COMMANDS = {
@@ -24,7 +24,7 @@ _COMMANDS = {
 }
 
 
-def parse_cache_arg(text: str) -> str | tuple[str, dict[str, Any]]:
+def parse_cache_arg(text: str) -> str | tuple[str, JSONObject]:
     """``--cache NAME`` or ``--cache NAME:KEY=VALUE[,KEY=VALUE...]``; values are JSON when they parse as JSON
     (``0.3``, ``true``, ``[2,3]``), else plain strings. Options are checked by the cache method itself."""
     name, sep, rest = text.partition(":")
@@ -33,7 +33,7 @@ def parse_cache_arg(text: str) -> str | tuple[str, dict[str, Any]]:
         raise argparse.ArgumentTypeError(f"--cache needs a method name, got {text!r}")
     if not sep:
         return name
-    options: dict[str, Any] = {}
+    options: JSONObject = {}
     for item in _split_top_level(rest):
         key, eq, raw = item.partition("=")
         if not eq or not key.strip():

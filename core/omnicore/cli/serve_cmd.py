@@ -23,9 +23,20 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OmnicoreError
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from ..config import Settings
+    from ..engine.api import Engine
+    from ..plugin_host.host import PluginHost
+    from ..pool.pool import ModelPool
+    from ..server.app import ServerContext
+    from ..server.lifecycle import DrainingServer
+    from ..specs import PresetSpec
 
 PREFERRED_AUTO = "tiny:lingbot"
 NO_MODEL_MESSAGE = ("no model plugin is installed; install one, e.g. pip install -e plugins/lingbot "
@@ -96,7 +107,7 @@ def default_state_dir(cache: Path, model: str) -> Path:
     return cache / "state" / slug
 
 
-def resolve_auto(host: Any) -> str:
+def resolve_auto(host: PluginHost) -> str:
     """The model ``auto`` means: ``tiny:lingbot`` when present, else the first registered tiny preset."""
     from ..engine.loading import known_models
 
@@ -145,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
     return serve(args, model=model, host=host, settings=settings)
 
 
-def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any,
-          make_engine: Callable[[], Any] | None = None) -> int:
+def serve(args: argparse.Namespace, *, model: str, host: PluginHost, settings: Settings,
+          make_engine: Callable[[], Engine | ModelPool] | None = None) -> int:
     """Serve ``model``; ``make_engine`` (several models: it builds the model pool, which checked its models
     already) replaces the one-model engine and its checks."""
     import logging
@@ -165,7 +176,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any,
     from .examples import example_commands
     from .generate_cmd import engine_kwargs
 
-    preset: Any = None
+    preset: PresetSpec | None = None
     kwargs: dict[str, Any] = {}
     if make_engine is None:
         kwargs = engine_kwargs(args, model=model)  # a malformed --model-option fails before the listener starts
@@ -178,7 +189,7 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any,
     check_port_free(ss.host, ss.port)  # a busy port: one line, exit 2, before anything is printed or loaded
     failures: list[BaseException] = []
 
-    def loader() -> Any:
+    def loader() -> Engine | ModelPool:
         try:
             if make_engine is not None:
                 return make_engine()
@@ -251,13 +262,13 @@ def serve(args: argparse.Namespace, *, model: str, host: Any, settings: Any,
     return 0 if signals or ctx.readiness.state != "unhealthy" else 1
 
 
-def _announcing_server(config: Any, ctx: Any, on_bound: Callable[[int], None]) -> Any:
+def _announcing_server(config: uvicorn.Config, ctx: ServerContext, on_bound: Callable[[int], None]) -> DrainingServer:
     """The server's ``DrainingServer`` that says "listening" only once its socket is bound (a busy port must not
     print it first), with the port the OS gave (``--port 0``). Built here: uvicorn is imported only by ``serve``."""
     from ..server.lifecycle import DrainingServer
 
     class AnnouncingServer(DrainingServer):
-        async def startup(self, sockets: Any = None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started and not self.should_exit:
                 socks = self.servers[0].sockets if self.servers else ()

@@ -10,20 +10,27 @@ given as arguments take the engine flags of the command line (``--cache``, ``--o
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..plugin_host.host import PluginHost
+    from ..pool.entries import ModelEntry
+    from ..pool.pool import ModelPool
 
-def pool_entries(args: argparse.Namespace, models: list[str], settings: Any) -> tuple[list[Any], int | None,
-                                                                                       int | None]:
+
+def pool_entries(args: argparse.Namespace, models: list[str],
+                 settings: Settings) -> tuple[list[ModelEntry], int | None, int | None]:
     """The pool's entries and its ``(memory_budget, host_memory_budget)``: flags win over ``[pool]``."""
     from ..pool.entries import check_unique, entries_from_args, load_models_file
     from .generate_cmd import engine_kwargs
 
-    entries: list[Any] = []
+    entries: list[ModelEntry] = []
     budget, host_budget = settings.memory_budget, settings.host_memory_budget
     if settings.models_file:
         found = load_models_file(settings.models_file)
@@ -51,7 +58,8 @@ def pool_entries(args: argparse.Namespace, models: list[str], settings: Any) -> 
     return entries, budget, host_budget
 
 
-def prepare_pool(args: argparse.Namespace, models: list[str], host: Any, settings: Any) -> tuple[list[str], Any]:
+def prepare_pool(args: argparse.Namespace, models: list[str], host: PluginHost,
+                 settings: Settings) -> tuple[list[str], Callable[[Settings], ModelPool]]:
     """Check every model without loading it; return the served names and the factory of their
     :class:`~omnicore.pool.pool.ModelPool` (``serve_cmd`` serves it as it serves one engine)."""
     from ..engine.model_options import resolve_model_options
@@ -63,7 +71,7 @@ def prepare_pool(args: argparse.Namespace, models: list[str], host: Any, setting
         if spec is not None:
             resolve_model_options(spec, entry.options)
 
-    def make_pool(settings: Any) -> Any:
+    def make_pool(settings: Settings) -> ModelPool:
         from ..pool.pool import ModelPool
 
         return ModelPool(entries, host=host, settings=settings, memory_budget=budget, host_memory_budget=host_budget)
