@@ -126,7 +126,7 @@ def _max_len(cu: tuple[int, ...]) -> int:
     return max(b - a for a, b in itertools.pairwise(cu))
 
 
-def _input_scale(value: Any) -> float | None:
+def _input_scale(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -157,7 +157,8 @@ class AttentionMetadata:
     sparse_plan: Any = attrs.field(default=None, eq=False)
     latent_grid: tuple[int, int, int] | None = None
     laser_input_scale: float | None = attrs.field(default=None, converter=_input_scale)
-    _device_cache: dict[Any, torch.Tensor] = attrs.field(factory=dict, init=False, eq=False, repr=False)
+    _device_cache: dict[tuple[str, str, torch.dtype], torch.Tensor] = attrs.field(factory=dict, init=False,
+                                                                                  eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         docs = self.num_docs
@@ -215,7 +216,8 @@ class AttentionMetadata:
         return [(q[i + 1] - q[i], k[i + 1] - k[i]) for i in range(self.num_docs)]
 
     # ------------------------------------------------------------------ device copies (cached)
-    def _tensor(self, which: str, values: tuple[int, ...], device: Any, dtype: Any) -> torch.Tensor:
+    def _tensor(self, which: str, values: tuple[int, ...], device: torch.device | str,
+                dtype: torch.dtype) -> torch.Tensor:
         import torch
 
         key = (which, str(device), dtype)
@@ -224,13 +226,13 @@ class AttentionMetadata:
             cached = self._device_cache.setdefault(key, torch.tensor(values, dtype=dtype, device=device))
         return cached
 
-    def cu_seqlens_q_tensor(self, device: Any = "cpu", dtype: Any = None) -> torch.Tensor:
+    def cu_seqlens_q_tensor(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
         """``cu_seqlens_q`` as an int32 tensor on ``device``, made once per device and cached."""
         import torch
 
         return self._tensor("q", self.cu_seqlens_q, device, dtype or torch.int32)
 
-    def cu_seqlens_k_tensor(self, device: Any = "cpu", dtype: Any = None) -> torch.Tensor:
+    def cu_seqlens_k_tensor(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
         """``cu_seqlens_k`` (or ``cu_seqlens_q`` when they are shared) as a cached int32 device tensor."""
         import torch
 

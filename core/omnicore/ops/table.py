@@ -29,12 +29,12 @@ class PlatformOps:
                 chosen.setdefault(spec.name, []).append(spec)
         self._specs: dict[str, tuple[OpSpec, ...]] = {
             name: tuple(sorted(found, key=lambda s: (-s.priority, s.provider))) for name, found in chosen.items()}
-        self._built: dict[str, Callable[..., Any]] = {}  # a racing first use builds the same callable twice
+        self._built: dict[str, Callable[..., object]] = {}  # a racing first use builds the same callable twice
 
     def __repr__(self) -> str:
         return f"PlatformOps({self.platform!r}, fast={sorted(self._specs)})"
 
-    def __getattr__(self, name: str) -> Callable[..., Any]:
+    def __getattr__(self, name: str) -> Callable[..., Any]:  # an op's result: a tensor or a tuple of them
         if name.startswith("_") or name not in OP_NAMES:
             raise AttributeError(f"platform op {name!r} does not exist; ops: {', '.join(OP_NAMES)}")
         fn = self._built.get(name)
@@ -61,7 +61,7 @@ class PlatformOps:
         return {name: [s.provider for s in specs] for name, specs in sorted(self._specs.items())}
 
     @staticmethod
-    def eager(name: str) -> Callable[..., Any]:
+    def eager(name: str) -> Callable[..., object]:
         """The eager reference of op ``name``."""
         from . import reference
 
@@ -69,14 +69,14 @@ class PlatformOps:
             raise AttributeError(f"platform op {name!r} does not exist; ops: {', '.join(OP_NAMES)}")
         return getattr(reference, name)
 
-    def _build(self, name: str) -> Callable[..., Any]:
+    def _build(self, name: str) -> Callable[..., object]:
         eager = self.eager(name)
         specs = self._specs.get(name, ())
         if not specs:
             return eager
         from ..specs import resolve
 
-        candidates: list[tuple[Callable[..., Any], Callable[..., Any] | None]] = []
+        candidates: list[tuple[Callable[..., object], Callable[..., object] | None]] = []
         for spec in specs:
             try:
                 impl = resolve(spec.impl)
@@ -89,7 +89,7 @@ class PlatformOps:
         if len(candidates) == 1 and candidates[0][1] is None:
             return candidates[0][0]
 
-        def dispatch(*args: Any, **kwargs: Any) -> Any:
+        def dispatch(*args: object, **kwargs: object) -> object:
             for impl, applies in candidates:
                 if applies is None or applies(*args, **kwargs):
                     return impl(*args, **kwargs)

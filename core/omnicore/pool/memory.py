@@ -10,16 +10,22 @@ already keeps on the host has no device storage between forwards, so it counts 0
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..platforms.base import Platform
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 
 
-def device_capacity(platform: Any) -> int:
+def device_capacity(platform: Platform) -> int:
     """The memory of the platform's device: the accelerator's total memory, or the host's physical memory on the
     CPU platform (where "device" and "host" are the same memory)."""
     import torch
@@ -51,7 +57,7 @@ def checkpoint_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-def pipeline_modules(pipeline: Any, max_depth: int = 3) -> list[Any]:
+def pipeline_modules(pipeline: object, max_depth: int = 3) -> list[nn.Module]:
     """The ``nn.Module``s a pipeline holds, each once: its attributes, modules in dicts, lists and tuples there, and
     modules inside the plain objects it keeps (a text encoder wrapper holding ``.model``), up to ``max_depth``
     levels. omnicore's own records (the plugin host, the spec, the load options, the platform) are not entered."""
@@ -60,7 +66,7 @@ def pipeline_modules(pipeline: Any, max_depth: int = 3) -> list[Any]:
     found: dict[int, nn.Module] = {}
     seen: set[int] = set()
 
-    def visit(value: Any, depth: int) -> None:
+    def visit(value: object, depth: int) -> None:
         if id(value) in seen or value is None or isinstance(value, (str, bytes, int, float, bool)):
             return
         seen.add(id(value))
@@ -70,7 +76,7 @@ def pipeline_modules(pipeline: Any, max_depth: int = 3) -> list[Any]:
         if depth >= max_depth:
             return
         if isinstance(value, dict):
-            children: Any = value.values()
+            children: Iterable[object] = value.values()
         elif isinstance(value, (list, tuple)):
             children = value
         elif type(value).__module__.startswith("omnicore") and depth > 0:
@@ -86,7 +92,7 @@ def pipeline_modules(pipeline: Any, max_depth: int = 3) -> list[Any]:
     return list(found.values())
 
 
-def _tensors(pipeline: Any) -> Iterator[Any]:
+def _tensors(pipeline: object) -> Iterator[torch.Tensor]:
     """Every parameter and buffer of the pipeline's modules, each tensor object once."""
     seen: set[int] = set()
     for module in pipeline_modules(pipeline):
@@ -96,13 +102,13 @@ def _tensors(pipeline: Any) -> Iterator[Any]:
                 yield tensor
 
 
-def _distributed(t: Any) -> bool:
+def _distributed(t: torch.Tensor) -> bool:
     from ..offload._swap import is_distributed
 
     return is_distributed(t)
 
 
-def resident_bytes(pipeline: Any, device: Any) -> int:
+def resident_bytes(pipeline: object, device: torch.device | str) -> int:
     """Bytes of the pipeline's parameters and buffers stored on ``device`` (each storage counted once)."""
     import torch
 
@@ -127,11 +133,11 @@ class HostSwap:
     aside (no copy) and the modules hold empty tensors, so the swap is cheap and the model counts 0 resident.
     """
 
-    def __init__(self, pipeline: Any, device: Any) -> None:
+    def __init__(self, pipeline: object, device: torch.device | str) -> None:
         import torch
 
         self.device = torch.device(device)
-        self._held: list[tuple[Any, Any]] = []  # (tensor in the module, host tensor with its values)
+        self._held: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tensor in the module, host tensor with its values)
         pin = self.device.type == "cuda"
         same = self.device.type == "cpu"
         with torch.no_grad():

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("omnicore.pool")
 
 STATES = ("unloaded", "loading", "loaded", "offloaded", "failed")
+#: one step of the pool's control loop (a load, an offload, a restore ...), run outside its lock
+Action = Callable[[], object]
 _RUNNING_PHASES = ("encode", "denoise", "decode", "postprocess")
 TICK_S = 0.5  # how often waiting requests get a `loading` progress event
 
@@ -375,7 +377,7 @@ class ModelPool:
     def _used(self) -> int:
         return sum(s.size for s in self._slots.values() if s.state in ("loaded", "loading"))
 
-    def _next_action(self) -> Any:
+    def _next_action(self) -> Action | None:
         """The next thing to do (under the lock), or ``None`` to wait. Recomputes which models are held."""
         for slot in self._slots.values():
             slot.held = False
@@ -418,7 +420,7 @@ class ModelPool:
             victim.held = True
             free -= victim.size
 
-    def _make_room(self, target: _Slot, used: int) -> Any:
+    def _make_room(self, target: _Slot, used: int) -> Action | None:
         """Load ``target`` if it fits; else offload one idle model; else wait for held ones (or refuse)."""
         budget = self.memory_budget
         if used + target.size <= budget:
@@ -436,11 +438,11 @@ class ModelPool:
             return self._evict_action(idle[0])
         return None
 
-    def _evict_action(self, victim: _Slot) -> Any:
+    def _evict_action(self, victim: _Slot) -> Action:
         victim.swapping = True
         return lambda: self._offload(victim)
 
-    def _forward_action(self, slot: _Slot) -> Any:
+    def _forward_action(self, slot: _Slot) -> Action:
         batch = list(slot.waiting)
         slot.waiting.clear()
         slot.inflight += len(batch)
@@ -462,7 +464,7 @@ class ModelPool:
         return bool(offloaded) and sum(s.swap.nbytes for s in offloaded if s.swap is not None) \
             > self.host_memory_budget
 
-    def _host_budget_action(self) -> Any:
+    def _host_budget_action(self) -> Action | None:
         if not self._host_over():
             return None
         offloaded = [s for s in self._slots.values() if s.state == "offloaded" and not s.swapping]
@@ -744,7 +746,7 @@ class ModelPool:
     def __enter__(self) -> ModelPool:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close(cancel_running=exc[0] is not None)
 
     def __repr__(self) -> str:
@@ -761,10 +763,10 @@ class _NoJob:
     def __init__(self) -> None:
         self.error: BaseException | None = None
 
-    def emit(self, *args: Any, **kwargs: Any) -> None:
+    def emit(self, *args: object, **kwargs: object) -> None:
         return None
 
-    def finish(self, *args: Any, error: BaseException | None = None, **kwargs: Any) -> bool:
+    def finish(self, *args: object, error: BaseException | None = None, **kwargs: object) -> bool:
         if error is not None:
             self.error = error
         return False
