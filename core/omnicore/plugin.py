@@ -125,6 +125,7 @@ _LAZY: dict[str, str] = {
     "local_parameter_bytes": "omnicore.parallel.tensor_parallel:local_parameter_bytes",
     "local_ranges": "omnicore.parallel.tensor_parallel:local_ranges",
     "all_reduce_sum": "omnicore.parallel.collectives:all_reduce_sum",
+    "all_gather_rows": "omnicore.parallel.collectives:all_gather_rows",
     # expert parallelism (``ep=N``): token dispatch/combine by all-to-all, the expert-count check
     "ExpertDispatch": "omnicore.parallel.experts:ExpertDispatch",
     "check_dispatch": "omnicore.parallel.experts:check_dispatch",
@@ -246,6 +247,7 @@ if TYPE_CHECKING:
     from .outputs.readers import read_image as read_image
     from .parallel.cfg import cfg_branches as cfg_branches
     from .parallel.cfg import data_parallel as data_parallel
+    from .parallel.collectives import all_gather_rows as all_gather_rows
     from .parallel.collectives import all_reduce_sum as all_reduce_sum
     from .parallel.experts import ExpertDispatch as ExpertDispatch
     from .parallel.experts import check_dispatch as check_dispatch

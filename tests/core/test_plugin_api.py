@@ -30,7 +30,7 @@ PUBLIC_NAMES = frozenset({
     # running over a worker group (1.5)
     "SequenceShard", "UlyssesAttention", "check_heads", "cfg_branches", "data_parallel",
     "padded_length", "ShardRule", "TensorParallelPlan", "shard_module", "parallelize", "read_sharded_state_dict",
-    "sharded_parameter_bytes", "local_parameter_bytes", "all_reduce_sum", "local_ranges",
+    "sharded_parameter_bytes", "local_parameter_bytes", "all_reduce_sum", "all_gather_rows", "local_ranges",
     # errors
     "OmnicoreError", "InvalidRequest", "ConfigError", "PluginError", "UnsupportedFeature", "PlatformUnavailable",
     "Cancelled",

@@ -125,6 +125,9 @@ def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(
         assert text.tensor_parallel.tp == 2
         blocks = config.num_layers * PARAMS["num_inference_steps"] + config.num_refiner_layers + text.layer
         assert calls["all_reduce"] == 2 * blocks, calls
+        # each DiT block's AdaLN projection holds half its outputs and all-gathers its few rows once per step
+        assert dit.blocks[0].adaln_proj.linear.weight.shape[0] == 18 * config.hidden_size // 2
+        assert calls["all_gather"] == config.num_layers * PARAMS["num_inference_steps"], calls
         _assert_same(_outputs(engine, *PROMPTS), reference["batch"])
         # resident parameter bytes of rank 0 = the analytic share; bytes read = the file less half the split rows
         with torch.device("meta"):

@@ -5,6 +5,11 @@ accelerator. When the model itself runs on the CPU that copy frees nothing, so h
 to a temporary safetensors file instead (and read back by ``restore``); everything else — table path, cursor,
 byte accounting, rollback on failure — keeps the core's contract (docs/contracts-status.md C1.4). Accelerator-resident
 projections use the core behaviour unchanged.
+
+Under ``--parallel tp=N`` a block's projection holds a contiguous share of its output features
+(:mod:`.tensor_parallel`); :meth:`H3AdaLNProjection.gather_outputs` makes :meth:`~H3AdaLNProjection.compute_flat`
+all-gather the shares over the TP group, so the direct path, the schedule tables built from it and TeaCache's probe
+all see whole rows.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
+from typing import Any
 
 import torch
-from omnicore.plugin import AdaLNProjection
+from omnicore.plugin import AdaLNProjection, all_gather_rows
 
 
 def _remove(path: str) -> None:
@@ -41,6 +47,21 @@ class H3AdaLNProjection(AdaLNProjection):
     """``AdaLNProjection`` whose weight offload spills to a file when the weights live on the CPU."""
 
     _spill: tuple[str, dict[str, tuple[torch.Size, tuple[int, ...], torch.dtype]], int, weakref.finalize] | None = None
+    #: ``(TP group, CommStats)`` when this rank holds a contiguous share of the outputs (:meth:`gather_outputs`)
+    _tp: tuple[Any, Any] | None = None
+
+    def gather_outputs(self, group: Any, stats: Any = None) -> None:
+        """This rank's ``linear`` holds output features ``[r·W/N, (r+1)·W/N)`` of every row (the DiT's TP plan):
+        from now on :meth:`compute_flat` all-gathers them over ``group`` (rank order = feature order)."""
+        self._tp = (group, stats)
+
+    def compute_flat(self, t_emb: torch.Tensor) -> torch.Tensor:
+        if self._tp is None:
+            return super().compute_flat(t_emb)
+        group, stats = self._tp
+        local = self.linear(torch.nn.functional.silu(t_emb).to(self.linear.weight.dtype))
+        full = all_gather_rows(local, group, stats, dim=-1)
+        return full.reshape(t_emb.shape[0] * self.modality_num, self.width)
 
     @property
     def offloaded(self) -> bool:

@@ -101,15 +101,16 @@ class MiniMaxH3DiT(nn.Module):
         self.sequence_parallel = ctx
 
     def enable_tensor_parallel(self, ctx: Any) -> None:
-        """Split the attention and MLP linears of every block (and of the token refiner) over ``ctx.tp`` ranks
-        (:mod:`.tensor_parallel`'s plan; a head or FFN count the degree does not divide is a ConfigError naming
-        them): a DiT loaded with ``tp=`` already holds its shard, a whole one is narrowed here. Each rank then
-        computes its heads and FFN columns; DTensor's row-parallel linears all-reduce the block outputs."""
+        """Split the attention and MLP linears of every block (and of the token refiner) and the blocks' AdaLN
+        projections over ``ctx.tp`` ranks (:mod:`.tensor_parallel`'s plan; a head, FFN or AdaLN width the degree
+        does not divide is a ConfigError naming them): a DiT loaded with ``tp=`` already holds its shard, a whole
+        one is narrowed here. Each rank then computes its heads and FFN columns; DTensor's row-parallel linears
+        all-reduce the block outputs; each AdaLN projection all-gathers its few modulation rows."""
         from omnicore.plugin import parallelize, shard_module
 
         from .attention import H3Attention
-        from .blocks import SwiGLU
-        from .tensor_parallel import module_plan
+        from .blocks import DiTBlock, SwiGLU
+        from .tensor_parallel import linear_plan, module_plan
 
         plan = module_plan(self.config)
         plan.check(ctx.tp)
@@ -119,7 +120,9 @@ class MiniMaxH3DiT(nn.Module):
                 module.heads, module.inner = module.heads // ctx.tp, module.inner // ctx.tp
             elif isinstance(module, SwiGLU):
                 module.ffn //= ctx.tp
-        parallelize(self, plan, ctx.tp_mesh, stats=ctx.stats)
+            elif isinstance(module, DiTBlock):
+                module.adaln_proj.gather_outputs(ctx.tp_group, ctx.stats)
+        parallelize(self, linear_plan(self.config), ctx.tp_mesh, stats=ctx.stats)
         self.tensor_parallel = ctx
 
     def _block_attention(self) -> PackedAttention:
