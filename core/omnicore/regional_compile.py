@@ -28,12 +28,17 @@ by the projection itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from .errors import InvalidRequest, UnsupportedFeature
+
+if TYPE_CHECKING:
+    from torch import nn
+
+F = TypeVar("F", bound=Callable[..., object])
 
 logger = logging.getLogger("omnicore.compile")
 
@@ -68,14 +73,14 @@ def check_compile(mode: str, *, model: str, platform: str, offload: str, paralle
                                  f"not {platform!r}; use --compile blocks")
 
 
-def outside_graph(fn: Any) -> Any:
+def outside_graph(fn: F) -> F:
     """``fn`` excluded from compilation (called eagerly from inside a compiled block)."""
     import torch
 
     return torch.compiler.disable(fn)
 
 
-def compile_regions(pipeline: Any) -> tuple[str, ...]:
+def compile_regions(pipeline: object) -> tuple[str, ...]:
     """The module-list paths the pipeline declares for regional compilation (``compile_regions``, else its
     ``block_loop``); empty when it declares neither."""
     declared = getattr(pipeline, "compile_regions", None)
@@ -86,7 +91,7 @@ def compile_regions(pipeline: Any) -> tuple[str, ...]:
     return (blocks,) if isinstance(blocks, str) else ()
 
 
-def _blocks(pipeline: Any, path: str) -> list[Any]:
+def _blocks(pipeline: object, path: str) -> list[nn.Module]:
     """The modules at dotted ``path``; a part may also be a key of a mapping (``transformers.fl2va.blocks``)."""
     blocks = pipeline
     for part in path.split("."):
@@ -108,7 +113,7 @@ class RegionalCompile:
 
     mode: str
     regions: tuple[str, ...]
-    blocks: list[Any] = attrs.Factory(list)
+    blocks: list[nn.Module] = attrs.Factory(list)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -121,7 +126,7 @@ class RegionalCompile:
         self.blocks.clear()
 
 
-def apply_regional_compile(pipeline: Any, mode: str, *, dynamic: bool | None = None,
+def apply_regional_compile(pipeline: object, mode: str, *, dynamic: bool | None = None,
                            options: dict[str, Any] | None = None, log_recompiles: bool = False) -> RegionalCompile:
     """Compile every block of the pipeline's compile regions in place (lazily: the first call compiles).
 

@@ -9,11 +9,16 @@ becomes a :class:`SelectedAttention` calling that backend. Only modules on diffu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..specs import dtype_name
 
 if TYPE_CHECKING:
+    import torch
+    from diffusers.models.attention_processor import Attention
+    from torch import nn
+
     from ..engine.protocol import LoadOptions
 
 ROUTABLE_PROCESSORS = ("AttnProcessor2_0", "AttnProcessor")
@@ -27,11 +32,12 @@ class SelectedAttention:
     and a large negative value (``-10000``, ``-inf``) masks; soft biases are not supported.
     """
 
-    def __init__(self, attention: Any) -> None:
+    def __init__(self, attention: Callable[..., torch.Tensor]) -> None:
         self.attention = attention
 
-    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None, attention_mask: Any = None,
-                 temb: Any = None, **_: Any) -> Any:
+    def __call__(self, attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None,
+                 **_: object) -> torch.Tensor:
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -64,7 +70,7 @@ class SelectedAttention:
         return out / attn.rescale_output_factor
 
 
-def route_diffusers_attention(model: Any, options: LoadOptions) -> int:
+def route_diffusers_attention(model: nn.Module, options: LoadOptions) -> int:
     """Install :class:`SelectedAttention` on every routable attention module of ``model``; returns how many.
 
     ``options`` is the pipeline's :class:`~omnicore.engine.protocol.LoadOptions` (its ``platform`` and

@@ -8,10 +8,11 @@ itself, such as stacked MoE experts). Bytes counted are those that leave the ran
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
     from .context import CommStats
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 BACKEND_DEVICES = {"nccl": "cuda", "hccl": "npu"}
 
 
-def group_device_type(group: Any = None) -> str:
+def group_device_type(group: ProcessGroup | None = None) -> str:
     """``"cuda"`` / ``"npu"`` / ``"cpu"``: where tensors given to a collective over ``group`` (default: the default
     group) must live. NCCL and HCCL take only device tensors; gloo takes CPU tensors."""
     import torch.distributed as dist
@@ -28,7 +29,7 @@ def group_device_type(group: Any = None) -> str:
     return BACKEND_DEVICES.get(str(dist.get_backend(group)), "cpu")
 
 
-def group_device(group: Any = None) -> torch.device:
+def group_device(group: ProcessGroup | None = None) -> torch.device:
     """The device of this rank's collectives over ``group``: its current accelerator for NCCL / HCCL (each worker
     sees its own device as index 0), else the CPU."""
     import torch
@@ -44,7 +45,7 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def all_to_all_chunks(send: torch.Tensor, group: Any, stats: CommStats | None = None) -> torch.Tensor:
+def all_to_all_chunks(send: torch.Tensor, group: ProcessGroup | None, stats: CommStats | None = None) -> torch.Tensor:
     """``send [P, ...]`` -> ``recv [P, ...]`` where ``recv[j]`` is what rank ``j`` put in its ``send[me]``."""
     import torch.distributed as dist
 
@@ -57,7 +58,8 @@ def all_to_all_chunks(send: torch.Tensor, group: Any, stats: CommStats | None = 
     return recv
 
 
-def all_gather_rows(local: torch.Tensor, group: Any, stats: CommStats | None = None, dim: int = 0) -> torch.Tensor:
+def all_gather_rows(local: torch.Tensor, group: ProcessGroup | None, stats: CommStats | None = None,
+                    dim: int = 0) -> torch.Tensor:
     """Concatenate every group member's ``local`` (equal shapes) along ``dim``, in group-rank order."""
     import torch
     import torch.distributed as dist
@@ -71,7 +73,7 @@ def all_gather_rows(local: torch.Tensor, group: Any, stats: CommStats | None = N
     return torch.cat(parts, dim=dim)
 
 
-def all_reduce_sum(local: torch.Tensor, group: Any, stats: CommStats | None = None) -> torch.Tensor:
+def all_reduce_sum(local: torch.Tensor, group: ProcessGroup | None, stats: CommStats | None = None) -> torch.Tensor:
     """The sum of every group member's ``local`` (equal shapes), on every member; counted as a ring all-reduce
     sends it (``2 (P - 1) / P`` of the tensor's bytes)."""
     import torch.distributed as dist

@@ -13,7 +13,6 @@ Ulysses shard holds the heads of its TP shard, so attention heads must divide by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
@@ -95,7 +94,7 @@ class ParallelConfig:
         return ",".join(f"{name}={getattr(self, name)}" for name in DIMENSIONS if getattr(self, name) > 1) or "none"
 
     @classmethod
-    def parse(cls, value: Any) -> ParallelConfig:
+    def parse(cls, value: object) -> ParallelConfig:
         """``None`` / ``""`` / ``"none"`` -> no parallelism; ``"cfg=2,ulysses=2,tp=2"``; a mapping; a config."""
         if value is None or isinstance(value, ParallelConfig):
             return value if value is not None else cls()

@@ -9,11 +9,16 @@ sends, so a benchmark can compare the measured volume with the analytic one.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .config import ParallelConfig
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 class CommStats:
@@ -52,12 +57,12 @@ class ParallelContext:
 
     config: ParallelConfig
     rank: int
-    cfg_group: Any = None
-    sp_group: Any = None
+    cfg_group: ProcessGroup | None = None
+    sp_group: ProcessGroup | None = None
     stats: CommStats = attrs.Factory(CommStats)
-    tp_group: Any = None
-    tp_mesh: Any = None
-    ep_group: Any = None
+    tp_group: ProcessGroup | None = None
+    tp_mesh: DeviceMesh | None = None
+    ep_group: ProcessGroup | None = None
 
     @property
     def world_size(self) -> int:
@@ -101,12 +106,14 @@ class ParallelContext:
         return self.rank == 0
 
 
-def _peer_groups(config: ParallelConfig, rank: int, peers: Any) -> Any:
+def _peer_groups(config: ParallelConfig, rank: int,
+                 peers: Callable[[int], Iterable[int]]) -> ProcessGroup:
     """Create every group of one dimension (each rank takes part in creating all of them, in the same order)
     and return ``rank``'s."""
     import torch.distributed as dist
 
-    mine, seen = None, set()
+    mine: ProcessGroup | None = None
+    seen: set[tuple[int, ...]] = set()
     for r in range(config.world_size):
         ranks = tuple(peers(r))
         if ranks in seen:
@@ -115,6 +122,7 @@ def _peer_groups(config: ParallelConfig, rank: int, peers: Any) -> Any:
         group = dist.new_group(list(ranks))
         if rank in ranks:
             mine = group
+    assert mine is not None, f"rank {rank} is in no group of {peers}"  # (the peers of a dimension cover every rank)
     return mine
 
 

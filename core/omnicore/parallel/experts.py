@@ -24,12 +24,13 @@ the rank grid does not build today. Models offer both (``dispatch="all_to_all"``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
     from .context import CommStats
 
@@ -59,7 +60,7 @@ def expert_bytes_per_layer(tokens: int, top_k: int, degree: int, hidden: int, it
     }
 
 
-def _all_to_all_rows(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: Any,
+def _all_to_all_rows(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: ProcessGroup | None,
                      stats: CommStats | None, rank: int) -> torch.Tensor:
     """Rows ``send`` (``send_counts[j]`` of them for group rank ``j``, in order) -> the rows each rank sent here."""
     import torch.distributed as dist
@@ -76,7 +77,8 @@ def _all_to_all_rows(send: torch.Tensor, send_counts: list[int], recv_counts: li
 class ExpertDispatch:
     """One expert-parallel group's dispatch: ``rank`` of ``degree`` holds experts ``[rank·per, (rank+1)·per)``."""
 
-    def __init__(self, *, rank: int, degree: int, per_rank: int, group: Any, stats: CommStats | None = None) -> None:
+    def __init__(self, *, rank: int, degree: int, per_rank: int, group: ProcessGroup | None,
+                 stats: CommStats | None = None) -> None:
         self.rank, self.degree, self.per_rank = rank, degree, per_rank
         self.group, self.stats = group, stats
 

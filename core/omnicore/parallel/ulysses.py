@@ -26,6 +26,7 @@ from .collectives import all_gather_rows, all_to_all_chunks
 if TYPE_CHECKING:
     import torch
 
+    from ..attention.metadata import AttentionMetadata
     from .context import ParallelContext
 
 
@@ -114,7 +115,7 @@ class UlyssesAttention:
         self.attention = attention
         self.ctx = ctx
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, metadata: Any = None,
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, metadata: AttentionMetadata | None = None,
                  **kwargs: Any) -> torch.Tensor:
         if metadata is None or q.dim() != 3:
             raise ValueError("UlyssesAttention takes packed [T/P, H, D] rows with the full sequence's metadata=")

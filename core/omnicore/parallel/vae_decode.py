@@ -30,6 +30,7 @@ from ..specs import ModelOption
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
     from .context import ParallelContext
 
@@ -61,7 +62,8 @@ def tile_owner(index: int, world_size: int) -> int:
 
 
 def decode_tiles(tiles: Sequence[T], decode: Callable[[T], torch.Tensor], ctx: ParallelContext | None, *,
-                 device: Any, gather: Literal["driver", "all"] = "driver", group: Any = None,
+                 device: torch.device | str, gather: Literal["driver", "all"] = "driver",
+                 group: ProcessGroup | None = None,
                  placeholders: bool = False) -> list[torch.Tensor] | None:
     """Every tile of ``tiles`` decoded by ``decode``, in order, on the ranks that receive them (see the module
     docstring); ``None`` on a rank that does not (``gather="driver"``, rank > 0 of the group) -- or, with

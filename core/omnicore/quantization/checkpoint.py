@@ -30,12 +30,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from ..specs import ModelSpec
+    from . import QuantReport
 
 FORMAT = "omnicore-weight-only"
 VERSION = 1
@@ -57,7 +61,7 @@ def _flat_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _targets(pipeline: Any, spec: Any) -> Mapping[str, tuple[nn.Module, tuple[str, ...]]]:
+def _targets(pipeline: object, spec: ModelSpec) -> Mapping[str, tuple[nn.Module, tuple[str, ...]]]:
     from ..errors import UnsupportedFeature
     from ..planning.source import profile_module
 
@@ -69,7 +73,7 @@ def _targets(pipeline: Any, spec: Any) -> Mapping[str, tuple[nn.Module, tuple[st
     return targets
 
 
-def save_quantized(pipeline: Any, spec: Any, directory: str | Path, report: Mapping[str, Any]) -> Path:
+def save_quantized(pipeline: object, spec: ModelSpec, directory: str | Path, report: Mapping[str, QuantReport]) -> Path:
     """Write a quantized pipeline's components (``report``: what :func:`apply_to_pipeline` returned) into
     ``directory`` in the layout above. Returns the directory."""
     from safetensors.torch import save_file
@@ -78,7 +82,7 @@ def save_quantized(pipeline: Any, spec: Any, directory: str | Path, report: Mapp
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    components: dict[str, Any] = {}
+    components: dict[str, object] = {}
     modes = {r.mode for r in report.values()}
     backends = {r.linear_backend for r in report.values()}
     if len(modes) != 1 or len(backends) != 1:
@@ -113,7 +117,8 @@ def read_index(directory: str | Path) -> dict[str, Any]:
     return dict(index)
 
 
-def load_quantized(pipeline: Any, spec: Any, directory: str | Path, mode: str | None = None) -> dict[str, Any]:
+def load_quantized(pipeline: object, spec: ModelSpec, directory: str | Path,
+                   mode: str | None = None) -> dict[str, QuantReport]:
     """Quantize a loaded pipeline's declared components from ``directory`` (the file's tensors, bit for bit).
     Returns the per-component :class:`~omnicore.quantization.QuantReport`."""
     from safetensors import safe_open
@@ -132,7 +137,7 @@ def load_quantized(pipeline: Any, spec: Any, directory: str | Path, mode: str | 
             have = dist_version("torchao") if torchao_available() else "not installed"
             raise InvalidRequest("quantization", f"{directory} was written by torchao {index.get('torchao_version')}"
                                                  f" (its tensor layout); torchao here: {have}")
-    reports: dict[str, Any] = {}
+    reports: dict[str, QuantReport] = {}
     targets = _targets(pipeline, spec)
     missing = sorted(set(index["components"]) ^ set(targets))
     if missing:
