@@ -159,8 +159,8 @@ def restore_scheduler_state(scheduler: Any, saved: dict[str, Any], device: Any) 
     for name, value in saved.items():
         if name in _ROW_LISTS:
             value = [None if m is None else m.to(device) for m in value]
-        elif name in _ROW_TENSORS and value is not None:
-            value = value.to(device)
+        elif name in _ROW_TENSORS:
+            value = None if value is None else value.to(device)
         elif name not in _COUNTERS:
             raise ValueError(f"unknown sampler field {name!r} in a step checkpoint")
         setattr(scheduler, name, value)
