@@ -33,6 +33,8 @@ logger = logging.getLogger("omnicore.lora")
 #: one adapter set: ((device adapter, request scale), ...); the empty set is "no adapter"
 AdapterSet = tuple[tuple[DeviceAdapter, float], ...]
 
+_MISSING = object()
+
 
 def active_loras(request: GenerationRequest) -> tuple[LoRA, ...]:
     """The request's adapters that change anything (scale 0 is exactly no adapter)."""
@@ -57,6 +59,7 @@ class ActiveBatch:
         self._touch: dict[str, tuple[bool, ...]] = {}  # module -> which sets adapt it
         self._stacked: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self._eyes: dict[tuple[Any, ...], Any] = {}
+        self._plans: dict[tuple[Any, ...], Any] = {}  # see delta()
         # (which sets adapt the module, input shape, row scopes) -> (seg ends, set ids, host seg_ends tensor):
         # every linear of a forward with the same answer shares one computation
         self._segments: dict[tuple[Any, ...], tuple[list[int], list[int], Any]] = {}
@@ -148,6 +151,26 @@ class ActiveBatch:
             self.on_bytes(self.nbytes)
         return stacked
 
+    def _plan(self, name: str, x: torch.Tensor) -> tuple[Any, Any, Any] | None:
+        """``(a, b, seg_ends)`` of module ``name`` for an input like ``x`` in the current row scopes, or None when
+        no row of it is adapted."""
+        touched = self._touches(name)
+        if not any(touched):
+            return None
+        import torch
+
+        seg_key = (touched, tuple(x.shape), current_packed(), current_samples())
+        found = self._segments.get(seg_key)
+        if found is None:
+            ends, ids = self.segments(name, x)
+            found = (ends, ids, torch.tensor(ends, dtype=torch.int64))
+            self._segments[seg_key] = found
+        _, ids, seg_ends = found
+        if not any(ids):
+            return None
+        a, b = self._stack(name, tuple(ids), x)
+        return a, b, seg_ends
+
     def _eye(self, segments: int, rank: int, like: torch.Tensor) -> torch.Tensor:
         key = (segments, rank, like.device, like.dtype)
         eye = self._eyes.get(key)
@@ -164,21 +187,17 @@ class ActiveBatch:
 
         ``reduce`` (a row-parallel linear whose output is already summed over the tensor-parallel ranks) sums the
         rank-sized ``x A^T`` over those ranks in place before ``B`` applies, so every rank adds the whole delta."""
-        touched = self._touches(name)
-        if not any(touched) or current_off():
+        if current_off():
             return None
-        import torch
-
-        seg_key = (touched, tuple(x.shape), current_packed(), current_samples())
-        found = self._segments.get(seg_key)
-        if found is None:
-            ends, ids = self.segments(name, x)
-            found = (ends, ids, torch.tensor(ends, dtype=torch.int64))
-            self._segments[seg_key] = found
-        ends, ids, seg_ends = found
-        if not any(ids):
+        # one look-up per call on the hot path: (module, input shape, row scopes) -> the slots and row segments
+        plan_key = (name, x.shape, current_packed(), current_samples(), x.dtype)
+        plan = self._plans.get(plan_key, _MISSING)
+        if plan is _MISSING:
+            plan = self._plan(name, x)
+            self._plans[plan_key] = plan
+        if plan is None:
             return None
-        a, b = self._stack(name, tuple(ids), x)
+        a, b, seg_ends = plan
         rows = x.reshape(-1, x.shape[-1])
         if reduce is None:
             out = self.ops.lora_segment_delta(rows, a, b, seg_ends)
@@ -317,6 +336,9 @@ class LoRARuntime:
                 return _sharded_output(active, name, sharded, args[0], output)
             delta = active.delta(name, args[0])
             if delta is None:
+                return None
+            if delta.dtype == output.dtype and not output.requires_grad:
+                output.add_(delta)  # the linear's fresh output: no second [rows, out] tensor
                 return None
             return output + delta.to(output.dtype)
 

@@ -141,19 +141,26 @@ def lora_segment_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, seg_en
     ends = [int(e) for e in seg_ends.tolist()]
     if s == 0 or ends[-1] != n or any(e1 < e0 for e0, e1 in zip([0, *ends], ends)):
         raise ValueError(f"seg_ends must be non-decreasing row ends ending at N={n}, got {ends}")
-    dtype = torch.promote_types(x.dtype, a.dtype)
+    dtype, out_dtype = torch.promote_types(x.dtype, a.dtype), x.dtype
+    if x.dtype != dtype:  # (no-op conversions skipped: this runs once per adapted linear per forward)
+        x = x.to(dtype)
+    if a.dtype != dtype or b.dtype != dtype:
+        a, b = a.to(dtype), b.to(dtype)
+    if s == 1:  # the whole batch in one segment: two plain matmuls
+        out = (x @ a[0].t()) @ b[0].t()
+        return out if out_dtype == dtype else out.to(out_dtype)
     lengths = [e1 - e0 for e0, e1 in zip([0, *ends], ends)]
     if len(set(lengths)) == 1:  # one bmm pair over [S, L, in]
-        xs = x.to(dtype).reshape(s, lengths[0], x.shape[1])
-        out = torch.bmm(torch.bmm(xs, a.to(dtype).transpose(1, 2)), b.to(dtype).transpose(1, 2))
-        return out.reshape(n, b.shape[1]).to(x.dtype)
+        xs = x.reshape(s, lengths[0], x.shape[1])
+        out = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2)).reshape(n, b.shape[1])
+        return out if out_dtype == dtype else out.to(out_dtype)
     out = x.new_zeros((n, b.shape[1]), dtype=dtype)
     start = 0
     for i, end in enumerate(ends):
         if end > start:
-            out[start:end] = (x[start:end].to(dtype) @ a[i].to(dtype).t()) @ b[i].to(dtype).t()
+            out[start:end] = (x[start:end] @ a[i].t()) @ b[i].t()
         start = end
-    return out.to(x.dtype)
+    return out if out_dtype == dtype else out.to(out_dtype)
 
 
 __all__ = [
