@@ -7,7 +7,7 @@ Imports nothing heavy: implementations are named by lazy paths.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .hookspecs import hookimpl
 from .specs import (
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .outputs.output import Output
 
 
-def plugin_info() -> dict[str, Any]:
+def plugin_info() -> dict[str, object]:
     return {"kind": "core", "api": ">=1.0,<2"}
 
 
@@ -108,7 +108,7 @@ def omnicore_denoise(pipeline: Pipeline, state: DenoiseState, step: int) -> Deno
 
 
 @hookimpl(trylast=True)
-def omnicore_cache(pipeline: Pipeline, method: CacheMethodSpec, config: Any) -> CacheHandle:
+def omnicore_cache(pipeline: Pipeline, method: CacheMethodSpec, config: object) -> CacheHandle:
     handle: CacheHandle = method.load_impl()(pipeline, config)
     return handle
 

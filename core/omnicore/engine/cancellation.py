@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import Cancelled
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _CHECK: ContextVar[Callable[[], bool] | None] = ContextVar("omnicore_cancel_check", default=None)
 
@@ -41,7 +44,7 @@ def cancel_scope(check: Callable[[], bool]) -> Iterator[None]:
 
 
 @contextmanager
-def cancel_points(*modules: Any) -> Iterator[None]:
+def cancel_points(*modules: nn.Module) -> Iterator[None]:
     """Check cancellation before every forward call of ``modules`` (``torch.nn.Module``) inside the block."""
     handles = [m.register_forward_pre_hook(lambda _module, _args: raise_if_cancelled()) for m in modules]
     try:

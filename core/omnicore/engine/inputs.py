@@ -11,7 +11,7 @@ selects which task) stay in the model's ``preprocess``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -149,7 +149,7 @@ def check_fps(request: GenerationRequest, caps: ModelCapabilities, model: str) -
 UNKNOWN_PARAMETER = "unknown_parameter"
 
 
-def check_extra(extra: Mapping[str, Any], spec: ModelSpec | Any) -> None:
+def check_extra(extra: Mapping[str, object], spec: ModelSpec) -> None:
     """Refuse every ``extra`` key the model does not declare in ``ModelSpec.extra_fields`` (it would otherwise be
     dropped silently): one :class:`InvalidRequest` naming the first unknown field and listing every unknown one
     and every accepted one. A spec that declares nothing (``None``) is not checked here."""
@@ -164,7 +164,7 @@ def check_extra(extra: Mapping[str, Any], spec: ModelSpec | Any) -> None:
                              code=UNKNOWN_PARAMETER)
 
 
-def check_request(request: GenerationRequest, spec: ModelSpec | Any) -> GenerationRequest:
+def check_request(request: GenerationRequest, spec: ModelSpec) -> GenerationRequest:
     """Everything a request must satisfy from the model's declared capabilities; returns it with roles filled."""
     caps = spec.capabilities
     check_extra(request.extra, spec)

@@ -35,6 +35,8 @@ from .protocol import LoadOptions
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    import torch
+
     from ..config import Settings
     from ..parallel.context import ParallelContext
     from ..platforms.base import Platform
@@ -292,7 +294,7 @@ def load_model(host: PluginHost, model: str | os.PathLike[str], settings: Settin
     defaults to the host's selection."""
     target = resolve_load(host, model, settings, platform=platform, model_options=model_options)
     if attention is None:
-        def attention(requirement: AttentionRequirement) -> Callable[..., Any]:
+        def attention(requirement: AttentionRequirement) -> Callable[..., torch.Tensor]:
             return host.select_attention(requirement).load_impl()
     options = load_options(target, attention=attention, offload=offload,
                            vae_decode_precision=vae_decode_precision, parallel=parallel)

@@ -9,7 +9,6 @@ inference-constant, so nothing is copied back to the host on release.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +30,7 @@ def excluded_by(name: str, prefixes: Sequence[str], *, anywhere: bool = False) -
     return any(name.startswith(p) for p in prefixes)
 
 
-def side_stream(device: torch.device) -> Any:
+def side_stream(device: torch.device) -> torch.Stream | None:
     """A copy stream on ``device`` where the platform has streams (CUDA-like), else ``None``."""
     if device.type in ("cpu", "meta"):
         return None
@@ -63,7 +62,7 @@ class ParamSet:
             self.params[name] = p
             self.host[name] = host
         self.loaded = all(p.numel() > 0 and p.device == device for p in self.params.values())
-        self.event: Any = None
+        self.event: torch.Event | None = None
 
     @property
     def names(self) -> frozenset[str]:
@@ -72,7 +71,7 @@ class ParamSet:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host.values())
 
-    def load(self, stream: Any = None, non_blocking: bool = False) -> None:
+    def load(self, stream: torch.Stream | None = None, non_blocking: bool = False) -> None:
         if self.loaded:
             return
         if stream is not None:

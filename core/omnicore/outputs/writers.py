@@ -17,9 +17,12 @@ import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import numpy as np
 from .checks import Encodable, check_frames
 from .images import encode_image, save_image
 from .mp4 import write_mp4
@@ -39,7 +42,7 @@ def format_for(name: str, *, field: str = "format") -> str:
     return FORMATS[key]
 
 
-def _still_frame(output: Encodable, fmt: str) -> Any:
+def _still_frame(output: Encodable, fmt: str) -> np.ndarray:
     frames = check_frames(output.frames)
     if frames.shape[0] != 1:
         raise InvalidRequest(

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -20,7 +22,7 @@ def skipped_init() -> Iterator[None]:
     """``torch.nn.init.*_`` as no-ops inside the block (restored after, also on error)."""
     import torch.nn.init as init
 
-    def keep(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    def keep(tensor: T, *args: object, **kwargs: object) -> T:
         return tensor
 
     names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]

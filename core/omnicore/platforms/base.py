@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from ..ops.table import PlatformOps
 
 
@@ -32,7 +34,7 @@ class Platform:
     def ops(self, table: PlatformOps) -> None:
         self._ops = table
 
-    def device(self, index: int = 0) -> Any:
+    def device(self, index: int = 0) -> torch.device:
         import torch
 
         return torch.device(self.device_type) if self.device_type == "cpu" else torch.device(self.device_type, index)
@@ -60,7 +62,7 @@ class Platform:
         HCCL on Ascend NPUs, gloo elsewhere. A platform plugin overrides it when its collectives live elsewhere."""
         return {"cuda": "nccl", "npu": "hccl"}.get(self.device_type, "gloo")
 
-    def default_dtype(self) -> Any:
+    def default_dtype(self) -> torch.dtype:
         import torch
 
         return torch.float32
