@@ -88,12 +88,14 @@ def replicas(toy_cache: Path, tmp_path: Path, pg_url: str) -> Iterator[Callable[
         out = []
         for i in range(n):
             host = toy_host(Settings(cache_dir=str(toy_cache)))
-            if step_delay_s:
-                host.add_plugin(SlowSteps(step_delay_s), "slow-steps")
+            slow = SlowSteps(step_delay_s) if step_delay_s else None
+            if slow is not None:
+                host.add_plugin(slow, "slow-steps")
             engine = toy_engine(toy_cache, host=host)
             ss = ServerSettings(state_dir=tmp_path / f"state{i}", store=pg_url, storage_url=str(tmp_path / "shared"),
                                 **server_settings)
             srv = LiveServer(create_app(engine, ss)).start()
+            srv.slow_steps = slow  # its step clock (starts), when steps are slowed
             started.append(srv)
             out.append(srv)
         return out

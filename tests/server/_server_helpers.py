@@ -22,9 +22,11 @@ class SlowSteps:
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
+        self.starts: list[float] = []  # time.monotonic() at the start of every step (a test's step clock)
 
     @hookimpl(wrapper=True)
     def omnicore_denoise(self, pipeline: Any, state: Any, step: int) -> Any:
+        self.starts.append(time.monotonic())
         time.sleep(self.delay_s)
         return (yield)
 
