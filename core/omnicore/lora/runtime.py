@@ -8,6 +8,12 @@ has no adapter add nothing, and with no adapter in the batch the hooks return at
 
 Several adapters on one request are one slot with their ranks concatenated (``[A1; A2]``, ``[s1 B1 | s2 B2]``),
 which is exactly the sum of their deltas; scales are folded into ``B``; an adapter with scale 0 is dropped.
+
+Over a worker group (``--parallel``) every rank runs a runtime and activates the adapter versions rank 0 resolved
+(:meth:`LoRARuntime.refs`, announced with the batch). Under tensor parallelism each rank's device copies hold its
+share (:attr:`~.targets.TargetMap.shards`) and the hooks, prepended to DTensor's own, add the delta to the
+linear's local output: a column-parallel linear's output columns; a row-parallel linear's partial sum, or — when the
+linear already summed its output over the ranks (a bias) — the whole delta after summing the rank-sized ``x A^T``.
 """
 
 from __future__ import annotations
