@@ -67,3 +67,16 @@ def test_engine_reports_none_when_the_platform_cannot_measure(toy_host, tmp_path
     with Engine("tiny:toy", host=toy_host, settings=Settings(cache_dir=str(tmp_path / "cache"))) as engine:
         [img] = engine.generate("a cat", seed=1, height=16, width=16)
     assert "peak_memory_bytes" in img.metrics and img.metrics["peak_memory_bytes"] is None
+
+
+def test_a_single_process_engine_reports_its_load_peak(cpu, toy_host, tmp_path):
+    """``Engine.load_memory``: one entry (rank 0) whose peak is the load's, not what the process held before it
+    (the engine resets the high-water mark when its load begins)."""
+    from omnicore.config import Settings
+    from omnicore.engine.api import Engine
+
+    _touch(192 * MB)  # an earlier, larger peak of this process, freed again
+    with Engine("tiny:toy", host=toy_host, settings=Settings(cache_dir=str(tmp_path / "cache"))) as engine:
+        [memory] = engine.load_memory
+        assert memory is not None and memory.peak_rss_bytes is not None and memory.rss_bytes is not None
+        assert memory.rss_bytes <= memory.peak_rss_bytes < memory.rss_bytes + 150 * MB  # the 192 MB are forgotten
