@@ -23,9 +23,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "plan", help="what fits where: per-rank memory of each placement, before loading", allow_abbrev=False,
         description="Plan a model's placement from its configs and safetensors headers alone (no weights are "
                     "read): per rank, the weight bytes of each component, an activation estimate for the request "
-                    "and whether it fits, for one device, offload, ulysses, cfg and tp (where the model declares "
-                    "a plan), each with int8/fp8 weight-only quantization; the row --parallel auto would pick is "
-                    "marked.")
+                    "and whether it fits, for one device, offload, ulysses, cfg, tp and ep (where the model "
+                    "declares them), each with int8/fp8 weight-only quantization; the row --parallel auto would "
+                    "pick is marked.")
     p.add_argument("model", help="real:<model> (the released configs, no weights), tiny:<preset>, a local "
                                  "checkpoint directory, or a Hub repository org/name[@revision] (its configs and "
                                  "safetensors headers only, over HTTP range reads)")
@@ -42,8 +42,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="list every placement (default: the fitting ones and the "
                                                       "smallest that does not)")
     p.add_argument("--what-if", action="store_true",
-                   help="also list placements this build cannot run (parallel dims the model does not implement, "
-                        "quantization combined with parallelism), marked; never picked by auto (default: hidden)")
+                   help="also list placements this build cannot run (parallel dims the model does not implement), "
+                        "marked; never picked by auto (default: hidden)")
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan-json.md; every row, "
                                                        "with its runnable flag)")
     return p
@@ -122,13 +122,16 @@ def format_table(plan: Any, show_all: bool = False, what_if: bool = False) -> st
         fitting = [p for p in rows if p.fits]
         over = sorted((p for p in rows if not p.fits), key=lambda p: p.per_rank)[:3]
         rows = fitting + [p for p in over if p not in fitting]
-    head = f"  {'placement':<30} {'dev':>3} {'weights':>9} {'caches':>8} {'activ.':>8} {'per rank':>9}  fits  step(s)"
-    lines += ["placements (GiB per rank; step = cost-model estimate):", head]
+    head = (f"  {'placement':<30} {'dev':>3} {'weights':>9} {'caches':>8} {'activ.':>8} {'per rank':>9} "
+            f"{'load':>7}  fits  step(s)")
+    lines += ["placements (GiB per rank; load = peak while loading, before quantizing/offloading; step = cost-model "
+              "estimate):", head]
     for p in rows:
         mark = "  <- auto" if p.auto else ("  (what-if: not runnable here)" if not p.runnable else "")
+        load = f"{p.load_peak / GIB:7.2f}" if p.load_peak else f"{'-':>7}"
         lines.append(f"  {p.name:<30} {p.devices:>3} {sum(p.weights.values()) / GIB:9.2f} "
-                     f"{sum(p.caches.values()) / GIB:8.2f} {p.activations / GIB:8.2f} {p.per_rank / GIB:9.2f}  "
-                     f"{'yes ' if p.fits else 'no  '}  {p.step_seconds:7.3f}{mark}")
+                     f"{sum(p.caches.values()) / GIB:8.2f} {p.activations / GIB:8.2f} {p.per_rank / GIB:9.2f} "
+                     f"{load}  {'yes ' if p.fits else 'no  '}  {p.step_seconds:7.3f}{mark}")
     if len(rows) < listed:
         lines.append(f"  ({listed - len(rows)} more with --all)")
     if not what_if and listed < len(plan.placements):

@@ -110,6 +110,13 @@ class MemoryGuard:
                                  f"({self.limit_source}); use more devices, offload or quantization "
                                  "(omnicore plan shows which fit)",
                 estimate_bytes=self.resident, limit_bytes=self.limit, placement=self.row.name)
+        if self.row.load_peak > self.limit:  # quantized / offloaded after the load: the whole weights come first
+            raise MemoryLimitExceeded(
+                "device_memory", f"{self.row.name} loads {size(self.row.load_peak)} per rank of unquantized weights "
+                                 f"and reserve before quantizing or offloading them, more than the limit "
+                                 f"{size(self.limit)} ({self.limit_source}); use more devices "
+                                 "(omnicore plan shows which fit)",
+                estimate_bytes=self.row.load_peak, limit_bytes=self.limit, placement=self.row.name)
 
 
 def size(n: int) -> str:

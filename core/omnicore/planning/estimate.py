@@ -82,6 +82,7 @@ class Placement:
     activations: int = 0
     reserve: int = 0
     host_bytes: int = 0
+    load_peak: int = 0  # bytes one rank holds while loading (quantized rows: the unquantized weights + reserve)
     step_seconds: float = 0.0
     fits: bool = False
     auto: bool = False
@@ -97,7 +98,8 @@ class Placement:
                 "weights_bytes": dict(self.weights), "cache_bytes": dict(self.caches),
                 "activation_bytes": self.activations, "reserve_bytes": self.reserve,
                 "per_rank_bytes": self.per_rank, "per_rank_gib": round(self.per_rank / GIB, 3),
-                "host_bytes": self.host_bytes, "step_seconds_estimate": round(self.step_seconds, 6),
+                "host_bytes": self.host_bytes, "load_peak_bytes": self.load_peak,
+                "step_seconds_estimate": round(self.step_seconds, 6),
                 "fits": self.fits, "runnable": self.runnable, "auto": self.auto}
 
 
@@ -448,13 +450,21 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         dims = [d for d, n in (("cfg", cfg), ("ulysses", ulysses), ("tp", tp), ("ep", ep)) if n > 1]
         runnable = all(d in parallel_dims for d in dims) and (
             quant == "none" or all(d in quantized_dims for d in dims))
+        # the loaders place every component on the device, and the engine quantizes and offloads after the whole
+        # load (each rank its share): until then a rank holds its unquantized weights on the device
+        load_peak = 0
+        if quant != "none" or offload != "none":
+            plain = dict(weights)
+            if tp > 1 or ep > 1:
+                plain.update(sharded(tp, ep, "none") or {})
+            load_peak = sum(plain.values()) + reserve
         p = Placement(name=placement_name(cfg=cfg, ulysses=ulysses, ep=ep, tp=tp, quant=quant) if (
                           offload == "none") else f"offload={offload}" + ("" if quant == "none" else f"+{quant}"),
                       devices=ulysses * tp * cfg * ep, ulysses=ulysses, tp=tp, cfg=cfg, ep=ep, offload=offload,
                       quantization=quant, weights=resident, caches=dict(cache_bytes), activations=act,
-                      reserve=reserve, host_bytes=host_total if offload != "none" else 0, step_seconds=secs,
-                      runnable=runnable)
-        candidates.append(attrs.evolve(p, fits=p.per_rank <= device_memory_bytes))
+                      reserve=reserve, host_bytes=host_total if offload != "none" else 0, load_peak=load_peak,
+                      step_seconds=secs, runnable=runnable)
+        candidates.append(attrs.evolve(p, fits=max(p.per_rank, p.load_peak) <= device_memory_bytes))
 
     heads = int(shape["heads"])
     cfg_options = [1, 2] if profile.get("cfg_capable") and branches == 2 and devices >= 2 else [1]
@@ -466,7 +476,11 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
                      f"tp: no degree up to {devices} divides the plan's counts")
     count = int(experts.get("count", 0))
     ep_ok = _divisors_up_to(count, devices) if count else []
-    missing = sorted({"cfg", "ulysses", "tp", *(["ep"] if ep_ok else [])} - set(parallel_dims))
+    wanted = {"ulysses", "tp", *(["ep"] if ep_ok else []), *(["cfg"] if len(cfg_options) > 1 else [])}
+    missing = sorted(wanted - set(parallel_dims))
+    if devices > 1 and len(cfg_options) == 1:
+        notes.append(f"cfg: no rows ({spec} is guidance-distilled: one DiT forward per step)" if not
+                     profile.get("cfg_capable") else "cfg: no rows (this request runs one guidance branch)")
     if devices > 1 and missing:
         notes.append(f"{', '.join(missing)}: not implemented by {spec} here; such rows are what-if estimates "
                      "(runnable: false; shown with --what-if), never picked by auto")
@@ -491,6 +505,10 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         candidates = [attrs.evolve(p, auto=True) if p is best else p for p in candidates]
     else:
         notes.append("no placement fits: more devices, more memory per device, or a smaller request")
+    if any(p.load_peak for p in candidates):
+        notes.append("quantization and offload apply after the load: a rank first holds its unquantized weights on "
+                     "the device, so a +int8/+fp8 or offload row fits only if that load peak does too "
+                     "(load_peak_bytes in --json)")
     notes.append("weights: exact bytes of the meta-built modules; activations: estimated (formula in docs/"
                  "plan-json.md), text-encoder and VAE activations not included")
     return Plan(model=model, spec=spec, source=source, dtype=str(dtype).replace("torch.", ""), devices=devices,
