@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
 import attrs
 
@@ -21,18 +20,18 @@ MAX_LORAS_PER_REQUEST = 8
 MAX_LORA_SCALE = 100.0
 
 
-def _check_name(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _check_name(inst: object, attr: attrs.Attribute, value: object) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequest("loras.name_or_path", f"must be a non-empty string, got {value!r}")
     if "\x00" in value:
         raise InvalidRequest("loras.name_or_path", "must not contain NUL characters")
 
 
-def _to_float(value: Any) -> Any:
+def _to_float(value: object) -> object:
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def _check_scale(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _check_scale(inst: object, attr: attrs.Attribute, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
         raise InvalidRequest("loras.scale", f"must be a finite number, got {value!r}")
     if abs(value) > MAX_LORA_SCALE:
@@ -61,7 +60,7 @@ class LoRA:
         return cls(text)
 
 
-def as_loras(value: Any) -> tuple[LoRA, ...]:
+def as_loras(value: object) -> tuple[LoRA, ...]:
     """The request field's converter: ``None``, one :class:`LoRA`/str, or a sequence of them -> a tuple of LoRA
     (strings become ``LoRA(s)``); more than :data:`MAX_LORAS_PER_REQUEST` or another type is an InvalidRequest."""
     if value is None:

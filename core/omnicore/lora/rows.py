@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:
+    import torch
 
 
 @attrs.frozen
@@ -52,7 +55,7 @@ def _ints(values: Any) -> tuple[int, ...]:
 
 
 @contextlib.contextmanager
-def packed_rows(ends: Sequence[int] | Any, num_rows: int, *, starts_at_zero: bool = True,
+def packed_rows(ends: Sequence[int] | torch.Tensor, num_rows: int, *, starts_at_zero: bool = True,
                 window: tuple[int, int] | None = None) -> Iterator[None]:
     """Within this scope an adapted linear whose input is 2-D with ``num_rows`` rows reads them as a packed
     sequence: sample ``j`` covers rows ``[ends[j-1], ends[j])``. ``ends`` are host integers (a list, or a CPU
@@ -75,7 +78,7 @@ def packed_rows(ends: Sequence[int] | Any, num_rows: int, *, starts_at_zero: boo
 
 
 @contextlib.contextmanager
-def sample_rows(outputs: Sequence[int] | Any) -> Iterator[None]:
+def sample_rows(outputs: Sequence[int] | torch.Tensor) -> Iterator[None]:
     """Within this scope forward sample ``j`` is the batch's output ``outputs[j]`` (a pipeline that runs a forward
     over a subset or a reordering of its batch says which outputs it holds)."""
     token = _SAMPLES.set(_ints(outputs))

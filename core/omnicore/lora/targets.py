@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .records import LoRATargets
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _frozen_shapes(value: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
@@ -52,7 +55,7 @@ class TargetMap:
         return None
 
     @property
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> tuple[object, ...]:
         """Identity of the conversion (an adapter converted for one map is valid for an equal one)."""
         return (self.model, self.targets, tuple(sorted(self.shapes.items())), self.itemsize,
                 tuple(sorted(self.shards.items())))
@@ -70,7 +73,7 @@ class TargetMap:
         return names
 
     @classmethod
-    def build(cls, root: Any, targets: LoRATargets, model: str) -> TargetMap:
+    def build(cls, root: nn.Module, targets: LoRATargets, model: str) -> TargetMap:
         """Scan ``root`` (an ``nn.Module``) for the ``nn.Linear`` modules the patterns name."""
         from torch import nn
 
@@ -101,7 +104,7 @@ class TargetMap:
                    itemsize=itemsize, config=getattr(root, "config", None), others=others, shards=shards)
 
 
-def _tp_shard(module: Any) -> tuple[tuple[int, int], tuple[str, tuple[tuple[int, int], ...]]] | None:
+def _tp_shard(module: nn.Module) -> tuple[tuple[int, int], tuple[str, tuple[tuple[int, int], ...]]] | None:
     """``((in, out) of the full linear, (style, this rank's ranges))`` of a linear that
     :func:`omnicore.parallel.tensor_parallel.shard_module` narrowed, else ``None``."""
     full, shard = getattr(module, "_omnicore_tp_full", None), getattr(module, "_omnicore_tp_shard", None)
@@ -115,7 +118,7 @@ def _tp_shard(module: Any) -> tuple[tuple[int, int], tuple[str, tuple[tuple[int,
     return (fan_in, fan_out), (style, tuple(local_ranges(size, sizes, rank, degree)))
 
 
-def resolve_roots(pipeline: Any, targets: LoRATargets) -> list[Any]:
+def resolve_roots(pipeline: Any, targets: LoRATargets) -> list[nn.Module]:
     """The network(s) at ``targets.root`` on ``pipeline``: one module, or every value of a mapping of modules
     (a pipeline with one DiT per task, e.g. ``transformers = {"fl2va": ..., "ref2va": ...}``); an
     AttributeError names the missing part."""
