@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _worker_group_helpers import planned_file_bytes
 from omnicore.engine.api import Engine, make_request
 from omnicore.errors import ConfigError, UnsupportedFeature
 
@@ -87,22 +88,6 @@ def test_head_count_the_tp_degree_does_not_divide_is_refused_at_load(tiny_dir: P
         load_transformer(tiny_dir / "transformer", tp=(0, 3))
 
 
-def _file_bytes(folder: Path, plan: Any) -> tuple[int, int]:
-    """(bytes of every stored tensor, bytes of those the plan splits), read from the safetensors headers."""
-    from safetensors import safe_open
-
-    total = split = 0
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118
-                t = f.get_slice(name)
-                n = int(np.prod(t.get_shape())) * {"F32": 4, "BF16": 2, "F16": 2}[t.get_dtype()]
-                total += n
-                module, _, param = name.rpartition(".")
-                split += n if plan.param_split(module, param) is not None else 0
-    return total, split
-
-
 @pytest.mark.slow
 def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(tiny_dir: Path,
                                                                                   reference: Any) -> None:
@@ -135,7 +120,7 @@ def test_tp_frames_and_audio_match_single_process_and_each_rank_holds_its_share(
         full = local_parameter_bytes(meta)
         analytic = sharded_parameter_bytes(meta, module_plan(config), 2)
         assert local_parameter_bytes(dit) == analytic < full
-        total, split = _file_bytes(folder, checkpoint_plan(config, detect_transformer_format(folder)))
+        total, split = planned_file_bytes(folder, checkpoint_plan(config, detect_transformer_format(folder)))
         assert split > 0 and dit.tp_bytes_read == total - split // 2
         # the text encoder read only its share too (test_parallel_text_encoder.py checks the bytes exactly)
         files = sum(f.stat().st_size for f in (tiny_dir / "text_encoder").glob("*.safetensors"))
