@@ -62,10 +62,10 @@ def files(tmp_path_factory):
     return f
 
 
-def _engine(root, files, *, spec=LORA_MEDIA_SPEC, max_device_bytes=None, **settings) -> Engine:
+def _engine(root, files, *, spec=LORA_MEDIA_SPEC, max_device_bytes=None, max_host_bytes=None, **settings) -> Engine:
     s = Settings(cache_dir=str(root / "cache"), **settings)
     registry = AdapterRegistry(modules={"a": str(files["a"]), "b": str(files["b"])}, lora_dirs=[str(files["dir"])],
-                               max_device_bytes=max_device_bytes)
+                               max_device_bytes=max_device_bytes, max_host_bytes=max_host_bytes)
     return Engine(f"tiny:{spec.name}", host=toy_host(s, plugin=ToyPlugin(spec)), settings=s, lora_registry=registry)
 
 
@@ -268,6 +268,24 @@ def test_a_device_budget_evicts_and_reloads_from_host_memory(tmp_path, files, cl
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_lora", r.text
         assert "'big'" in r.json()["error"]["message"] and "more than the LoRA cache budget (9000 bytes)" in r.text
         assert server.ctx.engine.stats()["steps_executed"] == steps
+    finally:
+        server.stop()
+
+
+def test_a_host_budget_drops_and_rereads_adapters(tmp_path, files, client_for):
+    """Host memory is bounded too: with 9000 bytes for converted adapters (a: 4 KiB, b: 8 KiB) one of them stays;
+    naming the other reads its file again (loads), the dropped copies are counted, and the outputs are unchanged."""
+    server = _serve(_engine(tmp_path, files, max_host_bytes=9000), tmp_path / "state")
+    try:
+        c = client_for(server)
+        first = _image(c, lora=[{"name": "a"}])
+        _image(c, lora=[{"name": "b"}])
+        again = _image(c, lora=[{"name": "a"}])
+        text = c.get("/metrics").text
+        assert _metric(text, "omnicore_lora_host_bytes") <= 9000
+        assert _metric(text, "omnicore_lora_host_evictions_total") >= 2  # (start-up read both: a went, then b)
+        assert _metric(text, "omnicore_lora_loads_total") >= 4  # a, b at start-up, then a and b and a again
+        assert np.array_equal(first, again)
     finally:
         server.stop()
 
