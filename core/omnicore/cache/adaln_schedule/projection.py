@@ -23,20 +23,14 @@ from torch import nn
 # torch.compiler.disable exists in every torch the core supports (>= 2.4)
 from torch.compiler import disable as _compile_disable
 
+from ...parallel.local_linear import is_dtensor
+
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - builds without distributed
-        return False
-    return isinstance(t, DTensor) or isinstance(getattr(t, "data", None), DTensor)
-
-
 def _local_nbytes(t: torch.Tensor) -> int:
-    if _is_dtensor(t):
+    if is_dtensor(t):
         t = cast("DTensor", t).to_local()  # a DTensor (checked just above)
     return t.numel() * t.element_size()
 
@@ -138,7 +132,7 @@ class AdaLNProjection(nn.Module):
             return True
         params = list(self.parameters())
         return bool(params) and all(
-            not _is_dtensor(p) and p.device.type != "meta" and p.numel() > 0 for p in params)
+            not is_dtensor(p) and p.device.type != "meta" and p.numel() > 0 for p in params)
 
     def offload(self) -> int:
         """Move the projection weights to CPU, freeing their device storage; returns the bytes moved."""
