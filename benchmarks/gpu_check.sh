@@ -9,7 +9,8 @@
 #      with `pip download` of what the machine lacks, for its Python and platform);
 #   2. runs the CUDA backend's tests with Triton compiling for real (not interpreted) and every test marked `gpu`,
 #      flash-attn's included when it imports (JUnit XML);
-#   3. runs the GPU benchmark cases: benchmarks/gpu_kernels.py and benchmarks/compile.py (compiled vs eager);
+#   3. runs the GPU benchmark cases: benchmarks/gpu_kernels.py, benchmarks/compile.py (compiled vs eager) and
+#      benchmarks/quantization.py (int8 / fp8 and the FP8 torch._scaled_mm linears vs bf16, at MiniMax-H3 width);
 #   4. writes DIR/gpu_check.json and DIR/gpu_check.md: host and GPU, each step's status and seconds, test counts,
 #      every benchmark record.
 # --dry runs the same plumbing on a CPU-only machine (this repo's .venv, tests collected but not run, the GPU
@@ -96,7 +97,7 @@ step tests_backend_cuda 180 run_pytest -q -p no:cacheprovider "${collect[@]}" te
 step tests_gpu_marked 120 run_pytest -q -p no:cacheprovider "${collect[@]}" -m gpu tests \
   --ignore=tests/plugins/backends_cuda --junitxml "$out/tests_gpu_marked.xml"
 bench_only=(--only gpu_kernels)
-[ "$dry" = 1 ] || bench_only+=(--only compile)
+[ "$dry" = 1 ] || bench_only+=(--only compile --only quantization)
 step benchmarks 240 "$py" benchmarks/run_all.py "${bench_only[@]}" --timeout 230 --results "$out/bench"
 
 "$py" - "$out" "$dry" <<'EOF'

@@ -228,3 +228,42 @@ def test_cli_generate_with_quantization(tmp_path: Any) -> None:
     bad = subprocess.run([exe, "generate", "tiny:lingbot", "a fox", "--quantization", "int4", "-o", str(out)],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--quantization" in bad.stderr
+
+
+def test_fp8_matmul_is_chosen_on_fp8_gpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--quantization fp8`` takes the dynamic-activation ``torch._scaled_mm`` linears on a CUDA device of compute
+    capability 8.9+ (selection checked here with the capability faked; the GPU path itself is unverified), the
+    torchao / reference weight-only linears everywhere else; a forward off the GPU (or with shapes _scaled_mm does
+    not take) falls back to the dequantizing matmul, with the same result."""
+    import torch
+    from omnicore import quantization as q
+
+    assert not q.fp8_matmul_available("cpu") and not q.fp8_matmul_available(None)
+    capability = {"value": (8, 9)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
+    assert q.fp8_matmul_available("cuda") and q.fp8_matmul_available(torch.device("cuda", 0))
+    assert q.linear_choice("fp8", "cuda") == ("reference", True)
+    assert q.linear_choice("fp8", "cuda", "torchao") == ("torchao", False)  # asked for: kept
+    assert q.linear_choice("int8", "cuda") == ("auto", False)
+    assert q.linear_choice("fp8", "cpu") == ("auto", False)
+    capability["value"] = (9, 0)
+    assert q.fp8_matmul_available("cuda")
+    capability["value"] = (8, 6)  # Ampere: no FP8 tensor cores
+    assert not q.fp8_matmul_available("cuda") and q.linear_choice("fp8", "cuda") == ("auto", False)
+    capability["value"] = (8, 9)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), torch.nn.Linear(48, 16))
+    plain = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), torch.nn.Linear(48, 16))
+    plain.load_state_dict(model.state_dict())
+    reports = q.quantize_pipeline(None, {"m": (model, ("0", "2"))}, "fp8", device="cuda")
+    assert reports["m"].fast_fp8 and reports["m"].linear_backend == "reference"
+    assert all(isinstance(model[i], q.WeightOnlyLinear) and model[i].fast_fp8 for i in (0, 2))
+    q.quantize_module(plain, "fp8", ("0", "2"), backend="reference")
+    x = torch.randn(4, 32)
+    assert torch.equal(model(x), plain(x))  # a CPU tensor: the dequantizing path
+    assert q.scaled_mm_shapes_ok(x, model[0].qweight) and not q.scaled_mm_shapes_ok(torch.randn(4, 24),
+                                                                                    torch.zeros(48, 24))
+    fresh = torch.nn.Sequential(torch.nn.Linear(32, 16))
+    int8 = q.quantize_pipeline(None, {"m": (fresh, ("0",))}, "int8", device="cuda")["m"]
+    assert int8.linears == ("0",) and not int8.fast_fp8

@@ -12,9 +12,15 @@ Two implementations of the same math:
 * ``torchao`` (preferred for ``nn.Linear`` when installed: ``quantize_`` with ``Int8WeightOnlyConfig`` /
   ``Float8WeightOnlyConfig``, which have CPU paths);
 * ``reference`` (:class:`WeightOnlyLinear`, :func:`quantize_stacked_`): plain torch, used for stacked expert
-  tensors always and for linears when torchao is absent or ``backend="reference"``. On CUDA devices with FP8
-  support its fp8 linears may use ``torch._scaled_mm`` with a dynamic per-row activation scale
-  (``fast_fp8=True``) — **unverified here** (no GPU measured).
+  tensors always and for linears when torchao is absent or ``backend="reference"``.
+
+**FP8 matmul.** ``--quantization fp8`` on a CUDA device with FP8 tensor cores (compute capability 8.9 or newer:
+Ada, Hopper, Blackwell; :func:`fp8_matmul_available`) uses the reference linears with ``fast_fp8=True``: each
+forward quantizes its activations to e4m3 with one dynamic scale per row and multiplies with
+``torch._scaled_mm`` (row-wise scales for both operands, output in the activation dtype), instead of
+dequantizing the weight. Shapes ``_scaled_mm`` does not take (dims not multiples of 16) fall back to the
+dequantizing path. Weight bytes are the same as the other fp8 backends'. This path is **unverified here**: no
+GPU has run it (the selection and the fallbacks are tested on CPU).
 """
 
 from __future__ import annotations
@@ -80,12 +86,38 @@ class WeightOnlyLinear(nn.Module):
         return dequantize(self.qweight, self.scale, self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fast_fp8 and self.mode == "fp8" and x.is_cuda:  # pragma: no cover - unverified, needs an FP8 GPU
-            return _scaled_mm_fp8(x, self.qweight, self.scale, self.bias)
+        if self.fast_fp8 and self.mode == "fp8" and x.is_cuda and scaled_mm_shapes_ok(x, self.qweight):
+            return _scaled_mm_fp8(x, self.qweight, self.scale, self.bias)  # pragma: no cover - needs an FP8 GPU
         return F.linear(x, dequantize(self.qweight, self.scale, x.dtype), self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}"
+
+
+def scaled_mm_shapes_ok(x: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether ``torch._scaled_mm`` takes this activation and weight: inner and output dims multiples of 16."""
+    return x.shape[-1] % 16 == 0 and q.shape[0] % 16 == 0 and q.shape[1] == x.shape[-1]
+
+
+def fp8_matmul_available(device: Any) -> bool:
+    """Whether ``device`` runs the dynamic-activation FP8 matmul: a CUDA device of compute capability 8.9 or
+    newer (FP8 tensor cores) with a torch that has ``torch._scaled_mm``."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    try:
+        return tuple(torch.cuda.get_device_capability(dev)) >= (8, 9)
+    except (RuntimeError, AssertionError):  # no CUDA driver / device
+        return False
+
+
+def linear_choice(mode: str, device: Any, backend: str = "auto") -> tuple[str, bool]:
+    """``(backend, fast_fp8)`` for the linears of a model quantized as ``mode`` on ``device``: fp8 on an FP8 GPU
+    takes the reference linears with the ``_scaled_mm`` matmul (unless ``backend="torchao"`` is asked for);
+    everything else keeps ``backend``."""
+    if mode == "fp8" and backend in ("auto", "reference") and fp8_matmul_available(device):
+        return "reference", True
+    return backend, False
 
 
 def _scaled_mm_fp8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -141,10 +173,11 @@ class QuantReport:
     linear_backend: str
     linears: tuple[str, ...]
     stacked: tuple[str, ...]
+    fast_fp8: bool = False  # the fp8 linears multiply with torch._scaled_mm (dynamic activation scales)
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "linear_backend": self.linear_backend, "linears": len(self.linears),
-                "stacked": len(self.stacked)}
+                "stacked": len(self.stacked), "fast_fp8": self.fast_fp8}
 
 
 def _import_torchao() -> Any:
@@ -234,7 +267,8 @@ def quantize_module(module: nn.Module, mode: str, patterns: Iterable[str], *, ba
     for owner, leaf, _ in stacked:
         quantize_stacked_(owner, leaf, mode)
     return QuantReport(mode=mode, linear_backend="torchao" if use_torchao else "reference",
-                       linears=tuple(linears), stacked=tuple(full for _, _, full in stacked))
+                       linears=tuple(linears), stacked=tuple(full for _, _, full in stacked),
+                       fast_fp8=bool(fast_fp8 and linears and not use_torchao and mode == "fp8"))
 
 
 def resident_bytes(module: nn.Module) -> int:
@@ -257,17 +291,20 @@ def resident_bytes(module: nn.Module) -> int:
 
 
 def quantize_pipeline(pipeline: Any, targets: Mapping[str, tuple[nn.Module, tuple[str, ...]]], mode: str, *,
-                      backend: str = "auto") -> dict[str, QuantReport]:
-    """Quantize each ``targets`` entry (component name -> (module, patterns)) of a loaded pipeline."""
-    return {name: quantize_module(module, mode, patterns, backend=backend)
+                      backend: str = "auto", device: Any = None) -> dict[str, QuantReport]:
+    """Quantize each ``targets`` entry (component name -> (module, patterns)) of a loaded pipeline; on an FP8
+    ``device`` fp8 linears take the ``_scaled_mm`` matmul (:func:`linear_choice`)."""
+    backend, fast = linear_choice(mode, device, backend)
+    return {name: quantize_module(module, mode, patterns, backend=backend, fast_fp8=fast)
             for name, (module, patterns) in targets.items()}
 
 
 def apply_to_pipeline(pipeline: Any, spec: Any, mode: str, *, backend: str = "auto",
-                      root: Any = None) -> dict[str, QuantReport]:
+                      root: Any = None, device: Any = None) -> dict[str, QuantReport]:
     """Quantize a loaded pipeline with the targets its model plugin declares (``quantization_targets(pipeline)``
     in the module of its presets, next to the planner's ``QUANTIZABLE``); a model declaring none is refused.
-    A checkpoint ``root`` holding ``quantized/<mode>/`` (:mod:`.checkpoint`) gives the weights from there."""
+    A checkpoint ``root`` holding ``quantized/<mode>/`` (:mod:`.checkpoint`) gives the weights from there.
+    ``device``: where the pipeline runs (default: its ``device`` attribute), for :func:`linear_choice`."""
     from ..errors import UnsupportedFeature
     from ..planning.source import profile_module
 
@@ -282,7 +319,8 @@ def apply_to_pipeline(pipeline: Any, spec: Any, mode: str, *, backend: str = "au
     targets_fn = getattr(profile, "quantization_targets", None) if profile is not None else None
     if targets_fn is None:
         raise UnsupportedFeature("quantization", f"model {spec.name!r} declares no quantizable modules")
-    return quantize_pipeline(pipeline, targets_fn(pipeline), mode, backend=backend)
+    return quantize_pipeline(pipeline, targets_fn(pipeline), mode, backend=backend,
+                             device=device if device is not None else getattr(pipeline, "device", None))
 
 
 _OVERHEAD: dict[tuple[str, str], int] = {}
