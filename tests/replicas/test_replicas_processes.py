@@ -1,8 +1,9 @@
 """Three real ``omnicore serve`` replicas on loopback, one throwaway PostgreSQL and one shared directory.
 
 Jobs are tiny (tiny:lingbot, 48x48, 5 frames, 1-4 steps: the output is noise from random weights) so the whole
-module fits in a few minutes on 2 CPU cores. A re-claimed job re-runs from its stored request (same seed); step
-checkpoints (resuming mid-run) are not implemented, so "equal to an uninterrupted run" is checked on re-runs.
+module fits in a few minutes on 2 CPU cores. These replicas run without ``--checkpoint-every``: a re-claimed job
+re-runs from its stored request (same seed), and "equal to an uninterrupted run" is checked on re-runs; resuming
+from a step checkpoint after ``kill -9`` is tested in ``test_replicas_checkpoints.py``.
 """
 
 from __future__ import annotations
