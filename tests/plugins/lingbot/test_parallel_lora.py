@@ -1,8 +1,10 @@
 """Per-request LoRA on tiny:lingbot over a worker group (gloo, 2 processes): a mixed batch (two adapters, a row
 without, two adapters composed) under ``cfg=2`` and ``ulysses=2`` gives the single-process engine's final latents
 (the adapters are replicated: every rank uploads the versions rank 0 announced with the batch; under Ulysses each
-rank's linears see only its shard of the packed rows). A worker that cannot upload an adapter fails that batch with
-its error, naming its rank, and the group keeps serving. Tiny models output noise: only equalities are checked."""
+rank's linears see only its shard of the packed rows). Cancelling one request of a running mixed batch leaves the
+others as they are alone (every rank drops that row and its adapters). A worker that cannot upload an adapter fails
+that batch with its error, naming its rank, and the group keeps serving. Tiny models output noise: only equalities
+are checked."""
 
 from __future__ import annotations
 
@@ -69,6 +71,23 @@ def test_a_mixed_batch_over_the_group_equals_the_single_process(tiny_dir: Path, 
         got = _mixed(engine, capture)
         for g, r in zip(got, reference):
             torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+        if parallel == "cfg=2":
+            # cancel the middle request of a running mixed batch after its first step: every rank drops its row
+            # and its adapters (the worker's select), the other rows end as each does alone
+            four = {**ARGS, "num_inference_steps": 4}
+            sets = [[LoRA("a")], [LoRA("b")], [LoRA("a", 0.5), LoRA("b", 0.5)]]
+            requests = [make_request(f"cancel {i}", seed=3 + i, loras=loras, **four) for i, loras in enumerate(sets)]
+            jobs = [engine.submit(r) for r in requests]
+            jobs[1].add_listener(lambda e: jobs[1].cancel() if e.phase == "denoise" and e.step == 1 else None)
+            for i in (0, 2):
+                assert jobs[i].result(300)[0].metrics["batch_requests"] == 2  # what was left of the batch
+            assert jobs[1].wait(300) and jobs[1].status == "cancelled"
+            assert engine.stats()["last_batch_size"] == 3  # it started as one batch of three
+            for i in (0, 2):
+                alone = make_request(f"cancel {i}", seed=3 + i, loras=sets[i], **four)
+                engine.submit(alone).result(300)
+                torch.testing.assert_close(capture.latents[requests[i].request_id],
+                                           capture.latents[alone.request_id], atol=1e-5, rtol=1e-5)
         if parallel == "ulysses=2":
             assert engine.group.ctx.stats.snapshot()["calls"]["all_to_all"] > 0
             # a worker that cannot upload the version rank 0 named (a file rewritten in between): the batch fails
