@@ -170,3 +170,23 @@ def test_flattened_rows_split_over_declared_samples_and_base_only(adapters: dict
         runtime.deactivate()
         assert torch.equal(plain, model(x))
     torch.testing.assert_close(flat.reshape(2, 3, -1), want)
+
+
+def test_adapters_on_adaln_projections_are_refused_while_the_adaln_cache_is_on(adapters: dict[str, Path]) -> None:
+    """A model whose LoRA targets name AdaLN projections (``LoRATargets.adaln``): with the adaln_schedule cache on
+    (``runtime.adaln_cache``, set by the engine) an adapter touching one is refused naming the module, before it
+    runs; scale 0 and adapters elsewhere pass; without the cache it is accepted."""
+    import attrs
+    from omnicore.lora import LoRAError
+    from omnicore.lora.targets import TargetMap
+
+    spec = attrs.evolve(SPEC, lora=attrs.evolve(SPEC.lora, adaln=("head",)))
+    model = Toy()
+    assert TargetMap.build(model, spec.lora, "toy").adaln == frozenset({"head"})
+    runtime = LoRARuntime(AdapterRegistry(lora_dirs=[adapters["a"].parent]), spec, Holder(model), PlatformOps("cpu"))
+    runtime.check([LoRA("d")])  # no cache: accepted
+    runtime.adaln_cache = True
+    with pytest.raises(LoRAError, match="adapts an AdaLN projection") as info:
+        runtime.check([LoRA("b"), LoRA("d")])
+    assert (info.value.adapter, info.value.key) == ("d", "head")
+    runtime.check([LoRA("b"), LoRA("d", 0.0)])  # scale 0 is no adapter; b adapts no AdaLN projection
