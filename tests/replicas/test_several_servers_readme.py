@@ -161,6 +161,8 @@ def test_the_readme_replicas_behind_a_round_robin_balancer(replicas: tuple[list[
             assert events[-1]["event"] == "video.completed" and events[-1]["data"]["id"] == ids[-1]
             assert any(e["event"] == "video.progress" for e in events), [e["event"] for e in events]
             assert all(leases(pg_url)[v] == (1, 1) for v in ids)  # each job claimed once
+            # --checkpoint-every 5: the 6-step job wrote one at step 5 (the directory exists), removed at its end
+            assert (shared / "checkpoints").is_dir() and not list((shared / "checkpoints").iterdir())
             for vid in ids:
                 whole = client.get(f"/v1/videos/{vid}/content")
                 assert whole.status_code == 200 and whole.content[4:8] == b"ftyp"
