@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import OmnicoreError
+from ..errors import ConfigError, OmnicoreError
 
 if TYPE_CHECKING:
     import uvicorn
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..pool.pool import ModelPool
     from ..server.app import ServerContext
     from ..server.lifecycle import DrainingServer
-    from ..specs import PresetSpec
+    from ..specs import ModelSpec, PresetSpec
 
 PREFERRED_AUTO = "tiny:lingbot"
 NO_MODEL_MESSAGE = ("no model plugin is installed; install one, e.g. pip install -e plugins/lingbot "
@@ -93,6 +93,26 @@ def check_port_free(host: str, port: int) -> None:
                 raise ServeUnavailable(f"--port {port}: {host}:{port} is already in use (another server?); pick "
                                        "another port with --port") from None
             raise ServeUnavailable(f"--host {host} --port {port}: cannot bind ({exc.strerror or exc})") from None
+
+
+def check_step_checkpoints(settings: Settings, spec: ModelSpec | None, *, several: bool, parallel: object) -> None:
+    """``--checkpoint-every K`` where it cannot take effect is refused before listening, naming the flag: step
+    checkpoints are written and resumed by replicas claiming jobs from a shared store, one model per server, on one
+    process, for models that declare checkpointable step state."""
+    if not getattr(settings, "checkpoint_every", 0):
+        return
+    reason = None
+    if not str(getattr(settings, "store", None) or "").startswith(("postgresql://", "postgres://")):
+        reason = ("needs a shared job store (--store postgresql://...): the replica that re-claims an interrupted "
+                  "job resumes it; one server's SQLite store re-runs such a job from step 0")
+    elif several:
+        reason = "is not supported with several models in one server yet"
+    elif parallel is not None and getattr(parallel, "world_size", 1) > 1:
+        reason = "is not supported with --parallel yet"
+    elif spec is not None and not spec.capabilities.checkpointable:
+        reason = f"model {spec.name} does not declare checkpointable step state (omnicore models lists those that do)"
+    if reason is not None:
+        raise ConfigError("--checkpoint-every", reason)
 
 
 def default_state_dir(cache: Path, model: str) -> Path:
@@ -186,6 +206,8 @@ def serve(args: argparse.Namespace, *, model: str, host: PluginHost, settings: S
         from .lora_args import serve_lora_kwargs
 
         kwargs.update(serve_lora_kwargs(settings, spec))  # --lora-modules / --lora-dir paths, before listening
+    check_step_checkpoints(settings, spec if make_engine is None else None, several=make_engine is not None,
+                           parallel=kwargs.get("parallel"))
     check_port_free(ss.host, ss.port)  # a busy port: one line, exit 2, before anything is printed or loaded
     failures: list[BaseException] = []
 
