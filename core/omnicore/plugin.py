@@ -135,6 +135,11 @@ _LAZY: dict[str, str] = {
     "decode_tiles": "omnicore.parallel.vae_decode:decode_tiles",
     "parallel_vae_decode_enabled": "omnicore.parallel.vae_decode:parallel_vae_decode_enabled",
     "PARALLEL_VAE_DECODE_OPTION": "omnicore.parallel.vae_decode:PARALLEL_VAE_DECODE_OPTION",
+    # a text encoder kept in host memory (``text_encoder_offload=cpu``), its rows shared from rank 0 (1.7)
+    "TEXT_ENCODER_OFFLOAD_OPTION": "omnicore.parallel.host_text_encoder:TEXT_ENCODER_OFFLOAD_OPTION",
+    "text_encoder_on_host": "omnicore.parallel.host_text_encoder:text_encoder_on_host",
+    "holds_text_encoder": "omnicore.parallel.host_text_encoder:holds_text_encoder",
+    "shared_encode": "omnicore.parallel.host_text_encoder:shared_encode",
     # -- request-gated VAE fast paths and the decode precision (docs/contracts-status.md C7) -----------
     "FastPathGate": "omnicore.vae_fast_paths:FastPathGate",
     "fast_path_gate": "omnicore.vae_fast_paths:fast_path_gate",
@@ -253,6 +258,10 @@ if TYPE_CHECKING:
     from .parallel.experts import check_dispatch as check_dispatch
     from .parallel.experts import check_expert_degree as check_expert_degree
     from .parallel.experts import expert_bytes_per_layer as expert_bytes_per_layer
+    from .parallel.host_text_encoder import TEXT_ENCODER_OFFLOAD_OPTION as TEXT_ENCODER_OFFLOAD_OPTION
+    from .parallel.host_text_encoder import holds_text_encoder as holds_text_encoder
+    from .parallel.host_text_encoder import shared_encode as shared_encode
+    from .parallel.host_text_encoder import text_encoder_on_host as text_encoder_on_host
     from .parallel.tensor_parallel import ShardRule as ShardRule
     from .parallel.tensor_parallel import TensorParallelPlan as TensorParallelPlan
     from .parallel.tensor_parallel import local_parameter_bytes as local_parameter_bytes

@@ -57,6 +57,8 @@ PUBLIC_NAMES = frozenset({
     "report_stage_progress", "ExpertDispatch", "check_dispatch", "check_expert_degree", "expert_bytes_per_layer",
     # parallel VAE decode (1.7)
     "decode_tiles", "parallel_vae_decode_enabled", "PARALLEL_VAE_DECODE_OPTION",
+    # a text encoder in host memory, its rows shared from rank 0 (1.7)
+    "TEXT_ENCODER_OFFLOAD_OPTION", "text_encoder_on_host", "holds_text_encoder", "shared_encode",
     # an entry module's plugin_info and registration hook derived from its specs (1.7)
     "model_plugin",
     # the one "WIDTHxHEIGHT" parser, (width, height) (1.7)

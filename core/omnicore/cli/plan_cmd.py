@@ -37,6 +37,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         '"extra": {"aspect_ratio": "16:9"}}\' (default: the model\'s defaults)')
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                    help="weight and activation dtype of the plan (default: bfloat16, what accelerators load)")
+    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a deployment option of the model, priced as the engine would load it (repeatable), e.g. "
+                        "text_encoder_offload=cpu: the text encoder in host memory, off every device (default: none)")
     p.add_argument("--cache", action="append", default=[], metavar="METHOD",
                    help="count a cache's memory too (adaln_schedule: the per-step AdaLN tables; default: none)")
     p.add_argument("--all", action="store_true", help="list every placement (default: the fitting ones and the "
@@ -63,16 +66,22 @@ def parse_request(text: str) -> dict[str, Any]:
 
 def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0, request: dict[str, Any] | None = None,
                dtype: str = "bfloat16", caches: tuple[str, ...] = (), host: Any = None, settings: Any = None,
-               fast_init: bool = False, cost: Any = None) -> Any:
+               fast_init: bool = False, cost: Any = None, model_options: dict[str, Any] | None = None,
+               platform: str | None = None) -> Any:
     """The :class:`~omnicore.planning.Plan` of ``model`` (Python entry point of ``omnicore plan``).
 
     ``fast_init`` skips ``torch.nn.init`` while the meta-device modules are built (process-wide for the
     duration: only for a process doing nothing else, as the ``omnicore plan`` command). ``cost``: the
-    :class:`~omnicore.planning.estimate.CostModel` (default: an H200-class device with its runtime reserve)."""
+    :class:`~omnicore.planning.estimate.CostModel` (default: an H200-class device with its runtime reserve).
+    ``model_options``: the model's deployment options (checked as the engine checks them), e.g.
+    ``text_encoder_offload=cpu``; ``platform``: where it runs (``cpu``: the device is host memory, so nothing a
+    host option keeps there leaves a rank's bytes; default: an accelerator)."""
     import torch
 
     from ..config import resolve_settings
+    from ..engine.model_options import resolve_model_options
     from ..planning import make_plan, resolve_source
+    from ..planning.estimate import host_components
     from ..planning.source import ByteCounter, header_parameters
     from ..plugin_host.host import PluginHost
 
@@ -83,6 +92,8 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
     settings = settings or resolve_settings()
     host = host or PluginHost(settings)
     src = resolve_source(model, host, settings)
+    given = dict(model_options or {})
+    options = resolve_model_options(src.spec, given)  # unknown names / bad values: a ConfigError naming them
     torch_dtype = getattr(torch, dtype)
     counter = ByteCounter()
     declared = header_parameters(src.root, counter)
@@ -99,7 +110,9 @@ def build_plan(model: str, *, devices: int = 1, device_memory_gib: float = 80.0,
         plan = make_plan(model=model, spec=src.spec.name, source=src.kind, profile=profile, request=sized,
                          dtype=torch_dtype, devices=devices, device_memory_bytes=int(device_memory_gib * GIB),
                          caches=tuple(caches), header_bytes_read=counter.read, extra_notes=tuple(notes),
-                         parallel_dims=tuple(src.spec.capabilities.parallel), cost=cost)
+                         parallel_dims=tuple(src.spec.capabilities.parallel), cost=cost,
+                         host=host_components(profile, options, platform),
+                         model_options={k: options[k] for k in given})
     if declared:
         import attrs
 
@@ -141,9 +154,11 @@ def format_table(plan: Any, show_all: bool = False, what_if: bool = False) -> st
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..engine.model_options import parse_option_args
+
     plan = build_plan(args.model, devices=args.devices, device_memory_gib=args.device_memory,
                       request=parse_request(args.request), dtype=args.dtype, caches=tuple(args.cache),
-                      fast_init=True)
+                      fast_init=True, model_options=parse_option_args(args.model_option or ()))
     if args.json:
         print(json.dumps(plan.to_json(), indent=2, sort_keys=True))
     else:
@@ -210,8 +225,11 @@ def resolve_auto(args: argparse.Namespace, extra: dict[str, Any] | None = None, 
             raise InvalidRequest("parallel", f"auto plans one model at a time, got {names}; give each model its "
                                              "own --parallel in models.toml, or serve them one per server")
         model = names[0]
+    from ..engine.model_options import parse_option_args
+
     plan = build_plan(model, devices=devices, device_memory_gib=memory, request=request, dtype=dtype,
-                      cost=CostModel.for_platform(platform), fast_init=True)
+                      cost=CostModel.for_platform(platform), fast_init=True, platform=platform,
+                      model_options=parse_option_args(getattr(args, "model_option", None) or ()))
     pick = plan.auto
     if pick is None:
         runnable = [p for p in plan.placements if p.runnable]

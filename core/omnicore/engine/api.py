@@ -240,7 +240,7 @@ class Engine:
         guard = build_guard(self.resolved.spec, self.resolved.path, platform=self.platform,
                             dtype=self.platform.default_dtype(), device_memory_gib=device_memory,
                             parallel=self.parallel, offload=offload, quantization=self.quantization,
-                            caches=tuple(caches))
+                            caches=tuple(caches), model_options=self.model_options)
         if guard is not None:
             guard.check_resident()
         return guard

@@ -161,12 +161,15 @@ def device_limit(platform: Any, device_memory_gib: float | None) -> tuple[int, s
 
 def build_guard(spec: Any, root: str | Path, *, platform: Any, dtype: Any, device_memory_gib: float | None,
                 parallel: Any = None, offload: str = "none", quantization: str | None = None,
-                caches: tuple[str, ...] = ()) -> MemoryGuard | None:
+                caches: tuple[str, ...] = (), model_options: Mapping[str, Any] | None = None) -> MemoryGuard | None:
     """The engine's guard, or None when there is no limit or the model does not describe itself to the planner.
 
     ``parallel`` is the engine's :class:`~omnicore.parallel.config.ParallelConfig`; the row priced is the one of
-    the planner's candidates with the same degrees, offload and quantization."""
+    the planner's candidates with the same degrees, offload and quantization; ``model_options`` are the
+    engine's (``text_encoder_offload=cpu`` takes the text encoder off every accelerator rank's bytes)."""
+    from ..errors import InvalidRequest
     from ..parallel.config import ParallelConfig
+    from .estimate import host_components
     from .source import profile_module
 
     limit = device_limit(platform, device_memory_gib)
@@ -182,12 +185,20 @@ def build_guard(spec: Any, root: str | Path, *, platform: Any, dtype: Any, devic
     root = Path(root)
     quant = quantization or "none"
     model = profile.plan_model(root, dtype)
-    sized = profile.plan_request(root, {})
+    try:
+        sized = profile.plan_request(root, {})
+    except (InvalidRequest, ValueError, TypeError, KeyError) as exc:
+        # the row's weights do not depend on the request (each request is sized on its own at submit); a model
+        # whose defaults alone are not a request (MiniMax-H3's t2va needs an aspect ratio) still gets its row,
+        # with both guidance branches so a cfg placement has one too
+        logger.debug("pricing %s's placement without a default request (%s)", spec.name, exc)
+        sized = {"tokens": 1, "cfg_branches": 2, "steps": 1}
     cost = CostModel.for_platform(getattr(platform, "name", None))  # the reserve --parallel auto planned with
     plan = make_plan(model=spec.name, spec=spec.name, source="engine", profile=model, request=sized, dtype=dtype,
                      devices=par.world_size, device_memory_bytes=limit[0], caches=caches, cost=cost,
                      parallel_dims=tuple(spec.capabilities.parallel), quantizations=(quant,),
-                     quantized_dims=("cfg", "ulysses", "tp", "ep"))
+                     quantized_dims=("cfg", "ulysses", "tp", "ep"),
+                     host=host_components(model, model_options, getattr(platform, "name", None)))
     want = (par.cfg, par.ulysses, par.tp, par.ep, offload, quant)
     row = next((p for p in plan.placements
                 if (p.cfg, p.ulysses, p.tp, p.ep, p.offload, p.quantization) == want), None)

@@ -83,6 +83,7 @@ class Placement:
     reserve: int = 0
     host_bytes: int = 0
     load_peak: int = 0  # bytes one rank holds while loading (quantized rows: the unquantized weights + reserve)
+    host_weights: Mapping[str, int] = attrs.field(factory=dict)  # components kept in rank 0's host memory
     step_seconds: float = 0.0
     fits: bool = False
     auto: bool = False
@@ -99,6 +100,7 @@ class Placement:
                 "activation_bytes": self.activations, "reserve_bytes": self.reserve,
                 "per_rank_bytes": self.per_rank, "per_rank_gib": round(self.per_rank / GIB, 3),
                 "host_bytes": self.host_bytes, "load_peak_bytes": self.load_peak,
+                "host_weights_bytes": dict(self.host_weights),
                 "step_seconds_estimate": round(self.step_seconds, 6),
                 "fits": self.fits, "runnable": self.runnable, "auto": self.auto}
 
@@ -119,6 +121,7 @@ class Plan:
     cost_model: CostModel
     notes: tuple[str, ...] = ()
     header_bytes_read: int = 0
+    model_options: Mapping[str, Any] = attrs.field(factory=dict)  # the deployment options priced (non-default)
 
     @property
     def auto(self) -> Placement | None:
@@ -131,7 +134,7 @@ class Plan:
                 "request": dict(self.request), "components": {k: dict(v) for k, v in self.components.items()},
                 "placements": [p.to_json() for p in self.placements], "auto": None if auto is None else auto.name,
                 "cost_model": self.cost_model.to_json(), "notes": list(self.notes),
-                "header_bytes_read": self.header_bytes_read}
+                "header_bytes_read": self.header_bytes_read, "model_options": dict(self.model_options)}
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -317,6 +320,18 @@ QUANTIZED_DIMS = ("cfg", "ulysses", "tp", "ep")
 # ---------------------------------------------------------------------------------------------- the plan
 
 
+def host_components(profile: Mapping[str, Any], model_options: Mapping[str, Any] | None,
+                    platform: str | None = None) -> tuple[str, ...]:
+    """Components a deployment option keeps in host memory instead of on the device: the profile's
+    ``text_encoder`` under ``text_encoder_offload=cpu`` (:mod:`omnicore.parallel.host_text_encoder`). On a CPU
+    platform the device *is* host memory, so nothing leaves it (rank 0 still holds the encoder)."""
+    from ..parallel.host_text_encoder import text_encoder_on_host
+
+    if platform == "cpu" or not text_encoder_on_host(model_options) or not profile.get("text_encoder"):
+        return ()
+    return (str(profile["text_encoder"]),)
+
+
 def _divisors_up_to(n: int, limit: int) -> list[int]:
     return [d for d in range(2, limit + 1) if n % d == 0]
 
@@ -332,9 +347,12 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
               caches: tuple[str, ...] = (), header_bytes_read: int = 0, extra_notes: tuple[str, ...] = (),
               parallel_dims: tuple[str, ...] = ("cfg", "ulysses", "tp"),
               quantizations: tuple[str, ...] = QUANTIZATIONS,
-              quantized_dims: tuple[str, ...] = QUANTIZED_DIMS) -> Plan:
+              quantized_dims: tuple[str, ...] = QUANTIZED_DIMS, host: tuple[str, ...] = (),
+              model_options: Mapping[str, Any] | None = None) -> Plan:
     """Price every candidate placement of ``profile`` (``plan_model``'s dict) for ``request`` (``plan_request``'s)
-    on ``devices`` devices of ``device_memory_bytes`` each (``quantizations``: the modes priced)."""
+    on ``devices`` devices of ``device_memory_bytes`` each (``quantizations``: the modes priced). ``host``: the
+    components kept whole and unquantized in rank 0's host memory (:func:`host_components`): they leave every
+    rank's device bytes, its load peak included, and are listed as ``host_weights``."""
     import torch
 
     cost = cost or CostModel()
@@ -399,7 +417,7 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             if tp_plan is None:
                 return None
             for name, plan in tp_plans.items():  # the DiT(s) and any other component the model splits (text encoder)
-                if name not in comps:
+                if name not in comps or name in host:  # a host-resident component is never split
                     continue
                 shard = tp_dit_bytes(comps[name], plan, tp)
                 if shard is None:
@@ -430,6 +448,8 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             if narrowed_bytes is None:
                 return
             per.update(narrowed_bytes)
+        on_host = {k: weights[k] for k in host if k in per}  # whole and unquantized, in rank 0's host memory
+        per = {k: v for k, v in per.items() if k not in on_host}
         resident = dict(per)
         host_traffic = 0
         if offload == "model":  # the declared offload modules visit the device one at a time; the rest stay
@@ -457,13 +477,13 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
             plain = dict(weights)
             if tp > 1 or ep > 1:
                 plain.update(sharded(tp, ep, "none") or {})
-            load_peak = sum(plain.values()) + reserve
+            load_peak = sum(v for k, v in plain.items() if k not in on_host) + reserve
         p = Placement(name=placement_name(cfg=cfg, ulysses=ulysses, ep=ep, tp=tp, quant=quant) if (
                           offload == "none") else f"offload={offload}" + ("" if quant == "none" else f"+{quant}"),
                       devices=ulysses * tp * cfg * ep, ulysses=ulysses, tp=tp, cfg=cfg, ep=ep, offload=offload,
                       quantization=quant, weights=resident, caches=dict(cache_bytes), activations=act,
-                      reserve=reserve, host_bytes=host_total if offload != "none" else 0, load_peak=load_peak,
-                      step_seconds=secs, runnable=runnable)
+                      reserve=reserve, host_bytes=host_total if offload != "none" else sum(on_host.values()),
+                      load_peak=load_peak, host_weights=on_host, step_seconds=secs, runnable=runnable)
         candidates.append(attrs.evolve(p, fits=max(p.per_rank, p.load_peak) <= device_memory_bytes))
 
     heads = int(shape["heads"])
@@ -509,10 +529,15 @@ def make_plan(*, model: str, spec: str, source: str, profile: Mapping[str, Any],
         notes.append("quantization and offload apply after the load: a rank first holds its unquantized weights on "
                      "the device, so a +int8/+fp8 or offload row fits only if that load peak does too "
                      "(load_peak_bytes in --json)")
+    for name in host:
+        if name in weights:
+            notes.append(f"text_encoder_offload=cpu: {name} ({weights[name] / GIB:.2f} GiB, whole and unquantized) "
+                         "stays in rank 0's host memory and encodes on its CPU; no device holds it, its rows are "
+                         "broadcast to the other ranks (host_weights_bytes in --json)")
     notes.append("weights: exact bytes of the meta-built modules; activations: estimated (formula in docs/"
                  "plan-json.md), text-encoder and VAE activations not included")
     return Plan(model=model, spec=spec, source=source, dtype=str(dtype).replace("torch.", ""), devices=devices,
                 device_memory_bytes=device_memory_bytes, request=dict(request.get("resolved") or {}) | {
                     "tokens": rows, "cfg_branches": branches, "steps": steps},
                 components=components, placements=tuple(candidates), cost_model=cost, notes=tuple(notes),
-                header_bytes_read=header_bytes_read)
+                header_bytes_read=header_bytes_read, model_options=dict(model_options or {}))

@@ -34,11 +34,14 @@ from omnicore.plugin import (
     check_extra,
     check_inputs,
     data_parallel,
+    holds_text_encoder,
     hook_context,
     output_seeds,
     parallel_vae_decode_enabled,
     read_json,
     resolve_roles,
+    shared_encode,
+    text_encoder_on_host,
 )
 
 from .conditions import align_image, apply_clean_prefix, load_image
@@ -92,8 +95,11 @@ class LingBotPipeline(BasePipeline):
     #: under ``--parallel`` (unless ``parallel_vae_decode=false``): every rank runs :meth:`decode`, decoding its
     #: round-robin share of the VAE tiles of each request that asked for a tiled decode; rank 0 blends them
     decode_on_every_rank: bool = False
+    #: ``text_encoder_offload=cpu``: the Qwen3-VL encoder lives in rank 0's host memory and encodes there
+    #: (:func:`omnicore.plugin.shared_encode` gives every rank its rows); other ranks hold none (``None``)
+    text_encoder_on_host: bool = False
 
-    def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder, vae: LingBotVAE,
+    def __init__(self, transformer: Any, text_encoder: LingBotTextEncoder | None, vae: LingBotVAE,
                  scheduler_config: dict[str, Any], *, device: torch.device, dtype: torch.dtype,
                  path: Path | None = None, refiner: Any = None, prompts: PromptTexts | None = None) -> None:
         self.transformer = transformer
@@ -151,13 +157,16 @@ class LingBotPipeline(BasePipeline):
                                                                     "text and latents")
         # model options first, then files in the checkpoint, then built-in texts (omni_lingbot.prompts)
         prompts = load_prompt_texts(root, getattr(options, "model_options", None))
-        text_encoder = LingBotTextEncoder.from_pretrained(root / "text_encoder", root / "processor",
-                                                          device=device, dtype=dtype, template=prompts.template)
+        on_host = text_encoder_on_host(options.model_options)  # cpu: rank 0's host memory only, encoding there
+        text_encoder = LingBotTextEncoder.from_pretrained(
+            root / "text_encoder", root / "processor", device=torch.device("cpu") if on_host else device, dtype=dtype,
+            template=prompts.template) if holds_text_encoder(parallel, options.model_options) else None
         vae = LingBotVAE.from_pretrained(root / "vae", device=device, ops=options.platform.ops)
         scheduler_config = read_scheduler_config(root / "scheduler" / "scheduler_config.json")
         pipeline = cls(transformer, text_encoder, vae, scheduler_config, device=device, dtype=dtype, path=root,
                        refiner=refiner, prompts=prompts)
         pipeline.parallel = parallel
+        pipeline.text_encoder_on_host = on_host
         pipeline.decode_on_every_rank = parallel_vae_decode_enabled(parallel, options.model_options)
         return pipeline
 
@@ -237,7 +246,7 @@ class LingBotPipeline(BasePipeline):
         if clean is not None:
             apply_clean_prefix(noise, clean)
 
-        cond_rows = [self.text_encoder.encode(caption_of(r), px) for r, px in zip(reqs, pixels)]
+        cond_rows = [self._encode_text(caption_of(r), px) for r, px in zip(reqs, pixels)]
         extras: dict[str, Any] = {"mode": mode, "clean": clean, "guidance": float(p.guidance_scale),
                                   "use_cfg": use_cfg, "batch_cfg": plan.batch_cfg and use_cfg}
         uncond_rows: list[torch.Tensor] = []
@@ -246,7 +255,7 @@ class LingBotPipeline(BasePipeline):
                 uncond_rows = [torch.zeros_like(row) for row in cond_rows]
             else:
                 # an explicitly empty negative prompt still goes through the template (empty user turn)
-                uncond_rows = [self.text_encoder.encode(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
+                uncond_rows = [self._encode_text(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
         self._set_text(extras, cond_rows, uncond_rows)
 
         scheduler = make_scheduler(self.scheduler_config, self._sigmas(first))
@@ -262,9 +271,20 @@ class LingBotPipeline(BasePipeline):
             if refiner.guidance_scale > 1.0 and not refiner.null_cond_clone_zero:
                 base_negative = use_cfg and not plan.null_cond_clone_zero
                 extras["refiner_uncond_rows"] = uncond_rows if base_negative else [
-                    self.text_encoder.encode(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
+                    self._encode_text(r.negative_prompt or "", px) for r, px in zip(reqs, pixels)]
         return DenoiseState(requests=reqs, num_steps=len(timesteps), latents=noise, timesteps=timesteps,
                             extras=extras)
+
+    def _encode_text(self, caption: str, image: torch.Tensor | None) -> torch.Tensor:
+        """One caption's rows ``[L, D]``: from the resident encoder, or (``text_encoder_offload=cpu``) from the
+        host's, run on rank 0 alone and shared with every rank, moved to the device."""
+        encoder = self.text_encoder
+        if not self.text_encoder_on_host:
+            assert encoder is not None
+            return encoder.encode(caption, image)
+        compute = None if encoder is None else (lambda: [encoder.encode(caption, image)])
+        [rows] = shared_encode(self.parallel, compute, device=self.device)
+        return rows
 
     @staticmethod
     def _set_text(extras: dict[str, Any], cond_rows: list[torch.Tensor], uncond_rows: list[torch.Tensor]) -> None:
@@ -321,8 +341,10 @@ class LingBotPipeline(BasePipeline):
     @property
     def offload_modules(self) -> dict[str, Any]:
         """Modules entered through ``forward`` (model-level offload). The VAE is entered through encode/decode
-        and stays resident."""
-        modules = {"transformer": self.transformer, "text_encoder": self.text_encoder.model}
+        and stays resident; a host-resident text encoder (``text_encoder_offload=cpu``) never visits the device."""
+        modules = {"transformer": self.transformer}
+        if self.text_encoder is not None and not self.text_encoder_on_host:
+            modules["text_encoder"] = self.text_encoder.model
         if self.refiner is not None:
             modules["refiner"] = self.refiner
         return modules

@@ -8,6 +8,7 @@ from __future__ import annotations
 import attrs
 from omnicore.plugin import (
     PARALLEL_VAE_DECODE_OPTION,
+    TEXT_ENCODER_OFFLOAD_OPTION,
     InputRole,
     LoRATargets,
     ModelCapabilities,
@@ -90,6 +91,7 @@ OPTIONS = (
                      "each rank's experts on the replicated tokens and all-reduce the shares (all_reduce: fewer "
                      "bytes when k > 1, see benchmarks/parallel.py)"),
     PARALLEL_VAE_DECODE_OPTION,  # --parallel: a tiled request's VAE tiles (extra.vae_tiling) decoded across ranks
+    TEXT_ENCODER_OFFLOAD_OPTION,  # cpu: the Qwen3-VL encoder in rank 0's host memory, encoding there
 )
 
 #: Per-request LoRA (``loras=[LoRA(...)]``, ``--lora``, HTTP ``lora``): the attention and FFN linears of every block

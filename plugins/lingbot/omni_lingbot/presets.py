@@ -272,6 +272,7 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
         "shape": {"layers": cfg.depth, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
                   "head_dim": cfg.hidden_size // cfg.num_attention_heads, "ffn": ffn, "block_prefix": "blocks."},
         "quantizable": QUANTIZABLE, "cfg_capable": True,
+        "text_encoder": "text_encoder",  # what text_encoder_offload=cpu keeps in host memory (whole, unquantized)
         "provenance": (index.get("_omnicore_plan") or {}).get("provenance"),
     }
 
@@ -311,8 +312,9 @@ def plan_request(root: str | Path, request: dict[str, Any]) -> dict[str, Any]:
 def quantization_targets(pipeline: Any) -> dict[str, tuple[torch.nn.Module, tuple[str, ...]]]:
     """The loaded pipeline's modules under the names and patterns of :data:`QUANTIZABLE` (``--quantization``);
     the routed experts (``experts.w1/w2/w3``, grouped matmuls) are not quantized."""
-    out = {"transformer": (pipeline.transformer, QUANTIZABLE["transformer"]),
-           "text_encoder": (pipeline.text_encoder.model, QUANTIZABLE["text_encoder"])}
+    out = {"transformer": (pipeline.transformer, QUANTIZABLE["transformer"])}
+    if pipeline.text_encoder is not None and not pipeline.text_encoder_on_host:  # a host-resident one stays as loaded
+        out["text_encoder"] = (pipeline.text_encoder.model, QUANTIZABLE["text_encoder"])
     if pipeline.refiner is not None:
         out["refiner"] = (pipeline.refiner, QUANTIZABLE["refiner"])
     return out

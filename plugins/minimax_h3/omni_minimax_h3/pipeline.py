@@ -41,11 +41,14 @@ from omnicore.plugin import (
     PluginError,
     check_extra,
     fast_path_gate,
+    holds_text_encoder,
     lora_sample_rows,
     materialize,
     output_seeds,
     parallel_vae_decode_enabled,
     schedule_key,
+    shared_encode,
+    text_encoder_on_host,
 )
 
 from . import packing
@@ -135,7 +138,7 @@ class MiniMaxH3Pipeline(BasePipeline):
 
     spec = MODEL_SPEC
 
-    def __init__(self, transformers: dict[str, Any], text_encoder: H3TextEncoder, video_vae: H3VideoVAE,
+    def __init__(self, transformers: dict[str, Any], text_encoder: H3TextEncoder | None, video_vae: H3VideoVAE,
                  audio_vae: H3AudioVAE, deployment: Deployment, *, device: Any, dtype: torch.dtype,
                  reference_short_edge: int = 2048, path: Path | None = None) -> None:
         if not transformers:
@@ -194,9 +197,12 @@ class MiniMaxH3Pipeline(BasePipeline):
                                                  tp=tp)
             enable_sparse_attention(transformers[part], sparse_attention_options(options.model_options))
         settings = layout.settings
+        # text_encoder_offload=cpu: host memory of rank 0 only, whole (never TP-split), encoding on the CPU
+        on_host = text_encoder_on_host(options.model_options)
         text_encoder = H3TextEncoder.from_pretrained(
-            layout.text_encoder, layout.tokenizer, layout.processor, device=device, dtype=dtype,
-            layer=settings.text_encoder_layer, tp=tp)
+            layout.text_encoder, layout.tokenizer, layout.processor, device=torch.device("cpu") if on_host else device,
+            dtype=dtype, layer=settings.text_encoder_layer, tp=None if on_host else tp,
+        ) if holds_text_encoder(parallel, options.model_options) else None
         video_vae = H3VideoVAE.from_pretrained(layout.video_vae, device=device,
                                                precision=options.vae_decode_precision, ops=ops)
         patch = next(iter(transformers.values())).config.patch_size
@@ -209,6 +215,7 @@ class MiniMaxH3Pipeline(BasePipeline):
         pipeline = cls(transformers, text_encoder, video_vae,
                        H3AudioVAE.from_pretrained(layout.audio_vae, device=device), deployment, device=device,
                        dtype=dtype, reference_short_edge=settings.reference_image_short_edge, path=root)
+        pipeline.text_encoder_on_host = on_host
         pipeline.enable_parallel(parallel)
         pipeline.decode_on_every_rank = parallel_vae_decode_enabled(parallel, options.model_options)
         return pipeline
@@ -218,6 +225,9 @@ class MiniMaxH3Pipeline(BasePipeline):
     #: under ``--parallel`` (unless ``parallel_vae_decode=false``): every rank runs :meth:`decode`, decoding its
     #: round-robin share of each clip's VAE tiles; rank 0 stitches them and returns the outputs
     decode_on_every_rank: bool = False
+    #: ``text_encoder_offload=cpu``: the text encoder lives in rank 0's host memory and encodes there
+    #: (:func:`omnicore.plugin.shared_encode` gives every rank its rows); other ranks hold none (``None``)
+    text_encoder_on_host: bool = False
 
     def enable_parallel(self, ctx: Any) -> None:
         """Run over a worker group. ``tp``: each DiT's attention and MLP linears are split over the TP ranks (a
@@ -226,7 +236,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         runs its blocks on this rank's rows (of this rank's TP heads). ``cfg`` is refused: H3 is
         guidance-distilled (one forward per step, guidance_scale 1), so there is no second branch for a CFG rank
         to run. Under ``tp`` the Qwen3-VL text encoder's decoder is split over the same TP ranks (it too read only
-        its shard); its vision tower and the VAEs stay replicated."""
+        its shard); its vision tower and the VAEs stay replicated. A host-resident text encoder
+        (``text_encoder_offload=cpu``) is never split: rank 0 holds it whole."""
         self.parallel = ctx
         if ctx is None:
             return
@@ -236,7 +247,8 @@ class MiniMaxH3Pipeline(BasePipeline):
         if getattr(ctx, "tp", 1) > 1:
             for dit in self.transformers.values():
                 dit.enable_tensor_parallel(ctx)
-            self.text_encoder.enable_tensor_parallel(ctx)
+            if self.text_encoder is not None and not self.text_encoder_on_host:
+                self.text_encoder.enable_tensor_parallel(ctx)
         if ctx.ulysses > 1:
             import math
 
@@ -338,8 +350,19 @@ class MiniMaxH3Pipeline(BasePipeline):
                     rows = self.audio_vae.encode_rows(wave)
                     ref_audio.append(rows)
                     blocks.append(packing.ReferenceBlock("audio", None, rows.shape[0] // packing.AUDIO_CHANNELS))
-        embeds, tags = self.text_encoder.encode(r.prompt, items)
+        embeds, tags = self._encode_text(r.prompt, items)
         return {"embeds": embeds, "tags": tags, "visual": visual, "ref_audio": ref_audio, "blocks": blocks}
+
+    def _encode_text(self, prompt: str, items: list[tuple[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conditioner's rows and tags: from the resident encoder, or (``text_encoder_offload=cpu``) from the
+        host's, run on rank 0 alone and shared with every rank (rows moved to the device, tags on the host)."""
+        encoder = self.text_encoder
+        if not self.text_encoder_on_host:
+            assert encoder is not None
+            return encoder.encode(prompt, items)
+        compute = None if encoder is None else (lambda: encoder.encode(prompt, items))
+        embeds, tags = shared_encode(self.parallel, compute, device=self.device)
+        return embeds, tags.cpu()
 
     def _video_reference(self, ref: VideoReference, r: ResolvedRequest, counts: dict[str, int],
                          items: list[tuple[str, Any]], visual: list[torch.Tensor], ref_audio: list[torch.Tensor],

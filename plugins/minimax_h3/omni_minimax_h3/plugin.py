@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from omnicore.plugin import (
     PARALLEL_VAE_DECODE_OPTION,
+    TEXT_ENCODER_OFFLOAD_OPTION,
     InputRole,
     LoRATargets,
     ModelCapabilities,
@@ -94,6 +95,7 @@ OPTIONS = (
     ModelOption("rainfusion_skip_layers", "str", default=None,
                 help="DiT layers that stay dense under a block-sparse attention backend, e.g. '0-3,38'"),
     PARALLEL_VAE_DECODE_OPTION,  # --parallel: each clip's VAE tiles (the native tile mode) decoded across the ranks
+    TEXT_ENCODER_OFFLOAD_OPTION,  # cpu: the 51.5 GB Qwen3-VL conditioner in rank 0's host memory, encoding there
 )
 
 #: Per-request fields (``model_params``) declared for clients such as the playground; request_rules checks them.

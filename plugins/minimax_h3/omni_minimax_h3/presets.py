@@ -270,6 +270,7 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
         "tp_plans": {**{name: module_plan(dit_cfg) for name in components if name.startswith("transformer")},
                      "text_encoder": qwen3_vl_tp_plan(text)},
         "cfg_capable": False,  # CFG-distilled: one forward per step
+        "text_encoder": "text_encoder",  # what text_encoder_offload=cpu keeps in host memory (whole, unquantized)
         "provenance": (read_json_or_empty(Path(root) / "model_index.json").get("_minimax_h3") or {}).get(
             "provenance"),
     }
@@ -320,5 +321,6 @@ def quantization_targets(pipeline: Any) -> dict[str, tuple[torch.nn.Module, tupl
     out: dict[str, tuple[torch.nn.Module, tuple[str, ...]]] = {}
     for part, dit in pipeline.transformers.items():
         out["transformer" if part == "fl2va" else "transformer_ref"] = (dit, QUANTIZABLE["transformer"])
-    out["text_encoder"] = (pipeline.text_encoder.model, QUANTIZABLE["text_encoder"])
+    if pipeline.text_encoder is not None and not pipeline.text_encoder_on_host:  # a host-resident one stays as loaded
+        out["text_encoder"] = (pipeline.text_encoder.model, QUANTIZABLE["text_encoder"])
     return out
