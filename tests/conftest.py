@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,21 @@ def toy_host(toy_settings):
     from toy import toy_host as make_toy_host
 
     return make_toy_host(toy_settings)
+
+
+@pytest.fixture
+def client_for() -> Iterator[Callable[..., Any]]:
+    """``client_for(live_server, **httpx_kwargs)``: an ``httpx.Client`` on a running test server, closed after the
+    test (server tests of the core and of each plugin use it)."""
+    import httpx
+
+    clients: list[httpx.Client] = []
+
+    def make(srv: Any, **kw: Any) -> httpx.Client:
+        c = httpx.Client(base_url=srv.url, timeout=60, **kw)
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.close()

@@ -147,18 +147,20 @@ def test_delete_through_a_replica_that_does_not_run_the_job(cluster: Cluster) ->
     assert holder_pid(cluster.pg_url, vid) is None
 
 
-def test_cancel_through_a_replica_that_does_not_run_the_job_stops_it_within_a_step(cluster: Cluster) -> None:
+def test_cancel_through_a_replica_that_does_not_run_the_job_stops_it(cluster: Cluster) -> None:
+    """A cancel sent to a bystander stops the job on the replica running it: every replica reports it cancelled
+    and its step count stops moving, far short of its 200 steps. How soon (at most one step starts after the
+    request reaches the store) is measured exactly in test_replicas_inprocess.py: between processes, the steps
+    that pass while the HTTP request travels depend on the machine's load, not on the code under test."""
     replicas = cluster.ensure(3)
     vid, runner, other = _running_with_a_bystander(cluster, replicas, 1001)
-    before = httpx.get(f"{other.url}/v1/videos/{vid}", timeout=30).json()["step"]
     r = httpx.post(f"{other.url}/v1/videos/{vid}/cancel", timeout=60)
     assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
-    # the runner sees the request at its next step write: the step running then may finish, no later one runs.
-    # `before` is read from the store, one progress write behind the runner, hence + 2 here; the exact bound (at
-    # most one step starts after the request reaches the store) is measured in test_replicas_inprocess.py
-    assert r.json()["step"] <= before + 2, (before, r.json()["step"])
+    stopped = r.json()["step"]
+    time.sleep(1.0)  # several steps' time: a job still running would have moved on
     for rep in replicas:
-        assert httpx.get(f"{rep.url}/v1/videos/{vid}", timeout=30).json()["status"] == "cancelled"
+        job = httpx.get(f"{rep.url}/v1/videos/{vid}", timeout=30).json()
+        assert job["status"] == "cancelled" and job["step"] <= stopped + 1 < 200, (stopped, job)
 
 
 def test_a_replica_frozen_past_its_lease_has_its_late_writes_rejected(cluster: Cluster) -> None:

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from _server_helpers import LiveServer, SlowSteps
 
@@ -45,17 +44,3 @@ def make_server(toy_cache: Path, tmp_path: Path) -> Iterator[Callable[..., LiveS
     for srv in started:
         if srv.thread.is_alive():
             srv.stop()
-
-
-@pytest.fixture
-def client_for() -> Iterator[Callable[[LiveServer], httpx.Client]]:
-    clients: list[httpx.Client] = []
-
-    def make(srv: LiveServer, **kw: Any) -> httpx.Client:
-        c = httpx.Client(base_url=srv.url, timeout=60, **kw)
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.close()

@@ -33,10 +33,10 @@ def _load(path: Path) -> tuple[Any, list[str]]:
     pipe = MiniMaxH3Pipeline.from_pretrained(path, LoadOptions(platform=platform))
     decode = pipe.video_vae.decode
 
-    def traced(latents: torch.Tensor) -> torch.Tensor:
+    def traced(latents: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # the pipeline passes parallel=...
         decoding[0] = True
         try:
-            return decode(latents)
+            return decode(latents, **kwargs)
         finally:
             decoding[0] = False
 
