@@ -1,11 +1,14 @@
 """Helpers of the multi-process (worker group) tests, importable from any test (``from _worker_group_helpers import
-pids_gone``): whether processes are gone, this process's children, and the bytes a sharding plan splits in a
-checkpoint folder (what a rank that reads only its shard skips)."""
+pids_gone``): whether processes are gone, this process's children, the bytes a sharding plan splits in a
+checkpoint folder (what a rank that reads only its shard skips), and code run at the start of every spawned worker
+(:func:`at_worker_start`, e.g. to inject a fault on a worker rank)."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +71,36 @@ def planned_file_bytes(folder: Path, plan: Any) -> tuple[int, int]:
                 module, _, param = name.rpartition(".")
                 split += n if plan.param_split(module, param) is not None else 0
     return total, split
+
+
+@contextmanager
+def at_worker_start(tmp_path: Path, call: str, **env: str) -> Iterator[None]:
+    """Inside the block, every worker process a ``multiprocessing`` spawn starts (the ranks of an ``Engine`` built
+    here) calls ``call`` (``"module:function"``, a test helper module) as its interpreter starts, before it
+    unpickles its task: a ``sitecustomize`` module on ``PYTHONPATH`` does it. ``env`` is set for the block too (the
+    workers read it then). Lets a test change what runs on a worker rank, e.g. inject a fault there; processes
+    that are not spawn workers (the resource tracker) skip the call."""
+    import importlib.util
+
+    module, _, function = call.partition(":")
+    found = importlib.util.find_spec(module)
+    assert found is not None and found.origin is not None, f"{module} is not importable from the tests"
+    site = tmp_path / "worker_site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--multiprocessing-fork' in sys.argv:\n"
+        f"    sys.path.insert(0, {str(Path(found.origin).parent)!r})\n"
+        f"    import {module}\n"
+        f"    {module}.{function}()\n")
+    before = {name: os.environ.get(name) for name in ("PYTHONPATH", *env)}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), before["PYTHONPATH"]]))
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -45,6 +45,8 @@ class BatchGroup(Protocol):
 
     def collect(self) -> None: ...
 
+    def encoding(self) -> contextlib.AbstractContextManager[None]: ...
+
     def explain(self, exc: BaseException) -> BaseException: ...
 
 
@@ -154,9 +156,11 @@ class BatchRunner:
                 self.group.collect()  # every worker uploaded them, or this raises its error
         else:
             self._announce("batch", requests)
-        self._set_loras(members)
+        # over a worker group every rank then reports how its encode ended (it may run collectives)
+        settled = self.group.encoding() if self.group is not None else contextlib.nullcontext()
         try:  # a stage with a loop of its own (a model writing text first) checks and reports between iterations
-            with self._encode_scope(members):
+            with settled, self._encode_scope(members):
+                self._set_loras(members)
                 state = pipeline.encode([j.request for j in members])
         except Cancelled:
             for job in members:

@@ -5,7 +5,9 @@
 * :mod:`.collectives` — all-to-all / all-gather with byte accounting;
 * :mod:`.cfg` — CFG-parallel branches and the data-parallel fallback without guidance;
 * :mod:`.ulysses` — sequence shards and the Ulysses attention wrapper;
-* :mod:`.worker` / :mod:`.group` — worker processes replaying rank 0's batch plan, and rank 0's handle on them.
+* :mod:`.worker` / :mod:`.group` — worker processes replaying rank 0's batch plan, and rank 0's handle on them;
+* :mod:`.lockstep` — what a rank failing inside a phase with collectives (encode, step, shared decode) does, so
+  its peers fail within seconds instead of waiting in a collective until the group's timeout.
 """
 
 from .config import ParallelConfig

@@ -4,12 +4,16 @@
 local rendezvous, or attaches to a ``torchrun`` launch (``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` set): there the
 non-zero ranks serve the group from inside ``Engine(...)`` and exit the process when rank 0 shuts it down.
 
-Failure handling: a monitor thread waits on the spawned processes; when one exits unexpectedly the group is
-*broken*: the remaining workers are ended, the engine reports itself unhealthy (``Engine.worker_alive``), the
-running batch fails with :class:`WorkerGroupBroken` naming the rank and its exit code (a peer's death makes the
-pending collective fail rather than wait), and later batches fail at once with the same error. When rank 0 itself
-fails inside a step the workers may be waiting in a collective it will never enter: the group is ended the same way
-(spawned workers are signalled; torchrun ranks leave when that collective times out, ``RankSpec.timeout_s``).
+Failure handling: a monitor thread waits on the spawned processes and on their report pipes (a worker that fails
+sends where and why before it exits); when one exits unexpectedly the group is *broken*: the remaining workers
+are ended, rank 0 aborts its communicators on NCCL/HCCL (on gloo the closed connections already fail a pending
+collective), the engine reports itself unhealthy (``Engine.worker_alive``), the running batch fails with
+:class:`WorkerGroupBroken` naming the rank, its error and its exit code, and later batches fail at once with the
+same error. When rank 0 itself fails inside a step or a shared decode the workers may be waiting in a collective
+it will never enter: the group is ended the same way (spawned workers are signalled; torchrun ranks leave when
+that collective times out, ``RankSpec.timeout_s``). The encode, which runs collectives under tensor parallelism,
+ends with every rank reporting how it went (:meth:`WorkerGroup.encoding`): a failure every rank shares only fails
+the batch; one that leaves the ranks out of step ends the group (:mod:`omnicore.parallel.lockstep`).
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OmnicoreError
 from .context import ParallelContext, build_groups
+from .lockstep import deadline, describe, note_rank
 from .worker import RankLoad, RankSpec, init_distributed, run_rank, worker_main
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
     from torch.distributed import ProcessGroup
@@ -82,7 +88,7 @@ class WorkerGroup:
     """Rank 0 of a parallel engine (see the module docstring)."""
 
     def __init__(self, spec: RankSpec, control: ProcessGroup, ctx: ParallelContext,
-                 processes: list[BaseProcess]) -> None:
+                 processes: list[BaseProcess], reports: list[Connection] | None = None) -> None:
         self.spec = spec
         self.control = control
         self.ctx = ctx
@@ -96,6 +102,10 @@ class WorkerGroup:
         self._stepping: int | str | None = None
         self._stopping = False
         self._lock = threading.Lock()
+        # read ends of the spawned workers' report pipes (rank -> pipe) and what each said before it left
+        self._reports: dict[int, Connection] = dict(enumerate(reports or (), start=1))
+        self._said: dict[int, str] = {}
+        self._reports_lock = threading.Lock()
         self._monitor = None
         if processes:
             self._monitor = threading.Thread(target=self._watch, name="omnicore-parallel-monitor", daemon=True)
@@ -121,19 +131,23 @@ class WorkerGroup:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         context = mp.get_context("spawn")
         processes: list[BaseProcess] = []
+        reports: list[Connection] = []
         for rank in range(1, world):
-            process = context.Process(target=worker_main, args=(rank, init_method, spec, os.getpid()),
+            reader, writer = context.Pipe(duplex=False)  # the worker tells rank 0 where and why it failed
+            process = context.Process(target=worker_main, args=(rank, init_method, spec, os.getpid(), writer),
                                       name=f"omnicore-rank{rank}", daemon=True)
             with _visible_device(device_type, rank):
                 process.start()
+            writer.close()  # the worker holds it now: its exit closes the pipe
             processes.append(process)
+            reports.append(reader)
         try:
             control = _join_watching(spec, init_method, processes)
             ctx = build_groups(spec.config, 0)
         except BaseException:
             _end_processes(processes)
             raise
-        return cls(spec, control, ctx, processes)
+        return cls(spec, control, ctx, processes, reports)
 
     def finish_load(self, error: BaseException | None, memory: HostMemory | None = None) -> None:
         """Collect every rank's load result; on any failure end the group and raise (rank 0's own error first).
@@ -195,10 +209,51 @@ class WorkerGroup:
             raise self.explain(exc) from exc
         for rank, error in enumerate(statuses):
             if isinstance(error, BaseException):
-                add_note = getattr(error, "add_note", None)  # (Python 3.11+)
-                if add_note is not None:
-                    add_note(f"(raised on rank {rank} of {self.ctx.world_size})")
+                note_rank(error, rank, self.ctx.world_size)
                 raise error
+
+    @contextmanager
+    def encoding(self) -> Iterator[None]:
+        """Rank 0's encode of the announced batch. Then every rank reports how its encode ended (it may have run
+        collectives): the first error is raised, noted with its rank, and the group stays in step; when rank 0's
+        encode failed and a worker has not ended its own ``RankSpec.out_of_step_s`` later, that worker waits in a
+        collective rank 0 skipped: the group is ended (:mod:`omnicore.parallel.lockstep`)."""
+        self._stepping = "encode"  # (fail_batch ends the group should the exchange below not happen)
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+        self._settle(error)
+
+    def _settle(self, error: BaseException | None) -> None:
+        import torch.distributed as dist
+
+        if error is not None and (self.failure is not None or isinstance(error, WorkerGroupBroken)):
+            raise self.explain(error)  # the group broke while rank 0 encoded: nobody to exchange with
+        statuses: list[Any] = [None] * self.ctx.world_size
+
+        def out_of_step() -> None:
+            assert error is not None
+            self._own_failure = True
+            self._mark_broken(f"rank 0 failed in the encode ({describe(error)}); the other ranks had not ended "
+                              f"theirs {self.spec.out_of_step_s:g} s later, so the ranks are out of step")
+        try:
+            with deadline(self.spec.out_of_step_s if error is not None else None, out_of_step):
+                dist.gather_object(None, statuses, dst=0, group=self.control)
+        except Exception as exc:  # a worker left (its pipe says why), or the deadline ended the workers
+            broken = self.explain(error if self._own_failure and error is not None else exc)
+            raise broken from broken.__cause__
+        if self.failure is not None:  # the deadline passed as the exchange ended: the workers are gone anyway
+            raise self.explain(error or RuntimeError("the worker group broke during the encode"))
+        self._stepping = None  # every rank ended its encode: in step again
+        failed = [rank for rank, status in enumerate(statuses) if isinstance(status, BaseException)]
+        if error is not None:
+            note_rank(error, 0, self.ctx.world_size, "the encode", failed)
+            raise error
+        if failed:
+            note_rank(statuses[failed[0]], failed[0], self.ctx.world_size, "the encode", failed[1:])
+            raise statuses[failed[0]]
 
     def end_batch(self) -> None:
         """Tell the workers the batch is over (never raises: it runs while a failure is being reported)."""
@@ -214,13 +269,15 @@ class WorkerGroup:
         self.explain(exc)  # records a dead worker first, if that is what happened
         if self.failure is None and self._stepping is not None:
             self._own_failure = True
-            where = "the parallel VAE decode" if self._stepping == "decode" else f"denoise step {self._stepping}"
-            self._mark_broken(f"rank 0 failed in {where} ({type(exc).__name__}: {exc}); "
-                              "the ranks are out of step")
+            where = {"decode": "the parallel VAE decode", "encode": "the encode"}.get(str(self._stepping),
+                                                                                  f"denoise step {self._stepping}")
+            self._mark_broken(f"rank 0 failed in {where} ({describe(exc)}); the ranks are out of step")
         self.end_batch()
 
     def explain(self, exc: BaseException) -> BaseException:
-        """The error to report for ``exc`` raised during a step: a :class:`WorkerGroupBroken` when a worker died."""
+        """The error to report for ``exc`` raised during a batch: a :class:`WorkerGroupBroken` naming the rank when
+        the group broke (a worker died or failed, or rank 0's own failure ended it; ``exc`` is its cause), else
+        ``exc`` itself (the group is still in step)."""
         if isinstance(exc, WorkerGroupBroken):
             return exc
         if self.failure is None and exc is not self._checked:
@@ -233,9 +290,11 @@ class WorkerGroup:
                     self._check_processes(wait_s=0.2)
                 if self.failure is None:
                     self._mark_broken(f"a peer rank left the process group ({type(exc).__name__}: {exc})")
-        if self.failure is not None and not self._own_failure:
-            return WorkerGroupBroken(f"parallel worker group failed: {self.failure}")
-        return exc  # rank 0's own error (the group may have been ended because of it)
+        if self.failure is not None:
+            broken = WorkerGroupBroken(f"parallel worker group failed: {self.failure}")
+            broken.__cause__ = exc
+            return broken
+        return exc
 
     # ------------------------------------------------------------------ health
     def _check_processes(self, wait_s: float = 0.0) -> None:
@@ -245,8 +304,22 @@ class WorkerGroup:
             by_sentinel[sentinel].join(2.0)  # its pipe closes while it exits: reap it so the exit code is known
         for rank, process in enumerate(self.processes, start=1):
             if not process.is_alive() and not self._stopping:
-                self._mark_broken(f"worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}")
+                said = self._read_reports().get(rank)
+                self._mark_broken(f"worker rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
+                                  + (f" after it failed in {said}" if said else ""))
                 return
+
+    def _read_reports(self) -> dict[int, str]:
+        """What each worker reported before leaving (read from the pipes now; a closed pipe is dropped)."""
+        with self._reports_lock:
+            for rank, pipe in list(self._reports.items()):
+                try:
+                    while pipe.poll():
+                        self._said[rank] = str(pipe.recv())
+                except (EOFError, OSError):
+                    pipe.close()
+                    del self._reports[rank]
+            return dict(self._said)
 
     def _mark_broken(self, reason: str) -> None:
         with self._lock:
@@ -255,11 +328,21 @@ class WorkerGroup:
             self.failure = reason
         logger.error("parallel worker group broken: %s; ending the other workers", reason)
         _end_processes([p for p in self.processes if p.is_alive()])
+        if self.spec.backend != "gloo":
+            _abort_communicators()
 
     def _watch(self) -> None:
-        sentinels = [p.sentinel for p in self.processes]
+        sentinels = {p.sentinel for p in self.processes}
         while not self._stopping and self.failure is None:
-            if multiprocessing.connection.wait(sentinels, timeout=0.5):
+            with self._reports_lock:
+                pipes = list(self._reports.values())
+            try:
+                ready = multiprocessing.connection.wait([*sentinels, *pipes], timeout=0.5)
+            except (OSError, ValueError):  # a pipe closed under us: shutdown has begun
+                return
+            if any(r not in sentinels for r in ready):
+                self._read_reports()
+            if any(r in sentinels for r in ready):
                 if not self._stopping:
                     self._check_processes()
                 return
@@ -281,6 +364,10 @@ class WorkerGroup:
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         _end_processes([p for p in self.processes if p.is_alive()])
+        with self._reports_lock:
+            for pipe in self._reports.values():
+                pipe.close()
+            self._reports.clear()
         try:
             dist.destroy_process_group()
         except Exception as exc:  # pragma: no cover - best effort while tearing down
@@ -290,6 +377,18 @@ class WorkerGroup:
 def _looks_like_peer_loss(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(s in text for s in ("connection closed", "connection reset", "broken pipe", "peer", "timed out"))
+
+
+def _abort_communicators() -> None:
+    """Abort rank 0's NCCL/HCCL communicators, so a collective it waits in for a rank that is gone returns now
+    instead of at the process group's timeout (gloo needs none of this: a dead peer closes the connection).
+    Unverified on NCCL/HCCL hardware; best effort (torch's experimental ``_abort_process_group``)."""
+    try:
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()
+    except Exception as exc:  # pragma: no cover - accelerator backends only
+        logger.warning("could not abort the process group's communicators: %s", exc)
 
 
 def _join_watching(spec: RankSpec, init_method: str, processes: list[BaseProcess]) -> ProcessGroup:

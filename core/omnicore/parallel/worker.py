@@ -11,9 +11,11 @@ with every rank taking part when the pipeline shares its VAE tiles out, ``decode
 holds the same latents (CFG and Ulysses results are exchanged inside the model), so replaying the same calls keeps
 the ranks in lockstep; only rank 0 decodes and returns outputs.
 
-A worker that fails a step exits: its peers' next collective then fails instead of waiting forever, and rank 0
-reports the group broken. (A failed encode — no collectives, and the same request fails on rank 0 — only drops
-the batch.) A worker also exits when its parent process disappears (no orphans).
+A worker that fails a step (or a shared decode) sends rank 0 where and why over its report pipe and exits: its
+peers' pending collective then fails instead of waiting forever, and rank 0 reports the group broken, naming the
+rank and its error. The encode may run collectives too (tensor parallelism): every rank reports how it ended, and
+a worker whose encode failed leaves only when the others do not reach that exchange in time
+(:mod:`omnicore.parallel.lockstep`). A worker also exits when its parent process disappears (no orphans).
 """
 
 from __future__ import annotations
@@ -23,15 +25,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
 from ..platforms.host_memory import HostMemory
 from .config import ParallelConfig
+from .lockstep import OUT_OF_STEP_S, describe, picklable, settle_on_worker, where
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from torch.distributed import ProcessGroup
 
     from ..engine.protocol import Pipeline
@@ -63,6 +68,8 @@ class RankSpec:
     cache_methods: tuple[tuple[str, Any], ...] = ()  # (name, config) of rank 0's cache methods, enabled alike
     # (device, host) byte budgets of each rank's LoRA cache (rank 0's --max-lora-bytes; None: unbounded/default)
     lora_budgets: tuple[int | None, int | None] = (None, None)
+    # how long a rank whose encode failed waits for the others to end theirs (omnicore.parallel.lockstep)
+    out_of_step_s: float = OUT_OF_STEP_S
 
 
 def init_distributed(backend: str, rank: int, world_size: int, init_method: str | None,
@@ -123,52 +130,84 @@ def receive(control: ProcessGroup) -> Any:
     return box[0]
 
 
-def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup,
-                   lora: LoRARuntime | None = None) -> None:
-    """Replay rank 0's batch plan until ``shutdown`` (raises on the first failing command)."""
-    state = None
-    requests: list[Any] = []  # the batch's requests (shrunk with the state) and their adapters
+class CommandFailed(RuntimeError):
+    """A command of rank 0's batch plan failed on this worker: ``where`` names the phase
+    (:func:`omnicore.parallel.lockstep.where`), the cause is the error."""
+
+    def __init__(self, where: str, cause: BaseException) -> None:
+        super().__init__(f"{where} ({describe(cause)})")
+        self.where = where
+        self.__cause__ = cause
+
+
+@attrs.define
+class _Batch:
+    """What a worker holds of the running batch: its state (None: none, or this rank failed to encode it), its
+    requests and their adapters (shrunk with the state)."""
+
+    state: Any = None
+    requests: list[Any] = attrs.Factory(list)
     adapters: list[Any] | None = None
+
+
+def serve_commands(host: PluginHost, pipeline: Pipeline, control: ProcessGroup,
+                   lora: LoRARuntime | None = None, *, out_of_step_s: float = OUT_OF_STEP_S,
+                   leave: Callable[[str], object] | None = None) -> None:
+    """Replay rank 0's batch plan until ``shutdown``; raises :class:`CommandFailed` on the first failing command.
+    ``leave(text)`` reports ``text`` (where and why) to rank 0 and ends this process: called when a failed encode
+    leaves the ranks out of step (default: exit without a report)."""
+    batch = _Batch()
     while True:
         command = receive(control)
-        kind = command[0]
-        if kind == "shutdown":
+        if command[0] == "shutdown":
             return
-        if kind == "batch":
-            state, requests = None, list(command[1])
-            adapters = list(command[2]) if len(command) > 2 and command[2] is not None else None
-            if adapters is not None and not _upload_adapters(lora, requests, adapters, control):
-                continue  # rank 0 fails the batch with this rank's error and ends it
-            try:  # no collectives in encode: a request that fails here fails on rank 0 too, which ends the batch
-                state = pipeline.encode(command[1])
-            except Exception:
-                logger.warning("rank-local encode failed; waiting for rank 0 to end the batch", exc_info=True)
-                state = None
-        elif kind == "step":
-            if state is None:  # rank 0 encoded what this rank could not: the ranks have diverged
-                raise RuntimeError("rank 0 ran a step of a batch this rank failed to encode")
-            if adapters is not None and lora is not None:  # as rank 0's runner does before every step
-                lora.activate(requests, adapters)
-            state = host.denoise(pipeline=pipeline, state=state, step=command[1])
-        elif kind == "select":
-            if state is None:
-                raise RuntimeError("rank 0 shrank a batch this rank failed to encode")
-            shrunk = pipeline.select_requests(state, command[1])
-            if shrunk is not None:
-                state = shrunk
-                requests = [requests[i] for i in command[1]]
-                adapters = None if adapters is None else [adapters[i] for i in command[1]]
-        elif kind == "decode":  # rank 0 decodes alone, unless the pipeline shares the tiles out over the ranks
-            if len(command) > 1 and command[1]:
-                if state is None:
-                    raise RuntimeError("rank 0 decoded a batch this rank failed to encode")
-                pipeline.decode(state)  # this rank's tiles; rank 0 gathers them and keeps the outputs
-        elif kind == "end":
-            state, requests, adapters = None, [], None
-            if lora is not None:
-                lora.deactivate()
-        else:
-            raise RuntimeError(f"unknown command from rank 0: {kind!r}")
+        try:
+            _serve(command, batch, host, pipeline, control, lora, out_of_step_s, leave or _leave_unreported)
+        except BaseException as exc:  # (a step's SystemExit too: this rank leaves, telling rank 0 why)
+            raise CommandFailed(where(command), exc) from exc
+
+
+def _serve(command: Any, batch: _Batch, host: PluginHost, pipeline: Pipeline, control: ProcessGroup,
+           lora: LoRARuntime | None, out_of_step_s: float, leave: Callable[[str], object]) -> None:
+    """Run one command of the batch plan on ``batch``."""
+    kind = command[0]
+    if kind == "batch":
+        batch.state, batch.requests = None, list(command[1])
+        batch.adapters = list(command[2]) if len(command) > 2 and command[2] is not None else None
+        if batch.adapters is not None and not _upload_adapters(lora, batch.requests, batch.adapters, control):
+            return  # rank 0 fails the batch with this rank's error and ends it
+        error: Exception | None = None
+        try:  # may run collectives (tensor parallelism): every rank then reports how its encode ended
+            batch.state = pipeline.encode(command[1])
+        except Exception as exc:
+            logger.warning("this rank's encode failed; reporting to rank 0", exc_info=True)
+            error = exc
+        settle_on_worker(control, error, out_of_step_s, leave)  # rank 0 fails the batch on any rank's error
+    elif kind == "step":
+        if batch.state is None:  # rank 0 encoded what this rank could not: the ranks have diverged
+            raise RuntimeError("rank 0 ran a step of a batch this rank failed to encode")
+        if batch.adapters is not None and lora is not None:  # as rank 0's runner does before every step
+            lora.activate(batch.requests, batch.adapters)
+        batch.state = host.denoise(pipeline=pipeline, state=batch.state, step=command[1])
+    elif kind == "select":
+        if batch.state is None:
+            raise RuntimeError("rank 0 shrank a batch this rank failed to encode")
+        shrunk = pipeline.select_requests(batch.state, command[1])
+        if shrunk is not None:
+            batch.state = shrunk
+            batch.requests = [batch.requests[i] for i in command[1]]
+            batch.adapters = None if batch.adapters is None else [batch.adapters[i] for i in command[1]]
+    elif kind == "decode":  # rank 0 decodes alone, unless the pipeline shares the tiles out over the ranks
+        if len(command) > 1 and command[1]:
+            if batch.state is None:
+                raise RuntimeError("rank 0 decoded a batch this rank failed to encode")
+            pipeline.decode(batch.state)  # this rank's tiles; rank 0 gathers them and keeps the outputs
+    elif kind == "end":
+        batch.state, batch.requests, batch.adapters = None, [], None
+        if lora is not None:
+            lora.deactivate()
+    else:
+        raise RuntimeError(f"unknown command from rank 0: {kind!r}")
 
 
 def _upload_adapters(lora: LoRARuntime | None, requests: list[Any], adapters: list[Any],
@@ -184,22 +223,8 @@ def _upload_adapters(lora: LoRARuntime | None, requests: list[Any], adapters: li
     except Exception as exc:
         logger.warning("could not upload the batch's LoRA adapters", exc_info=True)
         error = exc
-    dist.gather_object(_picklable(error), None, dst=0, group=control)
+    dist.gather_object(picklable(error), None, dst=0, group=control)
     return error is None
-
-
-def _picklable(error: BaseException | None) -> BaseException | None:
-    """``error`` as it can cross the control group: itself when it survives pickling (a LoRAError names the
-    adapter and the key), else its text."""
-    import pickle
-
-    if error is None:
-        return None
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 @attrs.frozen
@@ -228,15 +253,33 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def worker_main(rank: int, init_method: str, spec: RankSpec, parent_pid: int) -> None:
-    """Entry point of a spawned worker process."""
+def worker_main(rank: int, init_method: str, spec: RankSpec, parent_pid: int,
+                report: Connection | None = None) -> None:
+    """Entry point of a spawned worker process (``report``: the write end of its pipe to rank 0's monitor)."""
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 ends us
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="omnicore-parent-watch").start()
-    run_rank(rank, init_method, spec)
+    run_rank(rank, init_method, spec, report)
 
 
-def run_rank(rank: int, init_method: str | None, spec: RankSpec) -> None:
+def _leave(rank: int, report: Connection | None, text: str) -> NoReturn:
+    """End this worker after a failure, first telling rank 0 where and why (``text``) when it has a report pipe
+    (a spawned worker; a torchrun rank's failure shows in its log and as a peer leaving)."""
+    logger.error("rank %d failed in %s; leaving the group", rank, text)
+    if report is not None:
+        try:
+            report.send(text)
+        except Exception:  # rank 0 is gone: nobody to tell
+            pass
+    os._exit(1)
+
+
+def _leave_unreported(text: str) -> NoReturn:
+    logger.error("failed in %s; leaving the group", text)
+    os._exit(1)
+
+
+def run_rank(rank: int, init_method: str | None, spec: RankSpec, report: Connection | None = None) -> None:
     """Join the group, load, report, serve; exit the process on any failure (see the module docstring)."""
     from .context import build_groups
 
@@ -256,7 +299,11 @@ def run_rank(rank: int, init_method: str | None, spec: RankSpec) -> None:
         if error is not None:
             receive(control)  # rank 0 ends the group after any rank failed to load
         else:
-            serve_commands(host, pipeline, control, lora)
+            serve_commands(host, pipeline, control, lora, out_of_step_s=spec.out_of_step_s,
+                           leave=lambda text: _leave(rank, report, text))
+    except CommandFailed as exc:
+        logger.error("rank %d failed", rank, exc_info=exc.__cause__)
+        _leave(rank, report, str(exc))
     except BaseException:
         logger.exception("rank %d failed; leaving the group", rank)
         os._exit(1)
@@ -272,5 +319,5 @@ def _finish() -> None:
         pass
 
 
-__all__ = ["RankLoad", "RankSpec", "init_distributed", "load_rank_pipeline", "run_rank", "serve_commands",
-           "worker_main"]
+__all__ = ["CommandFailed", "RankLoad", "RankSpec", "init_distributed", "load_rank_pipeline", "run_rank",
+           "serve_commands", "worker_main"]
