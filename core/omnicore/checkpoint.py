@@ -23,7 +23,8 @@ from .errors import PluginError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CheckpointError", "WeightMismatch", "load_strict", "read_json", "read_state_dict", "weight_files"]
+__all__ = ["CheckpointError", "WeightMismatch", "library_quantization", "load_strict", "read_json", "read_state_dict",
+           "refuse_library_quantized", "weight_files"]
 
 #: How many names of each kind a :class:`WeightMismatch` message shows (the attributes keep them all).
 SHOWN_NAMES = 20
@@ -91,6 +92,43 @@ def read_json_or_empty(path: Path | str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def library_quantization(folder: Path | str) -> dict[str, Any] | None:
+    """The ``quantization_config`` of a component folder's ``config.json``, or ``None``: diffusers and
+    transformers write it when a model quantized by their ``from_pretrained(quantization_config=...)`` (torchao's
+    ``TorchAoConfig``, bitsandbytes, GGUF ...) is saved, and their own ``from_pretrained`` loads it back quantized."""
+    config = read_json_or_empty(Path(folder) / "config.json").get("quantization_config")
+    return config if isinstance(config, dict) else None
+
+
+def _quant_type(config: Mapping[str, Any]) -> str:
+    """The quantization's name as the two libraries record it (``quant_type``: a string, a torchao config
+    serialised as ``{"_type": ...}``, or transformers' ``{"default": {"_type": ...}}``)."""
+    kind = config.get("quant_type")
+    if isinstance(kind, Mapping):
+        inner = kind.get("default", kind)
+        kind = inner.get("_type") if isinstance(inner, Mapping) else None
+    return str(kind) if kind else "unknown type"
+
+
+def refuse_library_quantized(folder: Path | str, *, plugin: str, component: str | None = None) -> None:
+    """A :class:`CheckpointError` when the folder holds a library-quantized component (:func:`library_quantization`).
+
+    The plugins' own loaders read plain tensors and convert them (renamed, fused into one projection, regrouped
+    by head, split per rank); a quantized weight is stored as its parts (torchao: ``<module>._weight_qdata`` /
+    ``_weight_scale`` ..., described in the file's metadata), which those conversions do not take. The error
+    names the component, the method and the two ways that work."""
+    config = library_quantization(folder)
+    if config is None:
+        return
+    method = config.get("quant_method", "unknown method")
+    raise CheckpointError(plugin, folder, f"holds weights pre-quantized by {method} ({_quant_type(config)}; "
+                                          "config.json quantization_config), which this loader cannot read: it "
+                                          "converts plain tensors. Use the unquantized checkpoint with "
+                                          "--quantization int8|fp8 (quantized at load), or omnicore's pre-quantized "
+                                          "layout (<checkpoint>/quantized/<mode>/, written by "
+                                          "omnicore.quantization.checkpoint.save_quantized)", component=component)
+
+
 def _shards(index: Path, folder: Path, plugin: str, component: str | None) -> list[Path]:
     weight_map = read_json(index, plugin=plugin, component=component).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
@@ -111,9 +149,11 @@ def weight_files(folder: Path | str, *, plugin: str, component: str | None = Non
     ``<weights_name>.index.json`` when it exists, else that single file (other files, such as diffusers'
     ``.fp16`` variants, are ignored). Without it: the shards of the folder's only ``*.safetensors.index.json``,
     else every ``*.safetensors`` file. Finding none, several indexes or a missing shard is a
-    :class:`CheckpointError`.
+    :class:`CheckpointError`, and so is a library-quantized folder (:func:`refuse_library_quantized`): every
+    reader of raw tensors comes through here.
     """
     folder = Path(folder)
+    refuse_library_quantized(folder, plugin=plugin, component=component)
     if weights_name is not None:
         index = folder / f"{weights_name}.index.json"
         if index.is_file():

@@ -151,6 +151,7 @@ _LAZY: dict[str, str] = {
     "read_json": "omnicore.checkpoint:read_json",
     "read_json_or_empty": "omnicore.checkpoint:read_json_or_empty",  # optional metadata: {} when absent (1.7)
     "weight_files": "omnicore.checkpoint:weight_files",
+    "refuse_library_quantized": "omnicore.checkpoint:refuse_library_quantized",  # TorchAoConfig & co. (1.7)
     "read_state_dict": "omnicore.checkpoint:read_state_dict",
     "load_strict": "omnicore.checkpoint:load_strict",
     # -- tiny random-weight presets (byte_level_tokenizer needs tokenizers + transformers in the plugin) -------
@@ -200,6 +201,7 @@ if TYPE_CHECKING:
     from .checkpoint import read_json as read_json
     from .checkpoint import read_json_or_empty as read_json_or_empty
     from .checkpoint import read_state_dict as read_state_dict
+    from .checkpoint import refuse_library_quantized as refuse_library_quantized
     from .checkpoint import weight_files as weight_files
     from .engine.cancellation import cancel_points as cancel_points
     from .engine.cancellation import raise_if_cancelled as raise_if_cancelled

@@ -67,6 +67,8 @@ PUBLIC_NAMES = frozenset({
     "load_qwen3_vl", "build_tiny_qwen3_vl", "QWEN_SPECIAL_TOKENS", "qwen3_vl_tp_plan",
     # optional metadata files (1.7)
     "read_json_or_empty",
+    # a component pre-quantized by diffusers / transformers (TorchAoConfig ...) refused by a raw-tensor loader (1.7)
+    "refuse_library_quantized",
 })
 
 

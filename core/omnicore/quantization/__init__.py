@@ -212,13 +212,22 @@ def torchao_available() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
+def library_quantized(t: Any) -> bool:
+    """Whether ``t`` is already a torchao quantized tensor (a component diffusers or transformers loaded from a
+    ``TorchAoConfig`` checkpoint): such a weight keeps the quantization it was saved with."""
+    return type(t).__module__.split(".")[0] == "torchao"
+
+
 def select(module: nn.Module, patterns: Iterable[str]) -> tuple[list[str], list[tuple[nn.Module, str, str]]]:
     """Names of the matching ``nn.Linear`` modules, and ``(owner, leaf, full name)`` of matching stacked
-    parameters (two or more dims, not a Linear's weight)."""
+    parameters (two or more dims, not a Linear's weight). A linear whose weight is already quantized
+    (:func:`library_quantized`) is left out: it is not quantized twice."""
     pats = tuple(patterns)
     linears, stacked = [], []
     for mod_name, sub in module.named_modules():
         if isinstance(sub, nn.Linear):
+            if library_quantized(sub.weight):
+                continue
             if any(fnmatch.fnmatchcase(mod_name, p) for p in pats):
                 linears.append(mod_name)
             continue

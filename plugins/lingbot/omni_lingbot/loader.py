@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from omnicore.plugin import CheckpointError, WeightMismatch, load_strict, read_json, read_state_dict
+from omnicore.plugin import (
+    CheckpointError,
+    WeightMismatch,
+    load_strict,
+    read_json,
+    read_state_dict,
+    refuse_library_quantized,
+)
 
 from .detect import TRANSFORMER_CLASS
 
@@ -45,6 +52,7 @@ def load_transformer(model_dir: Path, *, device: torch.device, dtype: torch.dtyp
     from .transformer.model import LingBotVideoTransformer3DModel
 
     part = model_dir.name  # "transformer" or "refiner": named in every error
+    refuse_library_quantized(model_dir, plugin=PLUGIN, component=part)  # before the strict config parse
     raw = read_json(model_dir / "config.json", plugin=PLUGIN, component=part)
     try:
         config = LingBotTransformerConfig.from_dict(raw)

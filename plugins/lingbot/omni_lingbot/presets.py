@@ -223,9 +223,10 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     with the loader's policies (the DiT's fp32 modules, the text encoder's ``.model`` in ``dtype``, the VAE in
     float32)."""
     from diffusers import AutoencoderKLWan
+    from omnicore.plugin import refuse_library_quantized
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from .loader import cast_for_inference
+    from .loader import PLUGIN, cast_for_inference
     from .transformer.config import LingBotTransformerConfig
     from .transformer.model import LingBotVideoTransformer3DModel
 
@@ -234,6 +235,7 @@ def plan_model(root: str | Path, dtype: torch.dtype) -> dict[str, Any]:
     configs = {}
     for part in ("transformer", "refiner"):
         if (root / part / "config.json").is_file():
+            refuse_library_quantized(root / part, plugin=PLUGIN, component=part)  # the loader refuses it too
             configs[part] = LingBotTransformerConfig.from_dict(json.loads((root / part / "config.json").read_text()))
             with torch.device("meta"):
                 components[part] = cast_for_inference(LingBotVideoTransformer3DModel(configs[part]), dtype)

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnicore.plugin import CheckpointError, WeightMismatch, load_strict, read_json, read_state_dict, weight_files
+from omnicore.plugin import (
+    CheckpointError,
+    WeightMismatch,
+    load_strict,
+    read_json,
+    read_state_dict,
+    refuse_library_quantized,
+    weight_files,
+)
 
 from .transformer.config import NATIVE_ALIASES, MiniMaxH3TransformerConfig
 
@@ -41,6 +49,7 @@ __all__ = ["PLUGIN", "CheckpointError", "WeightMismatch", "detect_transformer_fo
 # ---------------------------------------------------------------------------------------------- files
 def read_transformer_config(model_dir: Path) -> MiniMaxH3TransformerConfig:
     model_dir = Path(model_dir)
+    refuse_library_quantized(model_dir, plugin=PLUGIN, component=model_dir.name)  # before the strict parse
     raw = read_json(model_dir / "config.json", plugin=PLUGIN, component=model_dir.name)
     return MiniMaxH3TransformerConfig.from_dict(raw)
 
