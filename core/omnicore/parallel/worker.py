@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import attrs
 
 from ..platforms.host_memory import HostMemory
+from ..vae_fast_paths import request_fast_paths
 from .config import ParallelConfig
 from .lockstep import OUT_OF_STEP_S, describe, picklable, settle_on_worker, where
 
@@ -201,7 +202,10 @@ def _serve(command: Any, batch: _Batch, host: PluginHost, pipeline: Pipeline, co
         if len(command) > 1 and command[1]:
             if batch.state is None:
                 raise RuntimeError("rank 0 decoded a batch this rank failed to encode")
-            pipeline.decode(batch.state)  # this rank's tiles; rank 0 gathers them and keeps the outputs
+            # this rank's tiles (rank 0 gathers them and keeps the outputs), with the VAE fast-path gate set as rank
+            # 0's runner sets it for the batch: a "high" batch's tiles all take the fast ops, or none does
+            with request_fast_paths(pipeline, {r.quality for r in batch.requests}):
+                pipeline.decode(batch.state)
     elif kind == "end":
         batch.state, batch.requests, batch.adapters = None, [], None
         if lora is not None:
