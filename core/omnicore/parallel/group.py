@@ -248,12 +248,12 @@ class WorkerGroup:
             raise self.explain(error or RuntimeError("the worker group broke during the encode"))
         self._stepping = None  # every rank ended its encode: in step again
         failed = [rank for rank, status in enumerate(statuses) if isinstance(status, BaseException)]
-        if error is not None:
-            note_rank(error, 0, self.ctx.world_size, "the encode", failed)
-            raise error
-        if failed:
-            note_rank(statuses[failed[0]], failed[0], self.ctx.world_size, "the encode", failed[1:])
-            raise statuses[failed[0]]
+        first = error if error is not None else statuses[failed[0]] if failed else None
+        if first is not None:
+            note_rank(first, 0 if error is not None else failed[0], self.ctx.world_size, "the encode",
+                      failed if error is not None else failed[1:])
+            self._checked = first  # every rank is alive and in step: explain() need not look for a dead one
+            raise first
 
     def end_batch(self) -> None:
         """Tell the workers the batch is over (never raises: it runs while a failure is being reported)."""
