@@ -104,7 +104,7 @@ def test_cancel_of_a_queued_job_needs_no_holder(replicas) -> None:
 def test_events_stream_from_a_replica_that_does_not_run_the_job(replicas) -> None:
     a, b = replicas(2, step_delay_s=0.1, claim_slots=1)
     ca = httpx.Client(base_url=a.url, timeout=60)
-    vid = ca.post("/v1/videos", json={"prompt": "watch", "num_frames": 2, "num_inference_steps": 8}).json()["id"]
+    vid = ca.post("/v1/videos", json={"prompt": "watch", "num_frames": 2, "num_inference_steps": 24}).json()["id"]
     _wait(ca, vid, ("in_progress",))
     watcher = b if a.ctx.jobs.get_live(vid) is not None else a
     assert watcher.ctx.jobs.get_live(vid) is None
