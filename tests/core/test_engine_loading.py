@@ -4,6 +4,7 @@ Hugging Face repo ids (offline here), unknown names."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import attrs
@@ -166,3 +167,46 @@ def test_a_change_anywhere_in_the_builders_package_rebuilds_the_preset(tmp_path,
     assert builder_fingerprint(preset) == first
     (pkg / "layers.py").write_text("WIDTH = 8\n")  # not the builder's module, same package
     assert builder_fingerprint(preset) != first
+
+
+_RACE_CHILD = """
+import sys, time
+from pathlib import Path
+from omnicore.engine.loading import ensure_preset
+from omnicore.specs import ModelSpec, PresetSpec
+
+start, cache = float(sys.argv[1]), Path(sys.argv[2])
+preset = PresetSpec(name="racer", builder=sys.argv[3] + ":build")
+time.sleep(max(0.0, start - time.time()))  # every process asks at the same moment
+built = ensure_preset(ModelSpec(name="racer", impl="x.y:Z", presets=(preset,)), preset, cache)
+print(sorted(p.name for p in built.iterdir()))
+"""
+
+
+def test_processes_asking_at_once_build_the_preset_once_and_each_finds_it_whole(make_module, tmp_path):
+    """Replicas started together on one cache: one process builds (slowly, here) while the others wait, and none
+    sees a half-written or replaced build (before, each built its own copy and swapped it in under the others)."""
+    import subprocess
+    import time
+
+    count = tmp_path / "builds"
+    module = make_module(f"""
+        import time
+        from pathlib import Path
+
+        def build(target):
+            with open({str(count)!r}, "a") as f:
+                f.write("x")
+            (target / "a.json").write_text("1")
+            time.sleep(0.5)
+            (target / "b.json").write_text("2")
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "_modules"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    start = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE_CHILD, str(start), str(tmp_path / "cache"), module],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    assert all(out.strip().endswith("['.omnicore-preset.json', 'a.json', 'b.json']") for out, _ in outs), outs
+    assert count.read_text() == "x"  # built once

@@ -152,11 +152,13 @@ def test_acceptance_table_and_json_are_deterministic(model: str, cache: Path) ->
     assert one == two
     assert one["schema_version"] == SCHEMA_VERSION
     assert set(one) == {"schema_version", "model", "spec", "source", "dtype", "devices", "device_memory_bytes",
-                        "request", "components", "placements", "auto", "cost_model", "notes", "header_bytes_read"}
+                        "request", "components", "placements", "auto", "cost_model", "notes", "header_bytes_read",
+                        "model_options"}
     row = one["placements"][0]
     assert set(row) == {"name", "devices", "ulysses", "tp", "cfg", "ep", "offload", "quantization", "weights_bytes",
                         "cache_bytes", "activation_bytes", "reserve_bytes", "per_rank_bytes", "per_rank_gib",
-                        "host_bytes", "load_peak_bytes", "step_seconds_estimate", "fits", "runnable", "auto"}
+                        "host_bytes", "host_weights_bytes", "load_peak_bytes", "step_seconds_estimate", "fits",
+                        "runnable", "auto"}
     assert sum(p["auto"] for p in one["placements"]) == 1
     auto = next(p for p in one["placements"] if p["auto"])
     assert auto["runnable"] and auto["fits"] and auto["name"] == one["auto"]

@@ -13,6 +13,7 @@ builder's source: editing the builder rebuilds the preset on next use.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -33,7 +34,7 @@ from .model_options import resolve_model_options
 from .protocol import LoadOptions
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     import torch
 
@@ -116,38 +117,64 @@ def builder_fingerprint(preset: PresetSpec) -> str:
 
 
 def ensure_preset(spec: ModelSpec, preset: PresetSpec, cache_root: Path) -> Path:
-    """Build the preset into ``cache_root/presets/<name>`` unless an up-to-date build is there."""
+    """Build the preset into ``cache_root/presets/<name>`` unless an up-to-date build is there.
+
+    Several processes may ask at once (replicas started together on one cache): one builds while the others wait on
+    a lock file, then find its build. A build is written to a temporary folder and renamed into place, and an
+    up-to-date build already in place is never replaced, since another process may be loading from it."""
     name = _preset_ref(preset)[len(TINY_PREFIX):]
     target = cache_root / "presets" / name
     fingerprint = builder_fingerprint(preset)
-    marker = target / MARKER
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
-                return target
-        except ValueError:
-            pass
-        logger.info("preset %s changed; rebuilding %s", name, target)
+    if _up_to_date(target, fingerprint):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        resolve(preset.builder)(tmp)
-        (tmp / MARKER).write_text(json.dumps({"preset": name, "model": spec.name, "builder": preset.builder,
-                                              "fingerprint": fingerprint}))
-        if target.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=target.parent))
-            os.replace(target, trash / name)
-            shutil.rmtree(trash, ignore_errors=True)
+    locks = cache_root / ".locks"  # beside presets/, which holds only builds
+    locks.mkdir(exist_ok=True)
+    with _exclusive(locks / f"preset-{name}.lock"):
+        if _up_to_date(target, fingerprint):  # built by another process while this one waited
+            return target
+        if (target / MARKER).is_file():
+            logger.info("preset %s changed; rebuilding %s", name, target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         try:
+            resolve(preset.builder)(tmp)
+            (tmp / MARKER).write_text(json.dumps({"preset": name, "model": spec.name, "builder": preset.builder,
+                                                  "fingerprint": fingerprint}))
+            if target.exists():
+                trash = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=target.parent))
+                os.replace(target, trash / name)
+                shutil.rmtree(trash, ignore_errors=True)
             os.replace(tmp, target)
-        except OSError:  # another process won the race with an equal build
-            if not (target / MARKER).is_file():
-                raise
-    except Exception as exc:
-        raise PluginError(spec.provider or spec.name, f"building preset {_preset_ref(preset)!r} failed: {exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        except Exception as exc:
+            raise PluginError(spec.provider or spec.name,
+                              f"building preset {_preset_ref(preset)!r} failed: {exc}") from exc
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _up_to_date(target: Path, fingerprint: str) -> bool:
+    try:
+        return json.loads((target / MARKER).read_text()).get("fingerprint") == fingerprint
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (``fcntl.flock``; where there is no ``fcntl`` the block runs unlocked
+    and the rename-into-place build is still whole, only possibly built twice)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def detect_spec(host: PluginHost, path: Path) -> ModelSpec:
